@@ -1,0 +1,1 @@
+"""One module per operator family; each tells its whole story top to bottom (see ARCHITECTURE.md)."""

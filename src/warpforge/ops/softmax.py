@@ -1,0 +1,306 @@
+"""Softmax and log-softmax over the last dimension, forward and backward.
+
+    y = exp(x - max(x)) / sum(exp(x - max(x)))          (softmax)
+    y = x - max(x) - log(sum(exp(x - max(x))))          (log-softmax)
+    dx = y * (dy - sum(y * dy))                          (softmax backward)
+    dx = dy - exp(y) * sum(dy)                           (log-softmax backward)
+
+Byte model (s = bytes per element, M rows of N): forward reads x and writes y, 2*M*N*s; backward
+reads y and dy and writes dx, 3*M*N*s. FLOPs are ~5 per element: far below any compute roof
+(an H200 moves 4.3 TB/s and does 67 TFLOP/s fp32, so 15 FLOP per byte would be needed), so the
+bound is memory and the target is the measured copy bandwidth.
+
+Why the kernels look the way they do:
+- The textbook softmax reads x three times (max, sum, normalise). Holding the row in registers
+  makes it one read and one write: the byte floor. That works up to N = 16,384 (``block`` path).
+- Past that a row does not fit in one SM's registers, and a looped kernel that re-reads the row
+  moves 1.5x the bytes. The ``split`` path spreads a row over C co-resident programs that exchange
+  (max, sum-of-exp) per chunk and combine them with the online-softmax rescale
+  S = sum_c s_c * exp(m_c - M): one read, one write at any N (see ``_rows.py``).
+- Statistics are fp32 whatever the input dtype; the output is cast once, at the store.
+- Short rows are packed several to a program (ROWS x BLOCK_N tiles) so every program moves ~8 KB.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..runtime import new_empty
+from ..runtime.checks import check_tensor, normalize_dim
+from ..runtime.heuristics import row_config
+from ..runtime.registry import Op
+from ._rows import as_rows, exchange_row_stats, split_launch
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference
+# ----------------------------------------------------------------------------------------------
+def softmax_reference(x: torch.Tensor, dim: int = -1, log: bool = False) -> torch.Tensor:
+    """Ground truth in float64 (float32 on devices without it), cast back to x's dtype."""
+    xf = x.double() if x.device.type == "cpu" else x.float()
+    y = torch.log_softmax(xf, dim) if log else torch.softmax(xf, dim)
+    return y.to(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _softmax_fwd_block_kernel(
+    x_ptr, y_ptr,              # (M, N) input rows (column stride 1), (M, N) contiguous output
+    M, N, stride_x, stride_y,  # row strides in elements
+    LOG: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    r = rows.to(tl.int64)[:, None]
+    x = tl.load(x_ptr + r * stride_x + cols[None, :], mask=mask, other=-float("inf")).to(tl.float32)
+    m = tl.max(x, axis=1)
+    m = tl.where(m == -float("inf"), 0.0, m)          # an all -inf row gives NaN, as torch does
+    z = x - m[:, None]
+    e = tl.exp(z)
+    s = tl.sum(e, axis=1)
+    if LOG:
+        y = z - tl.log(s)[:, None]
+    else:
+        y = e * (1.0 / s)[:, None]
+    tl.store(y_ptr + r * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_fwd_split_kernel(
+    x_ptr, y_ptr, M, N, stride_x, stride_y,
+    stats_ptr, count_ptr,      # (M, C, 2) fp32 exchange workspace, (M,) int32 zeroed counters
+    C, n_groups,               # programs per row, row groups in the persistent grid
+    LOG: tl.constexpr, BLOCK_N: tl.constexpr, CP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    chunk = pid % C
+    cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    for row in range(pid // C, M, n_groups):
+        r = row.to(tl.int64)
+        x = tl.load(x_ptr + r * stride_x + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        m_c = tl.max(x, axis=0)
+        m_c = tl.where(m_c == -float("inf"), 0.0, m_c)
+        s_c = tl.sum(tl.exp(x - m_c), axis=0)
+        ms, ss, valid = exchange_row_stats(stats_ptr, count_ptr, row, chunk, C, m_c, s_c, CP)
+        m = tl.max(tl.where(valid, ms, -float("inf")), axis=0)
+        s = tl.sum(tl.where(valid, ss * tl.exp(ms - m), 0.0), axis=0)
+        z = x - m
+        if LOG:
+            y = z - tl.log(s)
+        else:
+            y = tl.exp(z) * (1.0 / s)
+        tl.store(y_ptr + r * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_fwd_loop_kernel(
+    x_ptr, y_ptr, M, N, stride_x, stride_y,
+    LOG: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    # pass 1: online max and sum per lane, combined at the end
+    m_v = tl.full((BLOCK_N,), -float("inf"), tl.float32)
+    s_v = tl.zeros((BLOCK_N,), tl.float32)
+    for start in range(0, N, BLOCK_N):
+        x = tl.load(x_ptr + r * stride_x + start + cols, mask=start + cols < N, other=-float("inf")).to(tl.float32)
+        m_new = tl.maximum(m_v, x)
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        s_v = s_v * tl.exp(m_v - m_safe) + tl.exp(x - m_safe)
+        m_v = m_new
+    m = tl.max(m_v, axis=0)
+    m = tl.where(m == -float("inf"), 0.0, m)
+    s = tl.sum(s_v * tl.exp(m_v - m), axis=0)
+    # pass 2: re-read and write
+    for start in range(0, N, BLOCK_N):
+        mask = start + cols < N
+        x = tl.load(x_ptr + r * stride_x + start + cols, mask=mask, other=0.0).to(tl.float32)
+        if LOG:
+            y = x - m - tl.log(s)
+        else:
+            y = tl.exp(x - m) * (1.0 / s)
+        tl.store(y_ptr + r * stride_y + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _bwd_combine(y, dy, LOG: tl.constexpr):
+    """The per-row statistic of the backward: sum(y*dy) for softmax, sum(dy) for log-softmax."""
+    if LOG:
+        return tl.sum(dy, axis=-1)
+    else:
+        return tl.sum(y * dy, axis=-1)
+
+
+@triton.jit
+def _bwd_apply(y, dy, s, LOG: tl.constexpr):
+    if LOG:
+        return dy - tl.exp(y) * s
+    else:
+        return y * (dy - s)
+
+
+@triton.jit
+def _softmax_bwd_block_kernel(
+    y_ptr, dy_ptr, dx_ptr,     # (M, N) saved output, incoming gradient (any row stride), (M, N) out
+    M, N, stride_y, stride_dy, stride_dx,
+    LOG: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    r = rows.to(tl.int64)[:, None]
+    other = -float("inf") if LOG else 0.0             # exp(-inf) = 0 in masked lanes
+    y = tl.load(y_ptr + r * stride_y + cols[None, :], mask=mask, other=other).to(tl.float32)
+    dy = tl.load(dy_ptr + r * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    s = _bwd_combine(y, dy, LOG)
+    dx = _bwd_apply(y, dy, s[:, None], LOG)
+    tl.store(dx_ptr + r * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_bwd_split_kernel(
+    y_ptr, dy_ptr, dx_ptr, M, N, stride_y, stride_dy, stride_dx,
+    stats_ptr, count_ptr, C, n_groups,
+    LOG: tl.constexpr, BLOCK_N: tl.constexpr, CP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    chunk = pid % C
+    cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    other = -float("inf") if LOG else 0.0
+    for row in range(pid // C, M, n_groups):
+        r = row.to(tl.int64)
+        y = tl.load(y_ptr + r * stride_y + cols, mask=mask, other=other).to(tl.float32)
+        dy = tl.load(dy_ptr + r * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+        s_c = _bwd_combine(y, dy, LOG)
+        ss, _unused, valid = exchange_row_stats(stats_ptr, count_ptr, row, chunk, C, s_c, 0.0, CP)
+        s = tl.sum(ss, axis=0)
+        dx = _bwd_apply(y, dy, s, LOG)
+        tl.store(dx_ptr + r * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_bwd_loop_kernel(
+    y_ptr, dy_ptr, dx_ptr, M, N, stride_y, stride_dy, stride_dx,
+    LOG: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    other = -float("inf") if LOG else 0.0
+    acc = tl.zeros((BLOCK_N,), tl.float32)
+    for start in range(0, N, BLOCK_N):
+        mask = start + cols < N
+        y = tl.load(y_ptr + r * stride_y + start + cols, mask=mask, other=other).to(tl.float32)
+        dy = tl.load(dy_ptr + r * stride_dy + start + cols, mask=mask, other=0.0).to(tl.float32)
+        if LOG:
+            acc += dy
+        else:
+            acc += y * dy
+    s = tl.sum(acc, axis=0)
+    for start in range(0, N, BLOCK_N):
+        mask = start + cols < N
+        y = tl.load(y_ptr + r * stride_y + start + cols, mask=mask, other=other).to(tl.float32)
+        dy = tl.load(dy_ptr + r * stride_dy + start + cols, mask=mask, other=0.0).to(tl.float32)
+        dx = _bwd_apply(y, dy, s, LOG)
+        tl.store(dx_ptr + r * stride_dx + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+def _softmax_fwd(x: torch.Tensor, log: bool) -> torch.Tensor:
+    """Softmax over the last dim of x (any leading shape)."""
+    x2 = as_rows(x)
+    m, n = x2.shape
+    y = new_empty((m, n), device=x.device, dtype=x.dtype)
+    if m == 0:
+        return y.view(x.shape)
+    cfg = row_config(n)
+    args = (x2, y, m, n, x2.stride(0), y.stride(0))
+    if cfg.mode == "block":
+        _softmax_fwd_block_kernel[(triton.cdiv(m, cfg.rows),)](
+            *args, LOG=log, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+    elif cfg.mode == "split":
+        split_launch(_softmax_fwd_split_kernel, m, cfg, x.device, args, LOG=log, BLOCK_N=cfg.block_n)
+    else:
+        _softmax_fwd_loop_kernel[(m,)](*args, LOG=log, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+    return y.view(x.shape)
+
+
+def _softmax_bwd(y: torch.Tensor, dy: torch.Tensor, log: bool) -> torch.Tensor:
+    y2, dy2 = as_rows(y), as_rows(dy)
+    m, n = y2.shape
+    dx = new_empty((m, n), device=y.device, dtype=y.dtype)
+    if m == 0:
+        return dx.view(y.shape)
+    cfg = row_config(n)
+    args = (y2, dy2, dx, m, n, y2.stride(0), dy2.stride(0), dx.stride(0))
+    if cfg.mode == "block":
+        _softmax_bwd_block_kernel[(triton.cdiv(m, cfg.rows),)](
+            *args, LOG=log, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+    elif cfg.mode == "split":
+        split_launch(_softmax_bwd_split_kernel, m, cfg, y.device, args, LOG=log, BLOCK_N=cfg.block_n)
+    else:
+        _softmax_bwd_loop_kernel[(m,)](*args, LOG=log, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+    return dx.view(y.shape)
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch operators
+# ----------------------------------------------------------------------------------------------
+def _softmax_impl(x: torch.Tensor, log: bool) -> torch.Tensor:
+    return _softmax_fwd(x, log)
+
+
+def _softmax_bwd_impl(y: torch.Tensor, dy: torch.Tensor, log: bool) -> torch.Tensor:
+    return _softmax_bwd(y, dy, log)
+
+
+softmax_backward_op = Op("softmax_backward", _softmax_bwd_impl, lambda y, dy, log: y.new_empty(y.shape))
+
+
+def _setup(ctx, inputs, output):
+    ctx.log = inputs[1]
+    ctx.save_for_backward(output)
+
+
+def _backward(ctx, dy):
+    (y,) = ctx.saved_tensors
+    return softmax_backward_op(y, dy, ctx.log), None
+
+
+softmax_op = Op("softmax", _softmax_impl, lambda x, log: x.new_empty(x.shape),
+                backward=_backward, setup_context=_setup)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public functions
+# ----------------------------------------------------------------------------------------------
+def _softmax_public(x: torch.Tensor, dim: int, dtype: torch.dtype | None, log: bool) -> torch.Tensor:
+    check_tensor("input", x, min_dim=0)
+    if dtype is not None:
+        x = x.to(dtype)
+        check_tensor("input", x, min_dim=0)
+    if x.dim() == 0:
+        return softmax_op(x.reshape(1), log).reshape(())
+    d = normalize_dim("dim", dim, x.dim())
+    if x.numel() == 0:
+        return torch.empty_like(x)
+    if d == x.dim() - 1:
+        return softmax_op(x, log)
+    return softmax_op(x.movedim(d, -1), log).movedim(-1, d)
+
+
+def softmax(input: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Drop-in for ``torch.nn.functional.softmax(input, dim, dtype=dtype)``."""
+    return _softmax_public(input, dim, dtype, False)
+
+
+def log_softmax(input: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Drop-in for ``torch.nn.functional.log_softmax(input, dim, dtype=dtype)``."""
+    return _softmax_public(input, dim, dtype, True)

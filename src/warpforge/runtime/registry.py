@@ -1,0 +1,76 @@
+"""Operator registration: one place that turns a launcher into a real PyTorch operator.
+
+Every warpforge operator is a ``torch.library.custom_op`` in the ``warpforge`` namespace with a fake
+(meta) implementation and, where differentiable, an autograd formula. That is what makes it work
+under ``torch.compile(fullgraph=True)`` (the compiler sees an opaque node whose output shapes come
+from the fake) and pass ``torch.library.opcheck``.
+
+The dispatcher costs tens of microseconds of Python per call in eager mode, more than a small
+kernel takes on the GPU. So an :class:`Op` has two doors:
+
+- eager, real tensors: call the launcher directly, wrapped in a ``torch.autograd.Function`` built
+  from the *same* ``setup_context``/``backward`` the operator registers (so both doors compute the
+  same gradients with the same kernels);
+- anything else (``torch.compile`` tracing, fake or functional tensors, ``torch.ops.warpforge.*``):
+  the registered operator.
+
+Set ``WARPFORGE_EAGER_DISPATCH=1`` (or ``warpforge.runtime.registry.FAST_EAGER = False``) to send
+eager calls through the dispatcher too; ``warpforge bench`` times both doors.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+
+NAMESPACE = "warpforge"
+FAST_EAGER = os.environ.get("WARPFORGE_EAGER_DISPATCH", "0") != "1"
+
+REGISTRY: dict[str, "Op"] = {}
+
+
+class Op:
+    """A custom operator ``warpforge::<name>`` with a fast eager path.
+
+    ``impl`` is the launcher (type-annotated: the schema is inferred from it), ``fake`` computes
+    output metadata only. ``backward(ctx, *grads)`` and ``setup_context(ctx, inputs, output)`` follow
+    ``torch.library.register_autograd``; they are also used verbatim by the eager autograd path.
+    """
+
+    def __init__(self, name: str, impl: Callable, fake: Callable, *,
+                 backward: Callable | None = None, setup_context: Callable | None = None) -> None:
+        self.name = name
+        self.impl = impl
+        self.op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=())
+        self.op.register_fake(fake)
+        self._function = None
+        if backward is not None:
+            self.op.register_autograd(backward, setup_context=setup_context)
+            self._function = type(
+                f"{name}_autograd",
+                (torch.autograd.Function,),
+                {
+                    "forward": staticmethod(impl),
+                    "setup_context": staticmethod(setup_context),
+                    "backward": staticmethod(backward),
+                },
+            )
+        REGISTRY[name] = self
+
+    @property
+    def overload(self) -> torch._ops.OpOverload:
+        """``torch.ops.warpforge.<name>.default``, e.g. for ``torch.library.opcheck``."""
+        return getattr(getattr(torch.ops, NAMESPACE), self.name).default
+
+    def __call__(self, *args):
+        first = args[0]
+        # type() is exact on purpose: FakeTensor and FunctionalTensor are subclasses and must
+        # take the operator door.
+        if FAST_EAGER and type(first) is torch.Tensor and not torch.compiler.is_compiling():
+            if self._function is not None and torch.is_grad_enabled() and any(
+                isinstance(a, torch.Tensor) and a.requires_grad for a in args
+            ):
+                return self._function.apply(*args)
+            return self.impl(*args)
+        return self.op(*args)

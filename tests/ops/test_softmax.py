@@ -1,0 +1,102 @@
+import pytest
+import torch
+
+import warpforge as wf
+from warpforge.ops.softmax import softmax_op, softmax_reference
+from conftest import DTYPES, ON_GPU, DEVICE, assert_close, gpu_only, noncontig, randn
+
+SHAPES = [(1,), (3, 7), (2, 3, 123), (5, 4097), (2, 20000)]      # block path, and the loop path past 16,384
+if ON_GPU:
+    SHAPES += [(64, 32768), (8, 65536), (3, 262144), (4097, 1024)]   # the split path on the GPU
+
+
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_forward_backward(shape, dtype, log):
+    x = randn(*shape, dtype=dtype, requires_grad=True, scale=3.0)
+    fn = wf.log_softmax if log else wf.softmax
+    y = fn(x, dim=-1)
+    assert y.dtype == dtype and y.shape == x.shape
+    xr = x.detach().double().requires_grad_()
+    yr = torch.log_softmax(xr, -1) if log else torch.softmax(xr, -1)
+    assert_close(y, yr, dtype, what="forward")
+    dy = randn(*shape, dtype=dtype)
+    y.backward(dy)
+    yr.backward(dy.double())
+    assert_close(x.grad, xr.grad, dtype, scale=2.0, what="backward")
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_noncontiguous_and_other_dims(log):
+    fn, tfn = (wf.log_softmax, torch.log_softmax) if log else (wf.softmax, torch.softmax)
+    x = noncontig(randn(6, 33, requires_grad=True))
+    assert_close(fn(x), tfn(x.double(), -1), torch.float32, what="strided rows")
+    z = randn(5, 9, 4)
+    for dim in (0, 1, -2):
+        assert_close(fn(z, dim=dim), tfn(z.double(), dim), torch.float32, what=f"dim={dim}")
+    t = randn(7, 5).t()                                              # column stride != 1: copied
+    assert_close(fn(t, -1), tfn(t.double(), -1), torch.float32, what="transposed")
+    assert_close(fn(z, dtype=torch.float64 if False else torch.float32), tfn(z.double(), -1), torch.float32)
+
+
+def test_expanded_gradient():
+    """sum().backward() hands the backward a stride-0 gradient."""
+    x = randn(4, 50, requires_grad=True)
+    (wf.softmax(x) * torch.arange(50, device=DEVICE)).sum().backward()
+    xr = x.detach().double().requires_grad_()
+    (torch.softmax(xr, -1) * torch.arange(50, device=DEVICE)).sum().backward()
+    assert_close(x.grad, xr.grad, torch.float32)
+
+
+def test_infinities_and_empty():
+    x = torch.tensor([[0.0, -float("inf"), 1.0], [-float("inf")] * 3], device=DEVICE)
+    y = wf.softmax(x)
+    ref = torch.softmax(x, -1)
+    assert torch.allclose(y[0], ref[0]) and torch.isnan(y[1]).all() and torch.isnan(ref[1]).all()
+    e = wf.softmax(torch.empty(0, 16, device=DEVICE))
+    assert e.shape == (0, 16)
+    s = wf.softmax(torch.tensor(2.5, device=DEVICE))
+    assert s.item() == 1.0
+
+
+def test_compile_fullgraph():
+    x = randn(3, 7, 123, requires_grad=True)
+
+    def f(t):
+        return (wf.softmax(t, -1) * 2 + wf.log_softmax(t, -1)).sum(-1)
+
+    out = torch.compile(f, fullgraph=True)(x)
+    g = torch.randn_like(out)
+    out.backward(g)
+    xr = x.detach().double().requires_grad_()
+    ref = (torch.softmax(xr, -1) * 2 + torch.log_softmax(xr, -1)).sum(-1)
+    ref.backward(g.double())
+    assert_close(out, ref, torch.float32, what="compiled forward")
+    assert_close(x.grad, xr.grad, torch.float32, scale=2.0, what="compiled backward")
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_opcheck(log):
+    x = randn(4, 37, requires_grad=True)
+    torch.library.opcheck(softmax_op.overload, (x, log))
+
+
+def test_bad_input():
+    with pytest.raises(TypeError, match="'input' has dtype int64"):
+        wf.softmax(torch.ones(3, 4, dtype=torch.long, device=DEVICE))
+    with pytest.raises(ValueError, match="zero-size last dimension"):
+        wf.softmax(torch.ones(3, 0, device=DEVICE))
+    with pytest.raises(IndexError, match="'dim'=2 is out of range"):
+        wf.softmax(torch.ones(3, 4, device=DEVICE), dim=2)
+
+
+@gpu_only
+def test_cpu_tensor_rejected_on_gpu_machine():
+    with pytest.raises(RuntimeError, match="'input' is on device 'cpu'"):
+        wf.softmax(torch.ones(3, 4))
+
+
+def test_reference_matches_torch():
+    x = randn(3, 11)
+    assert_close(softmax_reference(x), torch.softmax(x.double(), -1), torch.float32)
