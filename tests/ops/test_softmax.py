@@ -100,3 +100,24 @@ def test_cpu_tensor_rejected_on_gpu_machine():
 def test_reference_matches_torch():
     x = randn(3, 11)
     assert_close(softmax_reference(x), torch.softmax(x.double(), -1), torch.float32)
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_split_path_single_chunk(monkeypatch, log):
+    """The split kernels' publish/prefetch/gather logic, on CPU too: forced with one chunk per row
+    (more would wait forever in the interpreter, which runs programs one at a time)."""
+    import triton
+    from warpforge.ops import softmax as mod
+    from warpforge.runtime.heuristics import RowConfig
+
+    monkeypatch.setattr(mod, "row_config", lambda n: RowConfig("split", triton.next_power_of_2(n), 1, 4, 1))
+    x = randn(5, 37, requires_grad=True)
+    fn, tfn = (wf.log_softmax, torch.log_softmax) if log else (wf.softmax, torch.softmax)
+    y = fn(x)
+    xr = x.detach().double().requires_grad_()
+    yr = tfn(xr, -1)
+    assert_close(y, yr, torch.float32, what="forward")
+    dy = randn(5, 37)
+    y.backward(dy)
+    yr.backward(dy.double())
+    assert_close(x.grad, xr.grad, torch.float32, what="backward")

@@ -2,10 +2,16 @@
 and the cross-program exchange of the ``split`` path (see ``runtime/heuristics.py``).
 
 The exchange: each of the C programs that share a row publishes two fp32 statistics of its chunk
-to ``stats[row, chunk, 0:2]``, bumps ``counter[row]`` with release semantics, and spins with
-acquire loads until the counter reaches C. Then every program reads all C pairs (volatile, so no
-stale L1 line) and combines them itself -- C is at most 64, so that is one tiny load. Cost per row:
-two atomics and one round trip to L2 (~1-2 us), hidden behind the other resident programs' loads.
+into ``stats[row, chunk, 0:2]`` and then polls the row's 2*C slots until none holds the sentinel
+the workspace was filled with. Each slot is one 32-bit word written once by one relaxed atomic, so
+a reader that sees a non-sentinel value sees the final value: no counter and, above all, no
+release fence. (A first version bumped a per-row counter with release semantics; the fence waits
+for the program's previous row of output stores to drain, and the split path ran at 47-63% of the
+copy roof on an H200. See benchmarks/NOTES.md.) The sentinel is a NaN bit pattern that arithmetic
+never produces (the hardware's NaNs are 0x7FFFFFFF).
+
+Kernels publish, then issue the loads of their *next* row, then wait: the wait overlaps the next
+row's DRAM latency instead of idling the memory pipe.
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..runtime import interpreting
 from ..runtime.heuristics import RowConfig, persistent_grid, resident_programs
 
 
@@ -26,23 +33,39 @@ def as_rows(t: torch.Tensor) -> torch.Tensor:
     return t2
 
 
+SENTINEL = tl.constexpr(0x7FA00001)  # int32 bits of a NaN that no float arithmetic produces
+
+
 @triton.jit
-def exchange_row_stats(stats_ptr, count_ptr, row, chunk, C, s0, s1, CP: tl.constexpr):
-    """Publish (s0, s1) for this chunk of ``row``; wait for all C chunks; return the C pairs as two
-    vectors of length CP (entries past C are 0) and their validity mask."""
-    base = stats_ptr + row.to(tl.int64) * C * 2
-    tl.store(base + chunk * 2, s0)
-    tl.store(base + chunk * 2 + 1, s1)
-    tl.debug_barrier()
-    tl.atomic_add(count_ptr + row, 1, sem="release")
-    seen = tl.atomic_add(count_ptr + row, 0, sem="acquire")
-    while seen < C:
-        seen = tl.atomic_add(count_ptr + row, 0, sem="acquire")
+def publish_row_stats(stats_ptr, row, chunk, C, s0, s1):
+    """Publish (s0, s1), this chunk's fp32 statistics of ``row``, to the int32 workspace."""
+    base = stats_ptr + tl.cast(row, tl.int64) * C * 2 + chunk * 2
+    tl.atomic_xchg(base, s0.to(tl.int32, bitcast=True), sem="relaxed")
+    tl.atomic_xchg(base + 1, s1.to(tl.int32, bitcast=True), sem="relaxed")
+
+
+@triton.jit
+def gather_row_stats(stats_ptr, row, C, CP: tl.constexpr):
+    """Wait until all C chunks of ``row`` have published; return their statistics as two fp32
+    vectors of length CP (entries past C are 0) and the validity mask."""
+    base = stats_ptr + tl.cast(row, tl.int64) * C * 2
     offs = tl.arange(0, CP)
     valid = offs < C
-    a = tl.load(base + offs * 2, mask=valid, other=0.0, volatile=True)
-    b = tl.load(base + offs * 2 + 1, mask=valid, other=0.0, volatile=True)
-    return a, b, valid
+    a = tl.load(base + offs * 2, mask=valid, other=0, volatile=True)
+    b = tl.load(base + offs * 2 + 1, mask=valid, other=0, volatile=True)
+    pending = tl.sum(((a == SENTINEL) | (b == SENTINEL)).to(tl.int32), axis=0)
+    while pending > 0:
+        a = tl.load(base + offs * 2, mask=valid, other=0, volatile=True)
+        b = tl.load(base + offs * 2 + 1, mask=valid, other=0, volatile=True)
+        pending = tl.sum(((a == SENTINEL) | (b == SENTINEL)).to(tl.int32), axis=0)
+    return a.to(tl.float32, bitcast=True), b.to(tl.float32, bitcast=True), valid
+
+
+@triton.jit
+def exchange_row_stats(stats_ptr, row, chunk, C, s0, s1, CP: tl.constexpr):
+    """publish_row_stats then gather_row_stats, for kernels with nothing to prefetch."""
+    publish_row_stats(stats_ptr, row, chunk, C, s0, s1)
+    return gather_row_stats(stats_ptr, row, C, CP)
 
 
 # resident programs per (kernel, constexprs, dtypes): read once from the compiled kernel
@@ -51,17 +74,16 @@ _RESIDENT: dict = {}
 
 def split_launch(kernel, m: int, cfg: RowConfig, device: torch.device, args: tuple, **constexprs) -> None:
     """Launch a ``split``-mode kernel over ``m`` rows: allocates the exchange workspace, sizes a
-    persistent grid that the device holds at once, and passes (stats, counter, C, n_groups, CP)
-    after ``args``."""
+    persistent grid that the device holds at once, and passes (stats, C, n_groups, CP) after
+    ``args``."""
     c = cfg.chunks
     cp = triton.next_power_of_2(c)
-    stats = torch.empty((m, c, 2), device=device, dtype=torch.float32)
-    counter = torch.zeros((m,), device=device, dtype=torch.int32)
-    full = (*args, stats, counter, c, 1)
+    stats = torch.full((m, c, 2), SENTINEL.value, device=device, dtype=torch.int32)
+    full = (*args, stats, c, 1)
     key = (kernel, tuple(sorted(constexprs.items())), tuple(a.dtype if isinstance(a, torch.Tensor) else None for a in args))
-    resident = _RESIDENT.get(key)
+    resident = 1 if interpreting() else _RESIDENT.get(key)
     if resident is None:
         compiled = kernel.warmup(*full, CP=cp, grid=(1,), num_warps=cfg.num_warps, **constexprs)
         resident = _RESIDENT[key] = resident_programs(compiled, cfg.num_warps)
     grid = persistent_grid(m * c, c, resident)
-    kernel[(grid,)](*args, stats, counter, c, grid // c, CP=cp, num_warps=cfg.num_warps, **constexprs)
+    kernel[(grid,)](*args, stats, c, grid // c, CP=cp, num_warps=cfg.num_warps, **constexprs)

@@ -30,7 +30,7 @@ from ..runtime import new_empty
 from ..runtime.checks import check_tensor, normalize_dim
 from ..runtime.heuristics import row_config
 from ..runtime.registry import Op
-from ._rows import as_rows, exchange_row_stats, split_launch
+from ._rows import as_rows, gather_row_stats, publish_row_stats, split_launch
 
 
 # ----------------------------------------------------------------------------------------------
@@ -72,7 +72,7 @@ def _softmax_fwd_block_kernel(
 @triton.jit
 def _softmax_fwd_split_kernel(
     x_ptr, y_ptr, M, N, stride_x, stride_y,
-    stats_ptr, count_ptr,      # (M, C, 2) fp32 exchange workspace, (M,) int32 zeroed counters
+    stats_ptr,                 # (M, C, 2) int32 exchange workspace, filled with the sentinel
     C, n_groups,               # programs per row, row groups in the persistent grid
     LOG: tl.constexpr, BLOCK_N: tl.constexpr, CP: tl.constexpr,
 ):
@@ -80,21 +80,24 @@ def _softmax_fwd_split_kernel(
     chunk = pid % C
     cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = cols < N
+    row = pid // C
+    x = tl.load(x_ptr + tl.cast(row, tl.int64) * stride_x + cols, mask=mask & (row < M), other=-float("inf"))
     for row in range(pid // C, M, n_groups):
-        r = row.to(tl.int64)
-        x = tl.load(x_ptr + r * stride_x + cols, mask=mask, other=-float("inf")).to(tl.float32)
-        m_c = tl.max(x, axis=0)
+        xf = x.to(tl.float32)
+        m_c = tl.max(xf, axis=0)
         m_c = tl.where(m_c == -float("inf"), 0.0, m_c)
-        s_c = tl.sum(tl.exp(x - m_c), axis=0)
-        ms, ss, valid = exchange_row_stats(stats_ptr, count_ptr, row, chunk, C, m_c, s_c, CP)
+        e = tl.exp(xf - m_c)
+        publish_row_stats(stats_ptr, row, chunk, C, m_c, tl.sum(e, axis=0))
+        nxt = row + n_groups                          # prefetch: its latency hides the wait
+        x = tl.load(x_ptr + tl.cast(nxt, tl.int64) * stride_x + cols, mask=mask & (nxt < M), other=-float("inf"))
+        ms, ss, valid = gather_row_stats(stats_ptr, row, C, CP)
         m = tl.max(tl.where(valid, ms, -float("inf")), axis=0)
         s = tl.sum(tl.where(valid, ss * tl.exp(ms - m), 0.0), axis=0)
-        z = x - m
         if LOG:
-            y = z - tl.log(s)
+            y = xf - m - tl.log(s)
         else:
-            y = tl.exp(z) * (1.0 / s)
-        tl.store(y_ptr + r * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+            y = e * (tl.exp(m_c - m) / s)
+        tl.store(y_ptr + tl.cast(row, tl.int64) * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -165,7 +168,7 @@ def _softmax_bwd_block_kernel(
 @triton.jit
 def _softmax_bwd_split_kernel(
     y_ptr, dy_ptr, dx_ptr, M, N, stride_y, stride_dy, stride_dx,
-    stats_ptr, count_ptr, C, n_groups,
+    stats_ptr, C, n_groups,
     LOG: tl.constexpr, BLOCK_N: tl.constexpr, CP: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -173,15 +176,22 @@ def _softmax_bwd_split_kernel(
     cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = cols < N
     other = -float("inf") if LOG else 0.0
+    row = pid // C
+    live = mask & (row < M)
+    y = tl.load(y_ptr + tl.cast(row, tl.int64) * stride_y + cols, mask=live, other=other)
+    dy = tl.load(dy_ptr + tl.cast(row, tl.int64) * stride_dy + cols, mask=live, other=0.0)
     for row in range(pid // C, M, n_groups):
-        r = row.to(tl.int64)
-        y = tl.load(y_ptr + r * stride_y + cols, mask=mask, other=other).to(tl.float32)
-        dy = tl.load(dy_ptr + r * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-        s_c = _bwd_combine(y, dy, LOG)
-        ss, _unused, valid = exchange_row_stats(stats_ptr, count_ptr, row, chunk, C, s_c, 0.0, CP)
-        s = tl.sum(ss, axis=0)
-        dx = _bwd_apply(y, dy, s, LOG)
-        tl.store(dx_ptr + r * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        yf = y.to(tl.float32)
+        dyf = dy.to(tl.float32)
+        s_c = _bwd_combine(yf, dyf, LOG)
+        publish_row_stats(stats_ptr, row, chunk, C, s_c, s_c)   # one statistic; the pair's second slot is unused
+        nxt = row + n_groups
+        live = mask & (nxt < M)
+        y = tl.load(y_ptr + tl.cast(nxt, tl.int64) * stride_y + cols, mask=live, other=other)
+        dy = tl.load(dy_ptr + tl.cast(nxt, tl.int64) * stride_dy + cols, mask=live, other=0.0)
+        ss, _unused, valid = gather_row_stats(stats_ptr, row, C, CP)
+        dx = _bwd_apply(yf, dyf, tl.sum(ss, axis=0), LOG)
+        tl.store(dx_ptr + tl.cast(row, tl.int64) * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
