@@ -2,6 +2,8 @@
 poisoned outputs, and the relative-error check against a float64 reference."""
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 
@@ -16,6 +18,15 @@ TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU: this machine runs kernels under the Triton interpreter")
 compile_backend = "inductor"
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    """Random inputs, but reproducible per test: a failure seen once is seen again. (The Triton
+    interpreter truncates fp32 -> bf16 where the GPU rounds, doubling bf16 error on CPU, so an
+    unlucky draw on a tiny shape could otherwise flake.)"""
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+    yield
 
 
 @pytest.fixture(autouse=True)

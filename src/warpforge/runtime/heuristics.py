@@ -26,8 +26,9 @@ from . import interpreting
 from .device import device_info, sm_count
 
 BLOCK_MAX = 16384          # largest row a single program keeps in registers
-CHUNK = 8192               # elements per program in the split and loop paths
-SPLIT_MAX_CHUNKS = 64      # split path up to N = 64 * CHUNK = 524,288; loop past that
+CHUNK = 4096               # elements per program in the split and loop paths
+SPLIT_WARPS = 4            # 32 elements a thread: 16 resident programs an SM hide the exchange best
+SPLIT_MAX_CHUNKS = 128     # split path up to N = 128 * CHUNK = 524,288; loop past that
 ELEMS_PER_PROGRAM = 4096   # pack short rows until a program holds about this many elements
 
 
@@ -59,7 +60,7 @@ def row_config(n: int, split_ok: bool = True) -> RowConfig:
         return RowConfig("block", block, rows, _warps_for(block * rows))
     chunks = triton.cdiv(n, CHUNK)
     if split_ok and not interpreting() and chunks <= SPLIT_MAX_CHUNKS:
-        return RowConfig("split", CHUNK, 1, _warps_for(CHUNK), chunks)
+        return RowConfig("split", CHUNK, 1, SPLIT_WARPS, chunks)
     return RowConfig("loop", CHUNK, 1, _warps_for(CHUNK))
 
 
@@ -70,6 +71,8 @@ def resident_programs(compiled, num_warps: int) -> int:
         return 1
     info = device_info()
     threads = 32 * num_warps
+    if getattr(compiled, "n_regs", None) is None and hasattr(compiled, "_init_handles"):
+        compiled._init_handles()        # warmup() compiles but loads lazily; n_regs is set on load
     regs = max(int(getattr(compiled, "n_regs", 0) or 0), 1)
     regs_per_warp = ((regs * 32 + 255) // 256) * 256        # allocated per warp in 256s
     by_regs = info.regs_per_sm // (regs_per_warp * num_warps)
@@ -86,3 +89,99 @@ def persistent_grid(programs: int, per_group: int = 1, resident: int | None = No
     cap = resident if resident is not None else sm_count()
     cap = max(per_group, (cap // per_group) * per_group)
     return max(per_group, min(cap, triton.cdiv(programs, per_group) * per_group))
+
+
+# RoPE: one program per (batch, BLOCK_S tokens) loads its cos/sin rows once and walks the q and k
+# heads in steps of HEADS x BLOCK_S x D elements, ~ROPE_STEP of them (8 KB of bf16): 16-byte
+# accesses along D, a few per thread, and programs light enough in registers that many share an SM.
+ROPE_STEP = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+    block_s: int       # tokens per program
+    heads_q: int       # q heads per loop step
+    heads_k: int       # k heads per loop step
+    split: int         # programs sharing one token block's heads (grid axis 1), for small B*S
+    num_warps: int
+
+
+@functools.lru_cache(maxsize=4096)
+def rope_config(batch: int, seqlen: int, hq: int, hk: int, head_dim: int) -> RopeConfig:
+    rows = max(1, ROPE_STEP // triton.next_power_of_2(head_dim))   # (token, head) rows per step
+    block_s = min(triton.next_power_of_2(seqlen), max(1, rows // min(triton.next_power_of_2(hq), 8)))
+    heads_q = min(triton.next_power_of_2(hq), max(1, rows // block_s))
+    heads_k = min(triton.next_power_of_2(hk), max(1, rows // block_s))
+    programs = batch * triton.cdiv(seqlen, block_s)
+    groups = triton.cdiv(hq, heads_q) + triton.cdiv(hk, heads_k)
+    # Too few token blocks to fill the chip (decode, short prefill): split the heads over a second
+    # grid axis; each share re-reads the (L2-resident) table rows.
+    split = max(1, min(groups, triton.cdiv(4 * sm_count(), max(programs, 1))))
+    elems = block_s * heads_q * triton.next_power_of_2(head_dim)
+    return RopeConfig(block_s, heads_q, heads_k, split, 4 if elems >= 2048 else (2 if elems >= 512 else 1))
+
+
+# ----------------------------------------------------------------------------------------------
+# Elementwise ops (add, GLU activations): big blocks, so every thread has several 16-byte loads in
+# flight. Little's law: to stream ~4.8 TB/s through ~700 ns of DRAM latency a GPU must keep
+# ~3.4 MB in flight, ~25 KB per SM of an H200. One program of ELEMWISE_WARPS warps loading
+# ELEMWISE_BYTES per operand puts 64 B (four 16-byte loads) per thread per operand in flight;
+# two resident programs with two operands already hold 2 * 2 * 16 KB = 64 KB per SM.
+# ----------------------------------------------------------------------------------------------
+ELEMWISE_BYTES = 16384          # bytes of one operand a program loads per step: 8,192 bf16, 4,096 fp32
+ELEMWISE_WARPS = 8
+ELEMWISE_PROGRAMS_PER_SM = 4    # cap of a persistent elementwise grid (lowered to what is resident)
+TILE_ELEMS = 4096               # elements per program in 2-D elementwise tiles (16 per thread at 8 warps)
+TILE_MAX_N = 2048               # widest tile: a multiple of every common hidden size (14336 = 7 * 2048)
+REDUCE_CHUNK = 8192             # row reductions past BLOCK_MAX: elements per (row, chunk) program
+
+
+def elementwise_grid(n_blocks: int, resident: int | None = None) -> int:
+    """Programs of a persistent elementwise kernel over ``n_blocks`` blocks: no more than there is
+    work, nor than ELEMWISE_PROGRAMS_PER_SM per SM, nor than the device holds at once (``resident``)."""
+    cap = sm_count() * ELEMWISE_PROGRAMS_PER_SM
+    if resident:
+        cap = min(cap, resident)
+    return max(1, min(n_blocks, cap))
+
+
+@functools.lru_cache(maxsize=4096)
+def tile_config(n_cols: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) of a 2-D elementwise tile over rows of ``n_cols``: up to
+    TILE_MAX_N columns, short rows stacked until a tile holds TILE_ELEMS elements."""
+    block_n = min(triton.next_power_of_2(n_cols), TILE_MAX_N)
+    block_m = max(1, TILE_ELEMS // block_n)
+    return block_m, block_n, _warps_for(block_m * block_n)
+
+
+# Norm backward (ops/norms.py): x, dy, x_hat, g, the dw/db accumulators and the prefetched next
+# tile are all live, ~15 registers per element a thread holds. At 8 elements a thread (16 warps
+# over 4,096) that is ~125 registers: the 128 a 512-thread program may have. So a backward tile
+# holds NORM_BWD_TILE elements, and rows longer than the limit take the two-pass tiled path
+# (RMSNorm whole to 8,192 = 16 per thread still fits with no spill in ptxas for sm_90;
+# LayerNorm's extra accumulator spills there, so it stops at 4,096).
+NORM_BWD_BLOCK_MAX = 8192
+NORM_BWD_TILE = 4096
+GRAD_WARPS_PER_SM = 16     # resident warps per SM a weight-gradient grid aims for
+
+
+@functools.lru_cache(maxsize=4096)
+def norm_bwd_config(n: int, layer: bool) -> RowConfig:
+    """``block`` (whole rows, one pass) or ``loop`` (row statistics first, then 4,096-column tiles)
+    for a LayerNorm (``layer``) or RMSNorm backward over rows of ``n``."""
+    block = triton.next_power_of_2(n)
+    if block <= (NORM_BWD_BLOCK_MAX // 2 if layer else NORM_BWD_BLOCK_MAX):
+        rows = max(1, min(64, NORM_BWD_TILE // block))
+        return RowConfig("block", block, rows, max(4, min(16, block * rows // 256)))
+    return RowConfig("loop", NORM_BWD_TILE, 1, 16)
+
+
+def grad_grid(m: int, rows: int, col_tiles: int, num_warps: int) -> tuple[int, int]:
+    """Row groups G and rows per group of a deterministic weight-gradient kernel: G x col_tiles
+    programs, ~GRAD_WARPS_PER_SM warps per SM in all, each owning a fixed contiguous run of rows
+    (a multiple of ``rows``) and writing one row of a (G, N) partial-sum buffer. G depends only on
+    the shape and the device, so the reduction order -- and the result's bits -- never change."""
+    target = sm_count() * max(1, GRAD_WARPS_PER_SM // num_warps)
+    groups = max(1, min(triton.cdiv(m, rows), target // col_tiles))
+    per = triton.cdiv(triton.cdiv(m, groups), rows) * rows
+    return triton.cdiv(m, per), per

@@ -1,0 +1,115 @@
+"""The benchmark and roofline lab behind ``warpforge bench``.
+
+- ``workloads.py``: one entry per op -- shapes, inputs, peers, byte and FLOP models (data only);
+- ``runner.py``: timing, peers and modes for every workload (GPU), or the correctness run (CPU);
+- ``timing.py``: how one callable is timed (CUDA events via do_bench, median, L2 flushed; host_us);
+- ``report.py``: results.json, results.md, roofline.png, terminal tables and progress bar.
+
+:func:`bench` is the whole command; the CLI only parses arguments.
+"""
+from __future__ import annotations
+
+import platform
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+from . import report, runner, workloads
+from .workloads import DTYPES, MODES, WORKLOADS
+
+__all__ = ["bench", "metadata", "DTYPES", "MODES", "WORKLOADS"]
+
+
+def metadata(*, quick: bool, modes: list[str], dtypes: list[str], ceilings: dict | None = None) -> dict:
+    """Facts recorded with every result: versions, date, device and its measured ceilings."""
+    import triton
+
+    import warpforge
+
+    meta = {
+        "date": report.today(),
+        "warpforge": getattr(warpforge, "__version__", "?"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "command": " ".join(["warpforge", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith("warpforge") else None,
+        "quick": quick,
+        "modes": modes,
+        "dtypes": dtypes,
+        "interpreter": warpforge.interpreting(),
+        "device": None,
+        "ceilings": ceilings,
+    }
+    if torch.cuda.is_available():
+        import dataclasses
+
+        from ..runtime.device import device_info
+
+        meta["device"] = dataclasses.asdict(device_info())
+    return meta
+
+
+def bench(ops: list[str] | None = None, *, modes: list[str] | None = None, dtypes: list[str] | None = None,
+          quick: bool = False, out: str | Path | None = None, use_compile: bool = True, use_liger: bool = True,
+          check: bool = False) -> int:
+    """Run the benchmark (CUDA) or the correctness run (no CUDA, or ``check``). Returns the exit code."""
+    wls = workloads.get(ops)
+    modes = list(modes or MODES)
+    notice = report.extras_notice()
+    if notice:
+        print(notice)
+
+    if check or not torch.cuda.is_available():
+        # the correctness run is cheap: fp32 (tight tolerance) and bf16 unless told otherwise
+        dtype_names = list(dtypes or ["fp32", "bf16"])
+        return _check(wls, [DTYPES[d] for d in dtype_names], dtype_names, out)
+
+    dtype_names = list(dtypes or ["bf16"])
+    dts = [DTYPES[d] for d in dtype_names]
+
+    from ..runtime.device import ceilings, device_info
+
+    info = device_info()
+    print(f"warpforge bench on {info.name} ({info.sm_count} SMs); measuring/reading ceilings ...", flush=True)
+    ceil = ceilings()
+    print(f"ceilings: copy {ceil['copy_gbps']:,.0f} GB/s, bf16 GEMM {ceil['bf16_tflops']:,.0f} TFLOP/s", flush=True)
+    meta = metadata(quick=quick, modes=modes, dtypes=dtype_names, ceilings=ceil)
+    res = runner.run_bench(wls, modes, dts, quick=quick, use_compile=use_compile, use_liger=use_liger,
+                           copy_gbps=ceil.get("copy_gbps"), progress=report.Progress("bench"))
+    for op in dict.fromkeys(r["op"] for r in res.rows):
+        report.print_table([r for r in res.rows if r["op"] == op], report.BENCH_COLUMNS, title=op)
+    report.print_table(report.summary(res.rows), report.SUMMARY_COLUMNS,
+                       title=f"summary ({report.summary_dtype(res.rows)}, headline shapes; % of copy ceiling)")
+    out_dir = Path(out) if out else report.default_out_dir(info.name)
+    for p in report.write_results(out_dir, res.rows, meta, res.notes):
+        print(f"wrote {p}")
+    return 0
+
+
+def _check(wls, dts, dtype_names, out) -> int:
+    on_gpu = torch.cuda.is_available()
+    banner = (report.BANNER_CPU if not on_gpu else
+              "Correctness run on the GPU: its times are single wall-clock calls including JIT compilation, "
+              "not benchmark times.")
+    print(banner, flush=True)
+    with warnings.catch_warnings():
+        # the interpreter evaluates masked-off lanes too (log(0), 0/0): numpy warns, results are right
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
+        res = runner.run_check(wls, dts, device="cuda" if on_gpu else "cpu", progress=report.Progress("check"))
+    report.print_table(res.rows, report.CHECK_COLUMNS, title="correctness against float64")
+    failed = [r for r in res.rows if str(r["status"]).startswith("failed")]
+    for n in res.notes:
+        print(n)
+    print(f"{len(res.rows) - len(failed)}/{len(res.rows)} checks passed"
+          + (f"; FAILED: {', '.join(sorted({r['op'] for r in failed}))}" if failed else ""))
+    print(banner, flush=True)
+    if out:
+        meta = metadata(quick=False, modes=["fwd", "bwd"], dtypes=dtype_names)
+        meta["banner"] = banner
+        for p in report.write_check(out, res.rows, meta, res.notes):
+            print(f"wrote {p}")
+    return 1 if failed else 0

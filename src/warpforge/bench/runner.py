@@ -1,0 +1,365 @@
+"""The benchmark runner: timing, peers and modes, once for every workload.
+
+Two entry points:
+
+- :func:`run_bench` (CUDA): for each op, dtype and shape, makes the inputs once, then for each mode
+  times every implementation -- ours (``warpforge``, named variants, and on decode shapes the
+  dispatcher door ``warpforge[dispatch]``) and the peers (``eager``, ``compile``, ``liger``). A
+  failing implementation becomes a row marked "failed: <reason>"; nothing stops the run.
+- :func:`run_check` (any device, the CPU one under the Triton interpreter): every op forward and
+  backward on small odd shapes against a float64 reference; relative error, pass/fail, wall time.
+
+Modes. ``fwd``: the forward alone, inputs without ``requires_grad``. ``bwd``: the backward alone, on
+a graph built once outside the timing (``torch.autograd.grad(out, inputs, dy, retain_graph=True)``).
+``fwd+bwd``: both, a fresh graph per call.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from . import timing
+from .workloads import DTYPE_NAMES, Case, OpUnavailable, Workload
+
+PEERS = ("eager", "compile", "liger")
+
+# |out - ref| / |ref| against float64, by dtype (as in tests/conftest.py); backward gets 2x.
+TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+BWD_TOL_SCALE = 2.0
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers shared by both runs
+# ----------------------------------------------------------------------------------------------
+def tensors(out) -> list[torch.Tensor]:
+    """The tensor outputs of a call, in order (an op may return one tensor or a tuple)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [o for o in out if isinstance(o, torch.Tensor)]
+
+
+def with_grad(args: tuple, grad_args: tuple[int, ...]) -> tuple:
+    """Fresh leaves (sharing storage) with ``requires_grad`` on the differentiable arguments."""
+    return tuple(a.detach().requires_grad_() if i in grad_args else a for i, a in enumerate(args))
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64; inf on a shape mismatch or NaN/inf where ref is finite."""
+    if out is None or ref is None:
+        return 0.0 if out is None and ref is None else float("inf")
+    if tuple(out.shape) != tuple(ref.shape):
+        return float("inf")
+    o, r = out.detach().double().cpu(), ref.detach().double().cpu()
+    finite = torch.isfinite(r)
+    if not torch.equal(torch.isfinite(o), finite):
+        return float("inf")
+    o, r = o[finite], r[finite]
+    den = r.norm().item()
+    num = (o - r).norm().item()
+    return num / den if den > 0 else num
+
+
+def failure(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"failed: {type(e).__name__}: {msg[:160]}".rstrip(": ")
+
+
+@contextlib.contextmanager
+def dispatcher_door(on: bool):
+    """Send eager calls through the torch.library dispatcher while ``on`` (restored after)."""
+    from ..runtime import registry
+
+    saved = registry.FAST_EAGER
+    if on:
+        registry.FAST_EAGER = False
+    try:
+        yield
+    finally:
+        registry.FAST_EAGER = saved
+
+
+class NullProgress:
+    """The progress interface the runner reports to (report.py has a rich one)."""
+
+    def start(self, total: int) -> None: ...
+    def advance(self, what: str) -> None: ...
+    def stop(self) -> None: ...
+    def log(self, msg: str) -> None:
+        print(msg, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU benchmark
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class Impl:
+    name: str
+    kind: str                 # "ours" | "peer"
+    fn: Callable
+    dispatch: bool = False    # time through the dispatcher door
+
+
+@dataclass
+class BenchResult:
+    rows: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)      # skipped ops, absent peers
+
+
+def _step(fn: Callable, mode: str, base: tuple, grad_args: tuple[int, ...]) -> Callable[[], object]:
+    """The zero-argument callable that ``mode`` times."""
+    if mode == "fwd":
+        return lambda: fn(*base)
+    args = with_grad(base, grad_args)
+    inputs = [args[i] for i in grad_args]
+    outs = [o for o in tensors(fn(*args)) if o.requires_grad]
+    if not outs:
+        raise RuntimeError("output does not require grad (no autograd formula)")
+    dys = [torch.randn_like(o) for o in outs]
+    if mode == "bwd":
+        return lambda: torch.autograd.grad(outs, inputs, dys, retain_graph=True, allow_unused=True)
+    del outs   # fwd+bwd builds its own graph each call
+
+    def fwd_bwd():
+        o = [t for t in tensors(fn(*args)) if t.requires_grad]
+        return torch.autograd.grad(o, inputs, dys, allow_unused=True)
+    return fwd_bwd
+
+
+def _measure(wl: Workload, case: Case, dtype: torch.dtype, mode: str, impl: Impl, base: tuple,
+             cfg: timing.TimingConfig, copy_gbps: float | None) -> dict:
+    s = torch.empty((), dtype=dtype).element_size()
+    nbytes, nflops = wl.bytes(case, mode, s), wl.flops(case, mode)
+    row = {
+        "op": wl.name, "mode": mode, "dtype": DTYPE_NAMES[dtype], "shape": case.label, "dims": dict(case.dims),
+        "small": case.small, "headline": case.headline, "impl": impl.name, "kind": impl.kind,
+        "status": "ok", "ms": None, "host_us": None, "bytes": nbytes, "flops": nflops,
+        "gbps": None, "tflops": None, "pct_copy": None, "best_peer": None, "best_peer_ms": None, "ratio": None,
+        "err_vs_eager": None,
+    }
+    try:
+        with dispatcher_door(impl.dispatch):
+            step = _step(impl.fn, mode, base, wl.grad_args)
+            timing.warm(step, cfg.warm_calls)
+            ms = timing.device_ms(step, cfg)
+            if case.small:
+                row["host_us"] = timing.host_us(step, cfg.host_calls)
+            if impl.kind == "ours" and mode == "fwd":
+                with torch.no_grad():
+                    ours = tensors(impl.fn(*base))
+                    ref = tensors(wl.eager(*base))
+                row["err_vs_eager"] = max((rel_err(o, r) for o, r in zip(ours, ref)), default=None)
+                del ours, ref
+            del step
+        row["ms"] = ms
+        row["gbps"] = nbytes / ms / 1e6
+        row["tflops"] = nflops / ms / 1e9
+        if copy_gbps:
+            row["pct_copy"] = 100.0 * row["gbps"] / copy_gbps
+    except Exception as e:  # noqa: BLE001 -- any failure of one implementation is a row, not a crash
+        row["status"] = failure(e)
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize()
+    return row
+
+
+def _fill_ratios(rows: list[dict]) -> None:
+    """Best peer (fastest of eager/compile/liger) of one (op, mode, dtype, shape) group, and
+    every row's ratio best_peer_ms / ms (> 1: that row beats the best peer)."""
+    peers = [r for r in rows if r["kind"] == "peer" and r["status"] == "ok"]
+    if not peers:
+        return
+    best = min(peers, key=lambda r: r["ms"])
+    for r in rows:
+        r["best_peer"], r["best_peer_ms"] = best["impl"], best["ms"]
+        if r["status"] == "ok":
+            r["ratio"] = best["ms"] / r["ms"]
+
+
+def run_bench(workloads: list[Workload], modes: list[str], dtypes: list[torch.dtype], *, quick: bool = False,
+              use_compile: bool = True, use_liger: bool = True, copy_gbps: float | None = None,
+              progress=None, device: str = "cuda") -> BenchResult:
+    """Time every implementation of every workload on the current CUDA device. (``device`` exists
+    for the tests, which run this on the CPU with the timers replaced.)"""
+    progress = progress or NullProgress()
+    cfg = timing.TimingConfig.quick() if quick else timing.TimingConfig()
+    device = torch.device(device)
+    result = BenchResult()
+
+    # What runs: our implementations (op skipped when not importable) and which peers are present.
+    plan = []
+    absent: dict[str, list[str]] = {}   # "why" -> ops
+    for wl in workloads:
+        try:
+            ours = wl.ours()
+        except OpUnavailable as e:
+            result.notes.append(f"{wl.name}: not available ({e}); skipped")
+            continue
+        liger = None
+        if not use_liger:
+            absent.setdefault("liger: disabled by --no-liger", []).append(wl.name)
+        elif wl.liger is None:
+            absent.setdefault("liger: no kernel for this op", []).append(wl.name)
+        else:
+            try:
+                liger = wl.liger_fn()
+            except Exception as e:  # noqa: BLE001
+                absent.setdefault(f"liger: not importable ({type(e).__name__}: {e})", []).append(wl.name)
+        if not use_compile:
+            absent.setdefault("compile: disabled by --no-compile", []).append(wl.name)
+        wl_modes = [m for m in modes if m in wl.modes]
+        if not wl_modes:
+            result.notes.append(f"{wl.name}: none of the modes {','.join(modes)} applies ({wl.notes}); skipped")
+            continue
+        if len(wl_modes) < len(modes):
+            result.notes.append(f"{wl.name}: {wl.notes}")
+        plan.append((wl, ours, liger, wl_modes))
+    for why, ops in absent.items():
+        result.notes.append(f"peer absent -- {why}: {', '.join(ops)}")
+    if quick and use_compile:
+        result.notes.append("quick: the compile peer runs on the large shapes only (each shape costs seconds "
+                            "of compilation); on decode shapes the best peer is eager or liger")
+    for note in result.notes:
+        progress.log(note)
+
+    if use_compile:
+        import torch._dynamo as dynamo   # binds only `dynamo`: `torch` stays the module global
+        dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 64)
+
+    total = sum(len(wl.cases(quick)) * len(dtypes) for wl, *_ in plan)
+    progress.start(total)
+    try:
+        for wl, ours, liger, wl_modes in plan:
+            for dtype in dtypes:
+                for case in wl.cases(quick):
+                    progress.advance(f"{wl.name} {DTYPE_NAMES[dtype]} {case.label}")
+                    result.rows.extend(_bench_case(wl, case, dtype, device, ours, liger, wl_modes,
+                                                   use_compile and not (quick and case.small), cfg, copy_gbps))
+            gc.collect()
+            torch.cuda.empty_cache()
+    finally:
+        progress.stop()
+    return result
+
+
+def _bench_case(wl, case, dtype, device, ours, liger, modes, use_compile, cfg, copy_gbps) -> list[dict]:
+    rows: list[dict] = []
+    try:
+        base = wl.make(case, dtype, device)
+    except Exception as e:  # noqa: BLE001 -- e.g. out of memory for this dtype
+        return [{"op": wl.name, "mode": m, "dtype": DTYPE_NAMES[dtype], "shape": case.label, "dims": dict(case.dims),
+                 "small": case.small, "headline": case.headline, "impl": "inputs", "kind": "inputs",
+                 "status": failure(e)} for m in modes]
+    impls = [Impl(name, "ours", fn) for name, fn in ours.items()]
+    if case.small and "warpforge" in ours:
+        impls.append(Impl("warpforge[dispatch]", "ours", ours["warpforge"], dispatch=True))
+    impls.append(Impl("eager", "peer", wl.eager))
+    if use_compile:
+        torch._dynamo.reset()   # one compiled graph per shape; never hit the recompile limit
+        impls.append(Impl("compile", "peer", torch.compile(wl.eager, dynamic=False)))
+    if liger is not None:
+        impls.append(Impl("liger", "peer", liger))
+    for mode in modes:
+        group = [_measure(wl, case, dtype, mode, impl, base, cfg, copy_gbps) for impl in impls]
+        _fill_ratios(group)
+        rows.extend(group)
+    del base, impls
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# Correctness run (the CPU path: the Triton interpreter)
+# ----------------------------------------------------------------------------------------------
+def _float64(args: tuple, grad_args: tuple[int, ...], grad: bool) -> tuple:
+    out = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            a = a.detach().double()
+            if grad and i in grad_args:
+                a.requires_grad_()
+        out.append(a)
+    return tuple(out)
+
+
+def run_check(workloads: list[Workload], dtypes: list[torch.dtype], *, device: str | torch.device = "cpu",
+              progress=None) -> BenchResult:
+    """Every op, forward and backward, on small odd shapes, against a float64 reference."""
+    progress = progress or NullProgress()
+    result = BenchResult()
+    plan = []
+    for wl in workloads:
+        try:
+            plan.append((wl, wl.ours()))
+        except OpUnavailable as e:
+            result.notes.append(f"{wl.name}: not available ({e}); skipped")
+    for note in result.notes:
+        progress.log(note)
+    progress.start(sum(len(wl.check_cases()) * len(dtypes) for wl, _ in plan))
+    try:
+        for wl, ours in plan:
+            for dtype in dtypes:
+                for case in wl.check_cases():
+                    progress.advance(f"{wl.name} {DTYPE_NAMES[dtype]} {case.label}")
+                    for name, fn in ours.items():
+                        result.rows.extend(_check_case(wl, case, dtype, torch.device(device), name, fn))
+    finally:
+        progress.stop()
+    return result
+
+
+def _check_case(wl: Workload, case: Case, dtype: torch.dtype, device, name: str, fn: Callable) -> list[dict]:
+    tol = TOL[dtype]
+
+    def row(direction, **kw):
+        r = {"op": wl.name, "dtype": DTYPE_NAMES[dtype], "shape": case.label, "dims": dict(case.dims),
+             "impl": name, "direction": direction, "rel_err": None, "tol": None, "ok": False,
+             "status": "ok", "wall_ms": None}
+        r.update(kw)
+        return r
+
+    rows = []
+    try:
+        base = wl.make(case, dtype, device)
+    except Exception as e:  # noqa: BLE001
+        return [row("fwd", status=failure(e))]
+
+    # forward
+    try:
+        out, ms = timing.wall_ms(lambda: fn(*base))
+        ref = wl.ref(*_float64(base, wl.grad_args, grad=False))
+        outs, refs = tensors(out), tensors(ref)
+        if len(outs) != len(refs):
+            raise RuntimeError(f"{len(outs)} outputs, reference has {len(refs)}")
+        err = max(rel_err(o, r) for o, r in zip(outs, refs))
+        rows.append(row("fwd", rel_err=err, tol=tol, ok=err <= tol, wall_ms=ms,
+                        status="ok" if err <= tol else "failed: error above tolerance"))
+    except Exception as e:  # noqa: BLE001
+        rows.append(row("fwd", status=failure(e)))
+        return rows
+
+    # backward
+    try:
+        args = with_grad(base, wl.grad_args)
+        outs = tensors(fn(*args))
+        if not all(o.requires_grad for o in outs):
+            rows.append(row("bwd", ok=True, status="skipped: output does not require grad"))
+            return rows
+        dys = [torch.randn_like(o) for o in outs]
+        inputs = [args[i] for i in wl.grad_args]
+        grads, ms = timing.wall_ms(lambda: torch.autograd.grad(outs, inputs, dys, allow_unused=True))
+        rargs = _float64(base, wl.grad_args, grad=True)
+        routs = [o for o in tensors(wl.ref(*rargs))]
+        rgrads = torch.autograd.grad(routs, [rargs[i] for i in wl.grad_args], [d.double() for d in dys],
+                                     allow_unused=True)
+        btol = tol * BWD_TOL_SCALE
+        err = max(rel_err(g, r) for g, r in zip(grads, rgrads))
+        rows.append(row("bwd", rel_err=err, tol=btol, ok=err <= btol, wall_ms=ms,
+                        status="ok" if err <= btol else "failed: error above tolerance"))
+    except Exception as e:  # noqa: BLE001
+        rows.append(row("bwd", status=failure(e)))
+    return rows

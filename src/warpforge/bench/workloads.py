@@ -1,0 +1,426 @@
+"""What the benchmark runs, one :class:`Workload` per operator: data, not machinery.
+
+A workload declares its shape sweep, how to make random inputs (never zeros), which arguments get
+gradients, our public function, the plain-PyTorch call it replaces (``eager``; ``torch.compile`` of
+it is the ``compile`` peer), the Liger-Kernel entry point where one exists, and the op's byte and
+FLOP models. The runner (``runner.py``) does timing, peers and modes once for all of them.
+
+Byte models count each input read once and each output written once (PERF.md), s = bytes per
+element of the benchmark dtype; weight vectors of N elements are counted too:
+
+    row op (softmax, norms)   fwd 2*M*N*s + P*N*s        (P weight vectors read)
+                              bwd 3*M*N*s + 2*P*N*s      (read x or y, dy; write dx; read W, write dW)
+    add_rms_norm              fwd 4*M*N*s + N*s          (read x, residual; write y, x+residual)
+                              bwd 4*M*N*s + 2*N*s        (read h=x+residual, dy, dh; write one dx,
+                                                          which is also d(residual))
+    add                       3*n*s
+    sum, amax                 M*N*s + M*s
+    swiglu, geglu             fwd 3*M*N*s, bwd 5*M*N*s   (fwd+bwd: 8 tensors)
+    rope                      fwd 2*(|q|+|k|)*s, bwd the same again (cos/sin tables not counted)
+
+``fwd+bwd`` is always the sum of the two. FLOP models are a few FLOPs per element: every op here
+is memory-bound by two orders of magnitude, the FLOPs only place points on the roofline.
+
+Our functions are imported lazily, inside :meth:`Workload.ours`, so an op whose module does not
+exist yet is reported as "not available" and skipped.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+MODES = ("fwd", "bwd", "fwd+bwd")
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+ROW_ELEMENTS = 2**27          # every large row-op case: 256 MB in bf16, several times any L2
+DECODE_N = 4096
+
+
+class OpUnavailable(Exception):
+    """Our implementation of an op cannot be imported (yet)."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One shape of a sweep. ``small``: decode-like, where per-call overhead matters (the
+    dispatcher door and host_us are measured there). ``headline``: the shape the summary table and
+    the roofline plot use."""
+    label: str
+    dims: dict
+    small: bool = False
+    headline: bool = False
+
+
+@dataclass
+class Workload:
+    name: str
+    module: str                                                 # where our op lives
+    cases: Callable[[bool], list[Case]]                         # quick -> sweep
+    check_cases: Callable[[], list[Case]]                       # small odd shapes, CPU check
+    make: Callable[[Case, torch.dtype, torch.device], tuple]    # positional args of every callable
+    grad_args: tuple[int, ...]                                  # which args get gradients
+    ours_fn: Callable[[Callable[[str], Callable]], dict[str, Callable]]
+    eager: Callable                                             # plain PyTorch
+    bytes_fn: Callable[[Case, str, int], int]
+    flops_fn: Callable[[Case, str], int]
+    liger: tuple | None = None        # (module, class name, adapter(cls) -> callable)
+    reference: Callable | None = None  # float64 ground truth; default: ``eager`` on float64 inputs
+    modes: tuple[str, ...] = MODES
+    notes: str = ""
+
+    def ours(self) -> dict[str, Callable]:
+        """Our implementations, by row name ("warpforge", "warpforge[naive]", ...)."""
+        return self.ours_fn(lambda fname: resolve(fname, self.module))
+
+    def liger_fn(self) -> Callable:
+        """The Liger-Kernel callable; raises ImportError (or anything) when absent."""
+        if self.liger is None:
+            raise ImportError(f"Liger-Kernel has no {self.name}")
+        mod, cls, adapt = self.liger
+        return adapt(getattr(importlib.import_module(mod), cls))
+
+    def bytes(self, case: Case, mode: str, elem_size: int) -> int:
+        return int(self.bytes_fn(case, mode, elem_size))
+
+    def flops(self, case: Case, mode: str) -> int:
+        return int(self.flops_fn(case, mode))
+
+    def ref(self, *args):
+        return (self.reference or self.eager)(*args)
+
+
+def resolve(fname: str, module: str) -> Callable:
+    """``warpforge.<fname>`` if re-exported, else ``<module>.<fname>``; OpUnavailable if neither."""
+    import warpforge
+
+    fn = getattr(warpforge, fname, None)
+    if callable(fn):
+        return fn
+    try:
+        mod = importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 -- a half-written module may raise anything
+        raise OpUnavailable(f"{module} not importable ({type(e).__name__}: {e})") from e
+    fn = getattr(mod, fname, None)
+    if not callable(fn):
+        raise OpUnavailable(f"{module} has no {fname}()")
+    return fn
+
+
+def randn(shape, dtype: torch.dtype, device, scale: float = 1.0) -> torch.Tensor:
+    t = torch.randn(shape, dtype=dtype, device=device)
+    return t.mul_(scale) if scale != 1.0 else t
+
+
+def _by_mode(fwd: float, bwd: float) -> Callable[[str], float]:
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}.__getitem__
+
+
+# ----------------------------------------------------------------------------------------------
+# Row ops: (M, N), reduce or normalise along N
+# ----------------------------------------------------------------------------------------------
+def row_cases(quick: bool) -> list[Case]:
+    ns = (4096, 32768, 262144) if quick else (1024, 4096, 8192, 32768, 65536, 262144)
+    ms = (1, 64) if quick else (1, 8, 64)
+    big = [Case(f"{ROW_ELEMENTS // n}x{n}", {"M": ROW_ELEMENTS // n, "N": n}, headline=(n == 4096)) for n in ns]
+    small = [Case(f"{m}x{DECODE_N}", {"M": m, "N": DECODE_N}, small=True) for m in ms]
+    return big + small
+
+
+def row_check_cases() -> list[Case]:
+    return [Case("3x123", {"M": 3, "N": 123}), Case("2x4097", {"M": 2, "N": 4097})]
+
+
+def _mn(case: Case) -> tuple[int, int]:
+    return case.dims["M"], case.dims["N"]
+
+
+def row_bytes(weights: int = 0, fwd_tensors: int = 2, bwd_tensors: int = 3):
+    def f(case: Case, mode: str, s: int) -> int:
+        m, n = _mn(case)
+        fwd = fwd_tensors * m * n * s + weights * n * s
+        bwd = bwd_tensors * m * n * s + 2 * weights * n * s
+        return _by_mode(fwd, bwd)(mode)
+    return f
+
+
+def per_element_flops(fwd: float, bwd: float):
+    def f(case: Case, mode: str) -> int:
+        return int(math.prod(case.dims[k] for k in ("M", "N")) * _by_mode(fwd, bwd)(mode))
+    return f
+
+
+def reduce_bytes(case: Case, mode: str, s: int) -> int:
+    m, n = _mn(case)
+    return m * n * s + m * s
+
+
+def _row_x(case, dtype, device):
+    return (randn(_mn(case), dtype, device),)
+
+
+def _row_x_w(case, dtype, device):
+    m, n = _mn(case)
+    return randn((m, n), dtype, device), randn((n,), dtype, device, 0.5).add_(1.0)
+
+
+def _row_x_w_b(case, dtype, device):
+    m, n = _mn(case)
+    return (randn((m, n), dtype, device), randn((n,), dtype, device, 0.5).add_(1.0),
+            randn((n,), dtype, device, 0.5))
+
+
+def _row_x_r_w(case, dtype, device):
+    m, n = _mn(case)
+    return (randn((m, n), dtype, device), randn((m, n), dtype, device),
+            randn((n,), dtype, device, 0.5).add_(1.0))
+
+
+LN_EPS = 1e-5
+RMS_EPS = 1e-6
+
+
+def _eager_add_rms_norm(x, r, w):
+    h = x + r
+    return F.rms_norm(h, h.shape[-1:], w, RMS_EPS), h
+
+
+def _softmax_reference(log: bool):
+    def ref(x):
+        from warpforge.ops.softmax import softmax_reference
+        return softmax_reference(x, -1, log=log)
+    return ref
+
+
+# ----------------------------------------------------------------------------------------------
+# add (elementwise, 1-D)
+# ----------------------------------------------------------------------------------------------
+def add_cases(quick: bool) -> list[Case]:
+    return [Case("n=2^28", {"n": 2**28}, headline=True), Case("n=2^20", {"n": 2**20}, small=True)]
+
+
+def add_check_cases() -> list[Case]:
+    return [Case("n=123", {"n": 123}), Case("n=8195", {"n": 8195})]
+
+
+def _add_make(case, dtype, device):
+    n = case.dims["n"]
+    return randn((n,), dtype, device), randn((n,), dtype, device)
+
+
+# ----------------------------------------------------------------------------------------------
+# gated activations: out = act(gate) * up, (M, N)
+# ----------------------------------------------------------------------------------------------
+FFN = 14336
+
+
+def glu_cases(quick: bool) -> list[Case]:
+    return ([Case(f"16384x{FFN}", {"M": 16384, "N": FFN}, headline=True)]
+            + [Case(f"{m}x{FFN}", {"M": m, "N": FFN}, small=True) for m in (1, 64)])
+
+
+def _glu_make(case, dtype, device):
+    m, n = _mn(case)
+    return randn((m, n), dtype, device), randn((m, n), dtype, device)
+
+
+# ----------------------------------------------------------------------------------------------
+# rope: q (B, Hq, S, D), k (B, Hk, S, D), cos/sin (S_table, D), optional position_ids (B, S)
+# ----------------------------------------------------------------------------------------------
+ROPE_TABLE = 4096
+
+
+def rope_cases(quick: bool) -> list[Case]:
+    big = Case("q4x32x4096x128 k4x8x4096x128", {"B": 4, "Hq": 32, "Hk": 8, "S": 4096, "D": 128, "pos": False},
+               headline=True)
+    dec = [Case(f"decode B={b} q{b}x32x1x128 k{b}x8x1x128", {"B": b, "Hq": 32, "Hk": 8, "S": 1, "D": 128, "pos": True},
+                small=True) for b in (1, 64)]
+    return [big, *dec]
+
+
+def rope_check_cases() -> list[Case]:
+    return [Case("q2x4x5x64 k2x2x5x64", {"B": 2, "Hq": 4, "Hk": 2, "S": 5, "D": 64, "pos": False}),
+            Case("decode q3x3x1x32 k3x1x1x32", {"B": 3, "Hq": 3, "Hk": 1, "S": 1, "D": 32, "pos": True})]
+
+
+def rope_tables(length: int, dim: int, dtype, device, base: float = 10000.0):
+    """HF rotate-half convention: cos/sin of shape (length, dim), each half repeated."""
+    inv = 1.0 / base ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
+    ang = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv)   # (L, D/2)
+    emb = torch.cat((ang, ang), dim=-1)                                                 # (L, D)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rope_make(case, dtype, device):
+    d = case.dims
+    table = max(ROPE_TABLE, d["S"] + 8) if d["pos"] else d["S"]
+    q = randn((d["B"], d["Hq"], d["S"], d["D"]), dtype, device)
+    k = randn((d["B"], d["Hk"], d["S"], d["D"]), dtype, device)
+    cos, sin = rope_tables(table, d["D"], dtype, device)
+    pos = None
+    if d["pos"]:   # decode: each sequence at its own offset into the table
+        start = torch.randint(1, table - d["S"], (d["B"], 1), device=device)
+        pos = start + torch.arange(d["S"], device=device)                                # (B, S)
+    return q, k, cos, sin, pos
+
+
+def _rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def _eager_rope(q, k, cos, sin, pos):
+    if pos is not None:
+        cos, sin = cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)                          # (B, 1, S, D)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _liger_rope(cls):
+    def fn(q, k, cos, sin, pos):
+        if pos is not None:
+            cos, sin = cos[pos], sin[pos]                                                # (B, S, D)
+        return cls.apply(q, k, cos, sin)
+    return fn
+
+
+def rope_bytes(case: Case, mode: str, s: int) -> int:
+    d = case.dims
+    e = d["B"] * (d["Hq"] + d["Hk"]) * d["S"] * d["D"]
+    return _by_mode(2 * e * s, 2 * e * s)(mode)
+
+
+def rope_flops(case: Case, mode: str) -> int:
+    d = case.dims
+    e = d["B"] * (d["Hq"] + d["Hk"]) * d["S"] * d["D"]
+    return _by_mode(3 * e, 3 * e)(mode)
+
+
+# ----------------------------------------------------------------------------------------------
+# The registry
+# ----------------------------------------------------------------------------------------------
+def _one(fname: str, call: Callable[[Callable], Callable]):
+    """ours_fn for a single implementation named "warpforge"."""
+    return lambda get: {"warpforge": call(get(fname))}
+
+
+WORKLOADS: dict[str, Workload] = {}
+
+
+def _register(w: Workload) -> None:
+    WORKLOADS[w.name] = w
+
+
+_register(Workload(
+    name="add", module="warpforge.ops.add",
+    cases=add_cases, check_cases=add_check_cases, make=_add_make, grad_args=(0, 1),
+    ours_fn=lambda get: {
+        "warpforge[naive]": (lambda f: lambda a, b: f(a, b, variant="naive"))(get("add")),
+        "warpforge": (lambda f: lambda a, b: f(a, b))(get("add")),
+    },
+    eager=lambda a, b: torch.add(a, b),
+    bytes_fn=lambda c, m, s: 3 * c.dims["n"] * s,
+    flops_fn=lambda c, m: c.dims["n"],
+    modes=("fwd",), notes="timed forward only: its backward is dy passed through",
+))
+_register(Workload(
+    name="sum", module="warpforge.ops.reduce",
+    cases=row_cases, check_cases=row_check_cases, make=_row_x, grad_args=(0,),
+    ours_fn=_one("sum", lambda f: lambda x: f(x, -1)),
+    eager=lambda x: torch.sum(x, -1),
+    bytes_fn=reduce_bytes, flops_fn=per_element_flops(1, 0),
+    modes=("fwd",), notes="timed forward only: its backward is an expand of dy",
+))
+_register(Workload(
+    name="amax", module="warpforge.ops.reduce",
+    cases=row_cases, check_cases=row_check_cases, make=_row_x, grad_args=(0,),
+    ours_fn=_one("amax", lambda f: lambda x: f(x, -1)),
+    eager=lambda x: torch.amax(x, -1),
+    bytes_fn=reduce_bytes, flops_fn=per_element_flops(1, 0),
+    modes=("fwd",), notes="timed forward only",
+))
+_register(Workload(
+    name="softmax", module="warpforge.ops.softmax",
+    cases=row_cases, check_cases=row_check_cases, make=_row_x, grad_args=(0,),
+    ours_fn=_one("softmax", lambda f: lambda x: f(x, -1)),
+    eager=lambda x: F.softmax(x, -1),
+    liger=("liger_kernel.ops.softmax", "LigerSoftmaxFunction", lambda cls: lambda x: cls.apply(x)),
+    bytes_fn=row_bytes(), flops_fn=per_element_flops(5, 4),
+    reference=_softmax_reference(False),
+))
+_register(Workload(
+    name="log_softmax", module="warpforge.ops.softmax",
+    cases=row_cases, check_cases=row_check_cases, make=_row_x, grad_args=(0,),
+    ours_fn=_one("log_softmax", lambda f: lambda x: f(x, -1)),
+    eager=lambda x: F.log_softmax(x, -1),
+    bytes_fn=row_bytes(), flops_fn=per_element_flops(5, 3),
+    reference=_softmax_reference(True),
+))
+_register(Workload(
+    name="layer_norm", module="warpforge.ops.norms",
+    cases=row_cases, check_cases=row_check_cases, make=_row_x_w_b, grad_args=(0, 1, 2),
+    ours_fn=_one("layer_norm", lambda f: lambda x, w, b: f(x, x.shape[-1:], w, b, LN_EPS)),
+    eager=lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, LN_EPS),
+    liger=("liger_kernel.ops.layer_norm", "LigerLayerNormFunction",
+           lambda cls: lambda x, w, b: cls.apply(x, w, b, LN_EPS)),
+    bytes_fn=row_bytes(weights=2), flops_fn=per_element_flops(8, 12),
+))
+_register(Workload(
+    name="rms_norm", module="warpforge.ops.norms",
+    cases=row_cases, check_cases=row_check_cases, make=_row_x_w, grad_args=(0, 1),
+    ours_fn=_one("rms_norm", lambda f: lambda x, w: f(x, x.shape[-1:], w, RMS_EPS)),
+    eager=lambda x, w: F.rms_norm(x, x.shape[-1:], w, RMS_EPS),
+    # casting "gemma" (everything in fp32) is also our default; in_place=False: ours never
+    # overwrites dy, and an in-place backward would change dy between timed repetitions
+    liger=("liger_kernel.ops.rms_norm", "LigerRMSNormFunction",
+           lambda cls: lambda x, w: cls.apply(x, w, RMS_EPS, 0.0, "gemma", False)),
+    bytes_fn=row_bytes(weights=1), flops_fn=per_element_flops(4, 8),
+))
+_register(Workload(
+    name="add_rms_norm", module="warpforge.ops.norms",
+    cases=row_cases, check_cases=row_check_cases, make=_row_x_r_w, grad_args=(0, 1, 2),
+    ours_fn=_one("add_rms_norm", lambda f: lambda x, r, w: f(x, r, w, RMS_EPS)),
+    eager=_eager_add_rms_norm,
+    liger=("liger_kernel.ops.fused_add_rms_norm", "LigerFusedAddRMSNormFunction",
+           lambda cls: lambda x, r, w: cls.apply(x, r, w, RMS_EPS, 0.0, "gemma", False)),
+    bytes_fn=row_bytes(weights=1, fwd_tensors=4, bwd_tensors=4), flops_fn=per_element_flops(5, 9),
+))
+_register(Workload(
+    name="swiglu", module="warpforge.ops.activations",
+    cases=glu_cases, check_cases=row_check_cases, make=_glu_make, grad_args=(0, 1),
+    ours_fn=_one("swiglu", lambda f: lambda g, u: f(g, u)),
+    eager=lambda g, u: F.silu(g) * u,
+    liger=("liger_kernel.ops.swiglu", "LigerSiLUMulFunction", lambda cls: lambda g, u: cls.apply(g, u)),
+    bytes_fn=row_bytes(fwd_tensors=3, bwd_tensors=5), flops_fn=per_element_flops(5, 9),
+))
+_register(Workload(
+    name="geglu", module="warpforge.ops.activations",
+    cases=glu_cases, check_cases=row_check_cases, make=_glu_make, grad_args=(0, 1),
+    ours_fn=_one("geglu", lambda f: lambda g, u: f(g, u, approximate="tanh")),
+    eager=lambda g, u: F.gelu(g, approximate="tanh") * u,
+    liger=("liger_kernel.ops.geglu", "LigerGELUMulFunction", lambda cls: lambda g, u: cls.apply(g, u)),
+    bytes_fn=row_bytes(fwd_tensors=3, bwd_tensors=5), flops_fn=per_element_flops(10, 18),
+))
+_register(Workload(
+    name="rope", module="warpforge.ops.rope",
+    cases=rope_cases, check_cases=rope_check_cases, make=_rope_make, grad_args=(0, 1),
+    ours_fn=_one("apply_rope", lambda f: lambda q, k, cos, sin, pos: f(q, k, cos, sin, position_ids=pos)),
+    eager=_eager_rope,
+    liger=("liger_kernel.ops.rope", "LigerRopeFunction", _liger_rope),
+    bytes_fn=rope_bytes, flops_fn=rope_flops,
+))
+
+
+def get(names: list[str] | None) -> list[Workload]:
+    """Workloads by name, in registry order; ValueError naming the known ones for an unknown name."""
+    if not names:
+        return list(WORKLOADS.values())
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        raise ValueError(f"unknown op{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}; "
+                         f"known: {', '.join(WORKLOADS)}")
+    return [WORKLOADS[n] for n in dict.fromkeys(names)]

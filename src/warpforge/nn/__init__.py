@@ -1,0 +1,6 @@
+"""Thin ``nn.Module`` wrappers over the functional ops."""
+from .activations import GeGLU, SwiGLU, SwiGLUMLP
+from .norms import AddRMSNorm, LayerNorm, RMSNorm
+from .rope import RotaryEmbedding
+
+__all__ = ["LayerNorm", "RMSNorm", "AddRMSNorm", "SwiGLU", "GeGLU", "SwiGLUMLP", "RotaryEmbedding"]

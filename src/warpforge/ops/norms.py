@@ -1,0 +1,689 @@
+"""LayerNorm, RMSNorm and fused add+RMSNorm over the last dimension, forward and backward.
+
+    LayerNorm   mu = mean(x), rstd = 1/sqrt(mean((x - mu)^2) + eps), x_hat = (x - mu) * rstd
+                y = x_hat * w + b
+    RMSNorm     rstd = 1/sqrt(mean(x^2) + eps), x_hat = x * rstd, y = x_hat * (offset + w)
+    add+RMSNorm h = x + residual (rounded to the input dtype), normed = rms_norm(h)
+
+    backward, with g = dy * w (or dy * (offset + w)):
+    LayerNorm   dx = rstd * (g - x_hat * mean(g * x_hat) - mean(g)), dw = sum_rows(dy * x_hat), db = sum_rows(dy)
+    RMSNorm     dx = rstd * (g - x_hat * mean(g * x_hat)),            dw = sum_rows(dy * x_hat)
+    add+RMSNorm dh = rms_backward(dnormed) + dh_out;  dx = dresidual = dh
+
+Byte model (s = bytes per element, M rows of N): the forward reads x and writes y, 2*M*N*s (+ N*s
+for each of w, b; + M*8 bytes of saved fp32 statistics, 0.05% at N = 4096). The backward reads x
+and dy and writes dx, 3*M*N*s, so forward+backward is 5*M*N*s. add+RMSNorm reads x and residual
+and writes h and normed (4*M*N*s); its backward reads h, dnormed, dh_out and writes dh (4*M*N*s).
+FLOPs are ~8 per element: at 4.3 TB/s and 67 fp32 TFLOP/s an H200 would need ~30 FLOP per bf16
+byte to be compute bound, so the bound is memory and the target is the measured copy bandwidth
+(~4,250 GB/s on an H200: 32768x4096 bf16 RMSNorm forward is 537 MB, ~126 us at the roof).
+
+Why the kernels look the way they do:
+- Forward, ``block`` path (N <= 16,384): a program holds whole rows in registers, so x is read
+  once and y written once -- the byte floor. The textbook LayerNorm reads x three times (mean,
+  variance, normalise); holding the row makes the two-pass variance free: sum((x - mu)^2) on the
+  registers, never E[x^2] - mu^2, which loses every digit when |mu| >> std (x = 1000 + randn in
+  fp32: mu^2 = 1e6 carries ~0.06 of absolute error, as large as the variance itself).
+  Short rows are packed ROWS to a program so each moves ~8 KB.
+- Forward, ``split`` path (GPU, N > 16,384): C co-resident programs share a row and exchange
+  per-chunk statistics (``_rows.py``): RMSNorm publishes its chunk's sum of squares; LayerNorm
+  publishes (chunk mean, chunk M2) and combines them with Chan's parallel formula
+  M2 = sum_c [M2_c + n_c * (mean_c - mean)^2], which only ever subtracts means, so it keeps
+  the block path's accuracy. Still one read and one write per element at N = 262,144.
+- Forward, ``loop`` path (fallback, and the interpreter past 16,384): one program per row, two
+  passes (statistics with a running Chan merge per chunk, then normalise): 1.5x the bytes.
+- Backward: x_hat is recomputed from x and the saved fp32 (mean, rstd) -- never saved, which
+  would cost another M*N*s write and read. For rows up to 8,192 (RMSNorm) or 4,096 (LayerNorm)
+  one pass over (x, dy) computes the row statistics in registers and writes dx: the byte floor
+  3*M*N*s. The limit is registers, not bytes: x, dy, x_hat, g, the dw (and db) accumulators and
+  the prefetched next tile are ~15 registers per element a thread holds, and ptxas for sm_90
+  fits 8 elements a thread (16 warps over 4,096) in 128 registers but spills 1.4-1.8 KB a
+  thread at 16,384 (see ``runtime/heuristics.py: norm_bwd_config``).
+- Weight and bias gradients are deterministic: a persistent grid of G programs (~16 warps per
+  SM: 132 row groups on a 132-SM H200 at 16 warps), each walking a fixed contiguous range of
+  rows and accumulating dw (and db) in fp32 registers, writes one row of a (G, N) fp32 buffer;
+  ``buffer.sum(0)`` then reduces it in a fixed order. No atomics, so two runs give the same
+  bits. The buffer costs 2*G*N*4 bytes: 4.3 MB against 805 MB for a 32768x4096 bf16 backward.
+  Each program loads its next tile of (x, dy) before computing the current one, so with only
+  one program per SM the memory pipe still has a tile in flight.
+- Backward for longer rows (``loop`` path): the row statistic (sum(g * x_hat), and sum(g) for
+  LayerNorm) is a row reduction, so a first kernel computes it per row (reads x, dy), and a
+  second tiles the matrix into (row group, 4,096-column tile) programs that write dx and the dw
+  partials: x and dy are read twice, 5*M*N*s instead of 3*M*N*s (a split backward that keeps
+  the one pass is future work).
+- All statistics are fp32 whatever the input dtype; each output is cast once, at the store.
+  ``casting_mode="llama"`` rounds x_hat to the input dtype before the weight multiply, as
+  Hugging Face's LlamaRMSNorm does; "gemma" (default) keeps everything fp32 until the store.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ..runtime import new_empty
+from ..runtime.checks import check_normalized_shape, check_same, check_tensor, check_weight
+from ..runtime.heuristics import grad_grid, norm_bwd_config, row_config
+from ..runtime.registry import Op
+from ._rows import as_rows, gather_row_stats, publish_row_stats, split_launch
+
+CASTING_MODES = ("gemma", "llama")
+
+
+# ----------------------------------------------------------------------------------------------
+# References
+# ----------------------------------------------------------------------------------------------
+def _ref_float(t: torch.Tensor) -> torch.Tensor:
+    return t.double() if t.device.type == "cpu" else t.float()
+
+
+def layer_norm_reference(x, weight=None, bias=None, eps: float = 1e-5) -> torch.Tensor:
+    """Ground truth in float64 (float32 on devices without it), cast back to x's dtype."""
+    xf = _ref_float(x)
+    mu = xf.mean(-1, keepdim=True)
+    var = (xf - mu).pow(2).mean(-1, keepdim=True)
+    y = (xf - mu) * torch.rsqrt(var + eps)
+    if weight is not None:
+        y = y * _ref_float(weight)
+    if bias is not None:
+        y = y + _ref_float(bias)
+    return y.to(x.dtype)
+
+
+def rms_norm_reference(x, weight=None, eps: float | None = None, offset: float = 0.0,
+                       casting_mode: str = "gemma") -> torch.Tensor:
+    """Ground truth: float64 maths ("gemma"), or HF Llama's rounding of x_hat to x's dtype before
+    the weight multiply ("llama"). Differentiable (the rounding passes gradients straight through)."""
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    xf = _ref_float(x)
+    x_hat = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if casting_mode == "llama":
+        x_hat = x_hat.to(x.dtype).to(xf.dtype)
+    if weight is not None:
+        x_hat = x_hat * (offset + _ref_float(weight))
+    return x_hat.to(x.dtype)
+
+
+def add_rms_norm_reference(x, residual, weight, eps: float | None = None, offset: float = 0.0):
+    """(rms_norm(h), h) with h = x + residual rounded to x's dtype, as the fused kernel returns."""
+    h = (_ref_float(x) + _ref_float(residual)).to(x.dtype)
+    return rms_norm_reference(h, weight, eps, offset), h
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels. One family: constexpr flags pick LayerNorm (RMS=False) or RMSNorm (RMS=True),
+# the optional weight/bias, the fused residual add (HAS_RES) and Llama rounding (LLAMA). Pointers
+# of absent tensors are placeholders that are never touched.
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _norm_fwd_block_kernel(
+    x_ptr, res_ptr,            # (M, N) input and residual (HAS_RES), column stride 1, any row stride
+    y_ptr, h_ptr,              # (M, N) contiguous outputs: normed, and x + residual (HAS_RES)
+    w_ptr, b_ptr,              # (N,) weight (HAS_W), bias (HAS_B); fp32 or the input dtype
+    mean_ptr, rstd_ptr,        # (M,) fp32 saved statistics (mean only for LayerNorm)
+    M, N, stride_x, stride_r, stride_y, stride_h,
+    eps, offset,
+    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_RES: tl.constexpr,
+    LLAMA: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    rmask = rows < M
+    cmask = cols < N
+    mask = rmask[:, None] & cmask[None, :]
+    r = rows.to(tl.int64)[:, None]
+    x = tl.load(x_ptr + r * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        x += tl.load(res_ptr + r * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        h = x.to(h_ptr.dtype.element_ty)
+        tl.store(h_ptr + r * stride_h + cols[None, :], h, mask=mask)
+        x = h.to(tl.float32)                        # normalise the value we return
+    if RMS:
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+        x_hat = x * rstd[:, None]
+    else:
+        mean = tl.sum(x, axis=1) / N
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
+        x_hat = xc * rstd[:, None]
+        tl.store(mean_ptr + rows, mean, mask=rmask)
+    tl.store(rstd_ptr + rows, rstd, mask=rmask)
+    if LLAMA:
+        x_hat = x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
+    y = x_hat
+    if HAS_W:
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        y = y * (w + offset)[None, :]
+    if HAS_B:
+        y += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + r * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _norm_fwd_split_kernel(
+    x_ptr, res_ptr, y_ptr, h_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr,   # as the block kernel
+    M, N, stride_x, stride_r, stride_y, stride_h, eps, offset,
+    stats_ptr,                 # (M, C, 2) int32 exchange workspace, filled with the sentinel
+    C, n_groups,               # programs per row, row groups in the persistent grid
+    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_RES: tl.constexpr,
+    LLAMA: tl.constexpr, BLOCK_N: tl.constexpr, CP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    chunk = pid % C
+    cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    # the weight chunk is the same for every row this program visits: load it once
+    if HAS_W:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + offset
+    if HAS_B:
+        b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    # elements in each chunk of the row (the last one may be short), for Chan's formula
+    offs = tl.arange(0, CP)
+    n_c = tl.minimum(tl.maximum(N - offs * BLOCK_N, 0), BLOCK_N).to(tl.float32)
+    n_mine = tl.minimum(N - chunk * BLOCK_N, BLOCK_N).to(tl.float32)
+    row = pid // C
+    live = mask & (row < M)
+    x = tl.load(x_ptr + tl.cast(row, tl.int64) * stride_x + cols, mask=live, other=0.0)
+    if HAS_RES:
+        res = tl.load(res_ptr + tl.cast(row, tl.int64) * stride_r + cols, mask=live, other=0.0)
+    for row in range(pid // C, M, n_groups):
+        r = tl.cast(row, tl.int64)
+        xf = x.to(tl.float32)
+        if HAS_RES:
+            h = (xf + res.to(tl.float32)).to(h_ptr.dtype.element_ty)
+            tl.store(h_ptr + r * stride_h + cols, h, mask=mask)
+            xf = h.to(tl.float32)                       # normalise the value we return
+        if RMS:
+            ss_c = tl.sum(xf * xf, axis=0)
+            publish_row_stats(stats_ptr, row, chunk, C, ss_c, ss_c)   # one statistic; slot 2 unused
+        else:
+            mean_c = tl.sum(xf, axis=0) / n_mine
+            d = tl.where(mask, xf - mean_c, 0.0)
+            publish_row_stats(stats_ptr, row, chunk, C, mean_c, tl.sum(d * d, axis=0))
+        # prefetch the next row: its DRAM latency hides the wait for the other chunks
+        nxt = row + n_groups
+        live = mask & (nxt < M)
+        x = tl.load(x_ptr + tl.cast(nxt, tl.int64) * stride_x + cols, mask=live, other=0.0)
+        if HAS_RES:
+            res = tl.load(res_ptr + tl.cast(nxt, tl.int64) * stride_r + cols, mask=live, other=0.0)
+        a, b_stat, valid = gather_row_stats(stats_ptr, row, C, CP)
+        if RMS:
+            rstd = tl.rsqrt(tl.sum(a, axis=0) / N + eps)
+            x_hat = xf * rstd
+        else:
+            # Chan: mean = sum n_c mean_c / N, M2 = sum [M2_c + n_c (mean_c - mean)^2]
+            mean = tl.sum(tl.where(valid, n_c * a, 0.0), axis=0) / N
+            dm = a - mean
+            m2 = tl.sum(tl.where(valid, b_stat + n_c * dm * dm, 0.0), axis=0)
+            rstd = tl.rsqrt(m2 / N + eps)
+            x_hat = (xf - mean) * rstd
+            if chunk == 0:
+                tl.store(mean_ptr + row, mean)
+        if chunk == 0:
+            tl.store(rstd_ptr + row, rstd)
+        if LLAMA:
+            x_hat = x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
+        y = x_hat
+        if HAS_W:
+            y = y * w
+        if HAS_B:
+            y += b
+        tl.store(y_ptr + r * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _norm_fwd_loop_kernel(
+    x_ptr, res_ptr, y_ptr, h_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr,   # as the block kernel
+    M, N, stride_x, stride_r, stride_y, stride_h, eps, offset,
+    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_RES: tl.constexpr,
+    LLAMA: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    row = tl.program_id(0)
+    r = row.to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    # pass 1: statistics. RMSNorm: per-lane sum of squares. LayerNorm: (count, mean, M2) merged
+    # chunk by chunk with Chan's formula. With a residual, h is written here and re-read in pass 2.
+    acc = tl.zeros((BLOCK_N,), tl.float32)
+    mean = 0.0
+    m2 = 0.0
+    for start in range(0, N, BLOCK_N):
+        mask = start + cols < N
+        x = tl.load(x_ptr + r * stride_x + start + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_RES:
+            x += tl.load(res_ptr + r * stride_r + start + cols, mask=mask, other=0.0).to(tl.float32)
+            h = x.to(h_ptr.dtype.element_ty)
+            tl.store(h_ptr + r * stride_h + start + cols, h, mask=mask)
+            x = h.to(tl.float32)
+        if RMS:
+            acc += x * x
+        else:
+            n_c = tl.minimum(N - start, BLOCK_N).to(tl.float32)
+            mean_c = tl.sum(x, axis=0) / n_c
+            d = tl.where(mask, x - mean_c, 0.0)
+            n_old = start * 1.0                        # elements merged so far, as fp32
+            n_new = n_old + n_c
+            delta = mean_c - mean
+            mean = mean + delta * (n_c / n_new)
+            m2 = m2 + tl.sum(d * d, axis=0) + delta * delta * (n_old * n_c / n_new)
+    if RMS:
+        rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+    else:
+        rstd = tl.rsqrt(m2 / N + eps)
+        tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+    if HAS_RES:
+        tl.debug_barrier()                            # pass 1's h stores before pass 2's loads
+    # pass 2: normalise
+    for start in range(0, N, BLOCK_N):
+        mask = start + cols < N
+        if HAS_RES:
+            x = tl.load(h_ptr + r * stride_h + start + cols, mask=mask, other=0.0).to(tl.float32)
+        else:
+            x = tl.load(x_ptr + r * stride_x + start + cols, mask=mask, other=0.0).to(tl.float32)
+        if RMS:
+            x_hat = x * rstd
+        else:
+            x_hat = (x - mean) * rstd
+        if LLAMA:
+            x_hat = x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
+        y = x_hat
+        if HAS_W:
+            y = y * (tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32) + offset)
+        if HAS_B:
+            y += tl.load(b_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + r * stride_y + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _norm_bwd_stats_kernel(
+    dy_ptr, x_ptr,             # (M, N) incoming gradient and saved input, any row strides
+    w_ptr, mean_ptr, rstd_ptr,  # (N,) weight (HAS_W), (M,) fp32 saved statistics
+    c_ptr,                     # (M, 2) fp32 out: mean(g * x_hat), mean(g) per row
+    M, N, stride_dy, stride_x, offset,
+    RMS: tl.constexpr, HAS_W: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """The backward's row statistics for N > 16,384 (loop path, pass 1 of 2)."""
+    row = tl.program_id(0)
+    r = row.to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    rstd = tl.load(rstd_ptr + row)
+    if RMS:
+        mean = 0.0
+    else:
+        mean = tl.load(mean_ptr + row)
+    acc1 = tl.zeros((BLOCK_N,), tl.float32)
+    acc2 = tl.zeros((BLOCK_N,), tl.float32)
+    for start in range(0, N, BLOCK_N):
+        mask = start + cols < N
+        x = tl.load(x_ptr + r * stride_x + start + cols, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(dy_ptr + r * stride_dy + start + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_W:
+            g = g * (tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32) + offset)
+        acc1 += g * ((x - mean) * rstd)                 # g = 0 in masked lanes
+        acc2 += g
+    tl.store(c_ptr + row * 2, tl.sum(acc1, axis=0) / N)
+    tl.store(c_ptr + row * 2 + 1, tl.sum(acc2, axis=0) / N)
+
+
+@triton.jit
+def _norm_bwd_kernel(
+    dy_ptr, x_ptr,             # (M, N) incoming gradient and saved input (h for add+RMSNorm)
+    dsum_ptr,                  # (M, N) gradient of the x + residual output (HAS_DSUM)
+    w_ptr, mean_ptr, rstd_ptr,  # (N,) weight (HAS_W); (M,) fp32 saved statistics
+    c_ptr,                     # (M, 2) fp32 row statistics from _norm_bwd_stats_kernel (not FULL_ROW)
+    dx_ptr,                    # (M, N) contiguous out
+    dw_ptr, db_ptr,            # (G, N) fp32 out: this program's partial sums over its rows
+    M, N, stride_dy, stride_x, stride_ds, stride_dx, rows_per_prog, offset,
+    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_DSUM: tl.constexpr,
+    LLAMA: tl.constexpr, FULL_ROW: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dx and deterministic dw/db partials. Program (g, c) owns rows [g*rows_per_prog, +rows_per_prog)
+    and columns [c*BLOCK_N, +BLOCK_N). FULL_ROW (block path, one column tile): the row statistics
+    are computed here, in one pass over (x, dy); else they come from c_ptr."""
+    g_id = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    dw_acc = tl.zeros((ROWS, BLOCK_N), tl.float32)
+    db_acc = tl.zeros((ROWS, BLOCK_N), tl.float32)
+    row_start = g_id * rows_per_prog
+    row_end = tl.minimum(row_start + rows_per_prog, M)
+    # software pipeline: the next tile's x and dy are in flight while this one is computed, so a
+    # program keeps the memory pipe busy on its own (one or two programs fit an SM here)
+    rows = row_start + tl.arange(0, ROWS)
+    mask = (rows < row_end)[:, None] & cmask[None, :]
+    r = rows.to(tl.int64)[:, None]
+    x_next = tl.load(x_ptr + r * stride_x + cols[None, :], mask=mask, other=0.0)
+    dy_next = tl.load(dy_ptr + r * stride_dy + cols[None, :], mask=mask, other=0.0)
+    for r0 in range(row_start, row_end, ROWS):
+        rows = r0 + tl.arange(0, ROWS)
+        rmask = rows < row_end
+        mask = rmask[:, None] & cmask[None, :]
+        r = rows.to(tl.int64)[:, None]
+        x = x_next.to(tl.float32)
+        dy = dy_next.to(tl.float32)
+        nrows = rows + ROWS
+        nmask = (nrows < row_end)[:, None] & cmask[None, :]
+        nr = nrows.to(tl.int64)[:, None]
+        x_next = tl.load(x_ptr + nr * stride_x + cols[None, :], mask=nmask, other=0.0)
+        dy_next = tl.load(dy_ptr + nr * stride_dy + cols[None, :], mask=nmask, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+        if RMS:
+            x_hat = x * rstd[:, None]
+        else:
+            mean = tl.load(mean_ptr + rows, mask=rmask, other=0.0)
+            x_hat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        if HAS_W:
+            # re-read per tile (an L1 hit) rather than pinned in registers: at 8,192 columns that
+            # frees 16 registers a thread, the difference between spilling and not
+            w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32) + offset
+            g = dy * w[None, :]
+        else:
+            g = dy
+        if FULL_ROW:
+            c1 = tl.sum(g * x_hat, axis=1) / N
+            if not RMS:
+                c2 = tl.sum(g, axis=1) / N
+        else:
+            c1 = tl.load(c_ptr + rows * 2, mask=rmask, other=0.0)
+            if not RMS:
+                c2 = tl.load(c_ptr + rows * 2 + 1, mask=rmask, other=0.0)
+        if RMS:
+            dx = (g - x_hat * c1[:, None]) * rstd[:, None]
+        else:
+            dx = (g - x_hat * c1[:, None] - c2[:, None]) * rstd[:, None]
+        if HAS_DSUM:
+            dx += tl.load(dsum_ptr + r * stride_ds + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + r * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if HAS_W:
+            if LLAMA:                                   # y = round(x_hat) * w: dw sees round(x_hat)
+                x_hat = x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
+            dw_acc += dy * x_hat
+        if HAS_B:
+            db_acc += dy
+    # every program writes its whole partial row (zeros if it had no rows): the buffer is complete
+    part = g_id.to(tl.int64) * N + cols
+    if HAS_W:
+        tl.store(dw_ptr + part, tl.sum(dw_acc, axis=0), mask=cmask)
+    if HAS_B:
+        tl.store(db_ptr + part, tl.sum(db_acc, axis=0), mask=cmask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, llama: bool):
+    """Normalise the last dim of x (+ residual). Returns (y, h or None, mean or None, rstd)."""
+    x2 = as_rows(x)
+    m, n = x2.shape
+    y = new_empty((m, n), device=x.device, dtype=x.dtype)
+    rstd = new_empty((m,), device=x.device, dtype=torch.float32)
+    mean = None if rms else new_empty((m,), device=x.device, dtype=torch.float32)
+    h = r2 = None
+    if residual is not None:
+        r2 = as_rows(residual)
+        h = new_empty((m, n), device=x.device, dtype=x.dtype)
+    if m > 0:
+        cfg = row_config(n)
+        args = (x2, x2 if r2 is None else r2, y, y if h is None else h,
+                x2 if weight is None else weight, x2 if bias is None else bias,
+                rstd if mean is None else mean, rstd,
+                m, n, x2.stride(0), 0 if r2 is None else r2.stride(0), y.stride(0),
+                0 if h is None else h.stride(0), float(eps), float(offset))
+        flags = dict(RMS=rms, HAS_W=weight is not None, HAS_B=bias is not None,
+                     HAS_RES=residual is not None, LLAMA=llama)
+        if cfg.mode == "block":
+            _norm_fwd_block_kernel[(triton.cdiv(m, cfg.rows),)](
+                *args, **flags, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+        elif cfg.mode == "split":
+            split_launch(_norm_fwd_split_kernel, m, cfg, x.device, args, **flags, BLOCK_N=cfg.block_n)
+        else:
+            _norm_fwd_loop_kernel[(m,)](*args, **flags, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+    return y.view(x.shape), (None if h is None else h.view(x.shape)), mean, rstd
+
+
+def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: bool, has_bias: bool):
+    """Returns (dx, dw, db): dw/db are fp32 (N,) sums over rows, or None when absent."""
+    dy2, x2 = as_rows(dy), as_rows(x)
+    m, n = x2.shape
+    dx = new_empty((m, n), device=x.device, dtype=x.dtype)
+    has_w = weight is not None
+    if m == 0:
+        zeros = torch.zeros((n,), device=x.device, dtype=torch.float32)
+        return dx.view(x.shape), (zeros if has_w else None), (zeros.clone() if has_bias else None)
+    ds2 = None if dsum is None else as_rows(dsum)
+    cfg = norm_bwd_config(n, layer=not rms)
+    full_row = cfg.mode == "block"
+    col_tiles = 1 if full_row else triton.cdiv(n, cfg.block_n)
+    groups, rows_per_prog = grad_grid(m, cfg.rows, col_tiles, cfg.num_warps)
+    dw = new_empty((groups, n), device=x.device, dtype=torch.float32) if has_w else None
+    db = new_empty((groups, n), device=x.device, dtype=torch.float32) if has_bias else None
+    c = rstd
+    if not full_row:
+        c = new_empty((m, 2), device=x.device, dtype=torch.float32)
+        _norm_bwd_stats_kernel[(m,)](
+            dy2, x2, x2 if weight is None else weight, rstd if mean is None else mean, rstd, c,
+            m, n, dy2.stride(0), x2.stride(0), float(offset),
+            RMS=rms, HAS_W=has_w, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+    _norm_bwd_kernel[(groups, col_tiles)](
+        dy2, x2, dy2 if ds2 is None else ds2, x2 if weight is None else weight,
+        rstd if mean is None else mean, rstd, c, dx,
+        dx if dw is None else dw, dx if db is None else db,
+        m, n, dy2.stride(0), x2.stride(0), 0 if ds2 is None else ds2.stride(0), dx.stride(0),
+        rows_per_prog, float(offset),
+        RMS=rms, HAS_W=has_w, HAS_B=has_bias, HAS_DSUM=ds2 is not None, LLAMA=llama,
+        FULL_ROW=full_row, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+    # fixed-order reduction over the G partial rows: deterministic
+    return (dx.view(x.shape), None if dw is None else dw.sum(0), None if db is None else db.sum(0))
+
+
+def _absent(t: torch.Tensor) -> torch.Tensor:
+    return t.new_empty((0,), dtype=torch.float32)
+
+
+def _rows_of(x: torch.Tensor):
+    return math.prod(x.shape[:-1])
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch operators
+# ----------------------------------------------------------------------------------------------
+# LayerNorm ------------------------------------------------------------------------------------
+def _layer_norm_impl(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    y, _, mean, rstd = _norm_fwd(x, None, weight, bias, eps, 0.0, rms=False, llama=False)
+    return y, mean, rstd
+
+
+def _layer_norm_fake(x, weight, bias, eps):
+    m = _rows_of(x)
+    return x.new_empty(x.shape), x.new_empty((m,), dtype=torch.float32), x.new_empty((m,), dtype=torch.float32)
+
+
+def _layer_norm_bwd_impl(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
+                         mean: torch.Tensor, rstd: torch.Tensor,
+                         has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dw, db); dw/db fp32, empty (0,) when that parameter is absent."""
+    dx, dw, db = _norm_bwd(dy, x, None, weight, mean, rstd, 0.0, rms=False, llama=False, has_bias=has_bias)
+    return dx, (_absent(x) if dw is None else dw), (_absent(x) if db is None else db)
+
+
+def _layer_norm_bwd_fake(dy, x, weight, mean, rstd, has_bias):
+    n = x.shape[-1]
+    f32 = torch.float32
+    return (x.new_empty(x.shape), x.new_empty((n if weight is not None else 0,), dtype=f32),
+            x.new_empty((n if has_bias else 0,), dtype=f32))
+
+
+layer_norm_backward_op = Op("layer_norm_backward", _layer_norm_bwd_impl, _layer_norm_bwd_fake)
+
+
+def _layer_norm_setup(ctx, inputs, output):
+    x, weight, bias, _eps = inputs
+    _y, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.save_for_backward(x, weight, mean, rstd)
+
+
+def _layer_norm_backward(ctx, dy, _dmean, _drstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    dx, dw, db = layer_norm_backward_op(dy, x, weight, mean, rstd, ctx.bias_dtype is not None)
+    dw = None if weight is None else dw.to(weight.dtype)
+    db = None if ctx.bias_dtype is None else db.to(ctx.bias_dtype)
+    return dx, dw, db, None
+
+
+layer_norm_op = Op("layer_norm", _layer_norm_impl, _layer_norm_fake,
+                   backward=_layer_norm_backward, setup_context=_layer_norm_setup)
+
+
+# RMSNorm --------------------------------------------------------------------------------------
+def _rms_norm_impl(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, offset: float,
+                   llama: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    y, _, _, rstd = _norm_fwd(x, None, weight, None, eps, offset, rms=True, llama=llama)
+    return y, rstd
+
+
+def _rms_norm_fake(x, weight, eps, offset, llama):
+    return x.new_empty(x.shape), x.new_empty((_rows_of(x),), dtype=torch.float32)
+
+
+def _rms_norm_bwd_impl(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
+                       rstd: torch.Tensor, offset: float, llama: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw); dw fp32, empty (0,) without a weight."""
+    dx, dw, _ = _norm_bwd(dy, x, None, weight, None, rstd, offset, rms=True, llama=llama, has_bias=False)
+    return dx, (_absent(x) if dw is None else dw)
+
+
+def _rms_norm_bwd_fake(dy, x, weight, rstd, offset, llama):
+    return x.new_empty(x.shape), x.new_empty((x.shape[-1] if weight is not None else 0,), dtype=torch.float32)
+
+
+rms_norm_backward_op = Op("rms_norm_backward", _rms_norm_bwd_impl, _rms_norm_bwd_fake)
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, weight, _eps, offset, llama = inputs
+    _y, rstd = output
+    ctx.mark_non_differentiable(rstd)
+    ctx.offset, ctx.llama = offset, llama
+    ctx.save_for_backward(x, weight, rstd)
+
+
+def _rms_norm_backward(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dw = rms_norm_backward_op(dy, x, weight, rstd, ctx.offset, ctx.llama)
+    return dx, (None if weight is None else dw.to(weight.dtype)), None, None, None
+
+
+rms_norm_op = Op("rms_norm", _rms_norm_impl, _rms_norm_fake,
+                 backward=_rms_norm_backward, setup_context=_rms_norm_setup)
+
+
+# add + RMSNorm --------------------------------------------------------------------------------
+def _add_rms_norm_impl(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                       offset: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    y, h, _, rstd = _norm_fwd(x, residual, weight, None, eps, offset, rms=True, llama=False)
+    return y, h, rstd
+
+
+def _add_rms_norm_fake(x, residual, weight, eps, offset):
+    return x.new_empty(x.shape), x.new_empty(x.shape), x.new_empty((_rows_of(x),), dtype=torch.float32)
+
+
+def _add_rms_norm_bwd_impl(dnormed: torch.Tensor, dsum: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
+                           rstd: torch.Tensor, offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dh, dw): dh is the gradient of both x and residual; dw fp32."""
+    dh, dw, _ = _norm_bwd(dnormed, h, dsum, weight, None, rstd, offset, rms=True, llama=False, has_bias=False)
+    return dh, dw
+
+
+def _add_rms_norm_bwd_fake(dnormed, dsum, h, weight, rstd, offset):
+    return h.new_empty(h.shape), h.new_empty((h.shape[-1],), dtype=torch.float32)
+
+
+add_rms_norm_backward_op = Op("add_rms_norm_backward", _add_rms_norm_bwd_impl, _add_rms_norm_bwd_fake)
+
+
+def _add_rms_norm_setup(ctx, inputs, output):
+    _x, _residual, weight, _eps, offset = inputs
+    _y, h, rstd = output
+    ctx.mark_non_differentiable(rstd)
+    ctx.offset = offset
+    ctx.save_for_backward(h, weight, rstd)
+
+
+def _add_rms_norm_backward(ctx, dnormed, dsum, _drstd):
+    h, weight, rstd = ctx.saved_tensors
+    dh, dw = add_rms_norm_backward_op(dnormed, dsum, h, weight, rstd, ctx.offset)
+    return dh, dh, dw.to(weight.dtype), None, None
+
+
+add_rms_norm_op = Op("add_rms_norm", _add_rms_norm_impl, _add_rms_norm_fake,
+                     backward=_add_rms_norm_backward, setup_context=_add_rms_norm_setup)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public functions
+# ----------------------------------------------------------------------------------------------
+def _check_eps(eps) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"warpforge: 'eps' must be a non-negative float, got {eps!r}")
+    return float(eps)
+
+
+def layer_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
+    """Drop-in for ``torch.nn.functional.layer_norm`` normalising over the last dimension only
+    (``normalized_shape`` must be ``(input.shape[-1],)``). ``weight`` and ``bias`` are optional,
+    independently, and may be fp32 or the input's dtype; the output has the input's dtype."""
+    check_tensor("input", input)
+    n = check_normalized_shape(normalized_shape, input)
+    if weight is not None:
+        check_weight("weight", weight, "input", input, n)
+    if bias is not None:
+        check_weight("bias", bias, "input", input, n)
+    eps = _check_eps(eps)
+    return layer_norm_op(input, weight, bias, eps)[0]
+
+
+def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
+             eps: float | None = None, *, offset: float = 0.0, casting_mode: str = "gemma") -> torch.Tensor:
+    """Drop-in for ``torch.nn.functional.rms_norm`` over the last dimension
+    (``eps=None`` means ``torch.finfo(input.dtype).eps``, as torch).
+
+    ``offset``: y = x_hat * (offset + weight); 1.0 gives Gemma's ``x_hat * (1 + w)``. Without a
+    weight y = x_hat (the offset applies to the weight only).
+    ``casting_mode``: "gemma" does all maths in fp32 and rounds once, at the output; "llama"
+    rounds x_hat = x * rstd to the input dtype before multiplying by (offset + w), as Hugging
+    Face's LlamaRMSNorm. The backward differentiates the fp32 maths in both modes (the rounding
+    passes gradients straight through, as autograd through ``.to(dtype)`` does); in "llama" mode
+    dw uses the rounded x_hat that the forward multiplied by w.
+    """
+    check_tensor("input", input)
+    n = check_normalized_shape(normalized_shape, input)
+    if weight is not None:
+        check_weight("weight", weight, "input", input, n)
+    if casting_mode not in CASTING_MODES:
+        raise ValueError(f"warpforge: 'casting_mode' must be one of {CASTING_MODES}, got {casting_mode!r}")
+    eps = torch.finfo(input.dtype).eps if eps is None else _check_eps(eps)
+    return rms_norm_op(input, weight, eps, float(offset), casting_mode == "llama")[0]
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float | None = None,
+                 *, offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused residual add and RMSNorm: returns ``(rms_norm(h), h)`` with ``h = x + residual`` in
+    the input dtype -- the normed activations and the pre-norm residual stream, from one kernel
+    that reads x and residual once. ``h`` is rounded before it is normalised, so ``normed``
+    equals ``rms_norm(x + residual)`` computed in the input dtype. Maths as ``rms_norm`` with
+    ``casting_mode="gemma"``."""
+    check_tensor("x", x)
+    check_tensor("residual", residual)
+    check_same("residual", residual, "x", x)
+    check_weight("weight", weight, "x", x, x.shape[-1])
+    eps = torch.finfo(x.dtype).eps if eps is None else _check_eps(eps)
+    normed, h, _ = add_rms_norm_op(x, residual, weight, eps, float(offset))
+    return normed, h

@@ -1,0 +1,292 @@
+"""Row reductions over one dimension: ``sum`` and ``amax``, forward and backward.
+
+    sum:   y[i] = sum_j x[i, j]                  dx[i, j] = dy[i]
+    amax:  y[i] = max_j x[i, j]                  dx[i, j] = dy[i] * (x[i, j] == y[i]) / count_i
+           (count_i = how many elements of row i equal its max: torch's rule, the gradient is
+           shared evenly among ties; a row holding NaN has max NaN, as in torch)
+
+Byte model (s = bytes per element, M rows of N): read M*N*s, write M*s -- essentially one read of
+the input. One add (or max) per element: memory-bound, target the measured copy bandwidth. The
+backward of ``sum`` is a broadcast (``expand``, no kernel, no bytes); the backward of ``amax``
+reads x and writes dx, 2*M*N*s.
+
+Any dim: it is moved last (a view), as softmax does; if that leaves the reduced dim strided the
+rows are copied to contiguous ones first (one extra read and write). Accumulation is fp32 whatever
+the input dtype; the result is cast once, at the store, to the input dtype (or ``dtype`` for sum).
+
+Paths by N (``runtime/heuristics.py``):
+- ``block``   N <= 16,384: a program holds ROWS whole rows (ROWS x BLOCK_N ~ 4,096 elements, so a
+  short-row program still moves ~8-16 KB) and reduces each in registers: one read, the floor.
+- ``partial`` N > 16,384: nothing has to be exchanged, unlike softmax, because nothing is written
+  back per element. Each row is cut into C = N / 8,192 chunks; program (row, chunk) reduces its
+  chunk to one fp32 partial in an (M, C) buffer, and a second launch reduces the (M, C) partials
+  with the block kernel, always in the same order: bitwise deterministic run to run, no atomics,
+  no spin-waits, so it also runs in the interpreter. The partials are 1/8,192 of the input
+  (4 B per 16 KB of bf16), a rounding error in the byte count; the price is one more launch
+  (~3 us), which matters only for inputs under a few MB.
+- amax backward is a row op (count the ties, then scatter). ``block``: one program per ROWS rows,
+  count and scatter in registers, 2*M*N*s bytes. Past 16,384 the count comes from chunk partials
+  (as above) and a second pass re-reads x to scatter: 3*M*N*s, 1.5x the floor, accepted for a
+  rarely-used gradient rather than adding a cross-program exchange.
+
+NaN: the hardware max ignores NaN (``max.f32`` returns the other operand), so the kernels count
+NaNs explicitly and return NaN for such a row, matching torch.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..runtime import new_empty
+from ..runtime.checks import FLOAT_DTYPES, check_tensor, normalize_dim
+from ..runtime.heuristics import BLOCK_MAX, REDUCE_CHUNK, _warps_for, row_config
+from ..runtime.registry import Op
+from ._rows import as_rows
+
+
+# ----------------------------------------------------------------------------------------------
+# References
+# ----------------------------------------------------------------------------------------------
+def sum_reference(x: torch.Tensor, dim: int = -1, keepdim: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Ground truth in float64 (float32 on devices without it), cast to ``dtype`` or x's dtype."""
+    wide = torch.float64 if x.device.type == "cpu" else torch.float32
+    return x.to(wide).sum(dim, keepdim=keepdim).to(dtype or x.dtype)
+
+
+def amax_reference(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
+    return x.amax(dim, keepdim=keepdim)           # exact in any dtype
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _reduce_tile(x, mask, MAX: tl.constexpr):
+    """Reduce a loaded (R, B) fp32 tile along axis 1 (masked lanes hold 0 for sum, -inf for max)."""
+    if MAX:
+        v = tl.max(x, axis=1)
+        nans = tl.sum(((x != x) & mask).to(tl.int32), axis=1)
+        v = tl.where(nans > 0, float("nan"), v)
+    else:
+        v = tl.sum(x, axis=1)
+    return v
+
+
+@triton.jit
+def _reduce_fwd_block_kernel(
+    x_ptr, y_ptr,              # (M, N) rows (column stride 1, row stride stride_x), (M,) contiguous out
+    M, N, stride_x,
+    MAX: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    r = rows.to(tl.int64)[:, None]
+    other = -float("inf") if MAX else 0.0
+    x = tl.load(x_ptr + r * stride_x + cols[None, :], mask=mask, other=other).to(tl.float32)
+    v = _reduce_tile(x, mask, MAX)
+    tl.store(y_ptr + rows, v.to(y_ptr.dtype.element_ty), mask=rows < M)
+
+
+@triton.jit
+def _reduce_fwd_partial_kernel(
+    x_ptr, part_ptr,           # (M, N) rows (column stride 1), (M, C) contiguous fp32 partials
+    N, stride_x, C,            # C = cdiv(N, BLOCK_N) chunks per row; one program per (row, chunk)
+    MAX: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row = pid // C
+    chunk = pid % C
+    cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (cols < N)[None, :]
+    other = -float("inf") if MAX else 0.0
+    x = tl.load(x_ptr + row.to(tl.int64) * stride_x + cols[None, :], mask=mask, other=other).to(tl.float32)
+    v = _reduce_tile(x, mask, MAX)                                     # (1,)
+    tl.store(part_ptr + row.to(tl.int64) * C + chunk + tl.arange(0, 1), v)
+
+
+@triton.jit
+def _amax_bwd_block_kernel(
+    x_ptr, y_ptr, dy_ptr, dx_ptr,  # (M, N) input rows, (M,) saved amax, (M,) gradient (any stride), (M, N) out
+    M, N, stride_x, stride_dy, stride_dx,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    rmask = rows < M
+    mask = rmask[:, None] & (cols[None, :] < N)
+    r = rows.to(tl.int64)
+    x = tl.load(x_ptr + r[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    m = tl.load(y_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + r * stride_dy, mask=rmask, other=0.0).to(tl.float32)
+    hit = ((x == m[:, None]) & mask).to(tl.float32)
+    count = tl.sum(hit, axis=1)
+    # as torch: hit * (dy / count), so a NaN row (count 0) gets NaN gradients
+    dx = hit * (dy / count)[:, None]
+    tl.store(dx_ptr + r[:, None] * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _amax_bwd_count_kernel(
+    x_ptr, y_ptr, part_ptr,    # (M, N) input rows, (M,) saved amax, (M, C) fp32 tie counts per chunk
+    N, stride_x, C,
+    BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row = pid // C
+    chunk = pid % C
+    cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    x = tl.load(x_ptr + row.to(tl.int64) * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    m = tl.load(y_ptr + row).to(tl.float32)
+    count = tl.sum(((x == m) & mask).to(tl.float32), axis=0)
+    tl.store(part_ptr + row.to(tl.int64) * C + chunk, count)
+
+
+@triton.jit
+def _amax_bwd_scatter_kernel(
+    x_ptr, y_ptr, cnt_ptr, dy_ptr, dx_ptr,  # (M, N) rows, (M,) amax, (M,) fp32 tie counts, (M,) grad, (M, N) out
+    N, stride_x, stride_dy, stride_dx, C,
+    BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row = pid // C
+    chunk = pid % C
+    r = row.to(tl.int64)
+    cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    x = tl.load(x_ptr + r * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    m = tl.load(y_ptr + row).to(tl.float32)
+    g = tl.load(dy_ptr + r * stride_dy).to(tl.float32) / tl.load(cnt_ptr + row)
+    dx = ((x == m) & mask).to(tl.float32) * g
+    tl.store(dx_ptr + r * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+def _reduce_rows(x2: torch.Tensor, out_dtype: torch.dtype, is_max: bool) -> torch.Tensor:
+    """Reduce each row of ``x2`` (M, N), unit column stride, to an (M,) tensor of ``out_dtype``."""
+    m, n = x2.shape
+    if n > BLOCK_MAX:
+        c = triton.cdiv(n, REDUCE_CHUNK)
+        part = torch.empty((m, c), device=x2.device, dtype=torch.float32)   # every entry written
+        _reduce_fwd_partial_kernel[(m * c,)](
+            x2, part, n, x2.stride(0), c, MAX=is_max, BLOCK_N=REDUCE_CHUNK, num_warps=_warps_for(REDUCE_CHUNK))
+        return _reduce_rows(part, out_dtype, is_max)                         # fixed order: deterministic
+    y = new_empty((m,), device=x2.device, dtype=out_dtype)
+    cfg = row_config(n)
+    _reduce_fwd_block_kernel[(triton.cdiv(m, cfg.rows),)](
+        x2, y, m, n, x2.stride(0), MAX=is_max, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+    return y
+
+
+def _reduce_last(x: torch.Tensor, out_dtype: torch.dtype, is_max: bool) -> torch.Tensor:
+    """Reduce the last dim of x (any leading shape)."""
+    x2 = as_rows(x)
+    if x2.shape[0] == 0:
+        return new_empty(x.shape[:-1], device=x.device, dtype=out_dtype)
+    return _reduce_rows(x2, out_dtype, is_max).view(x.shape[:-1])
+
+
+def _amax_bwd(x: torch.Tensor, y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    x2 = as_rows(x)
+    m, n = x2.shape
+    dx = new_empty((m, n), device=x.device, dtype=x.dtype)
+    if m == 0:
+        return dx.view(x.shape)
+    y1, dy1 = y.reshape(-1), dy.reshape(-1)                     # (M,); dy may have stride 0
+    if n <= BLOCK_MAX:
+        cfg = row_config(n)
+        _amax_bwd_block_kernel[(triton.cdiv(m, cfg.rows),)](
+            x2, y1, dy1, dx, m, n, x2.stride(0), dy1.stride(0), dx.stride(0),
+            ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+    else:
+        c = triton.cdiv(n, REDUCE_CHUNK)
+        warps = _warps_for(REDUCE_CHUNK)
+        part = torch.empty((m, c), device=x.device, dtype=torch.float32)
+        _amax_bwd_count_kernel[(m * c,)](x2, y1, part, n, x2.stride(0), c, BLOCK_N=REDUCE_CHUNK, num_warps=warps)
+        count = _reduce_rows(part, torch.float32, False)
+        _amax_bwd_scatter_kernel[(m * c,)](
+            x2, y1, count, dy1, dx, n, x2.stride(0), dy1.stride(0), dx.stride(0), c, BLOCK_N=REDUCE_CHUNK, num_warps=warps)
+    return dx.view(x.shape)
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch operators (all reduce the last dim, without keepdim; the public functions do the rest)
+# ----------------------------------------------------------------------------------------------
+def _sum_impl(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return _reduce_last(x, dtype, False)
+
+
+def _sum_setup(ctx, inputs, output):
+    ctx.shape = inputs[0].shape
+    ctx.in_dtype = inputs[0].dtype
+
+
+def _sum_backward(ctx, dy):
+    # cast the (M,) gradient, then broadcast it: a view, no bytes
+    return dy.to(ctx.in_dtype).unsqueeze(-1).expand(ctx.shape), None
+
+
+sum_op = Op("sum", _sum_impl, lambda x, dtype: x.new_empty(x.shape[:-1], dtype=dtype),
+            backward=_sum_backward, setup_context=_sum_setup)
+
+
+def _amax_impl(x: torch.Tensor) -> torch.Tensor:
+    return _reduce_last(x, x.dtype, True)
+
+
+def _amax_bwd_impl(x: torch.Tensor, y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    return _amax_bwd(x, y, dy)
+
+
+amax_backward_op = Op("amax_backward", _amax_bwd_impl, lambda x, y, dy: x.new_empty(x.shape))
+
+
+def _amax_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], output)
+
+
+def _amax_backward(ctx, dy):
+    x, y = ctx.saved_tensors
+    return amax_backward_op(x, y, dy)
+
+
+amax_op = Op("amax", _amax_impl, lambda x: x.new_empty(x.shape[:-1]),
+             backward=_amax_backward, setup_context=_amax_setup)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public functions
+# ----------------------------------------------------------------------------------------------
+def _reduce_public(op, x: torch.Tensor, dim: int, keepdim: bool, *extra) -> torch.Tensor:
+    check_tensor("input", x, min_dim=0)
+    if x.dim() == 0:
+        return op(x.reshape(1), *extra).reshape(())
+    d = normalize_dim("dim", dim, x.dim())
+    if x.shape[d] == 0:
+        raise ValueError(f"warpforge: 'input' has shape {tuple(x.shape)}, so dim={dim} to reduce is empty; "
+                         f"expected at least 1 element along it")
+    y = op(x if d == x.dim() - 1 else x.movedim(d, -1), *extra)
+    return y.unsqueeze(d) if keepdim else y
+
+
+def sum(input: torch.Tensor, dim: int = -1, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``torch.sum(input, dim, keepdim, dtype=dtype)`` over one dim, accumulated in fp32.
+
+    ``dtype`` (float32, float16 or bfloat16) is the output dtype; the input is read in its own
+    dtype (no cast pass). A non-last ``dim`` whose elements are strided costs one contiguous copy.
+    """
+    if dtype is not None and dtype not in FLOAT_DTYPES:
+        names = ", ".join(str(t).replace("torch.", "") for t in FLOAT_DTYPES)
+        raise TypeError(f"warpforge: 'dtype' is {dtype}; expected None or one of {names}")
+    out_dtype = dtype if dtype is not None else getattr(input, "dtype", None)
+    return _reduce_public(sum_op, input, dim, keepdim, out_dtype)
+
+
+def amax(input: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
+    """``torch.amax(input, dim, keepdim)`` over one dim; NaN in a row gives NaN; the gradient is
+    shared evenly among the elements equal to the max, as in torch."""
+    return _reduce_public(amax_op, input, dim, keepdim)

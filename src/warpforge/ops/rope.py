@@ -1,0 +1,416 @@
+"""Rotary position embedding (RoPE) of q and k, forward and backward, in one launch.
+
+For each token t at position p (row p of the cos/sin table) and each head, the head vector x of
+size D is rotated pair by pair:
+
+    y_a = x_a * cos_a - x_b * sin_a
+    y_b = x_b * cos_b + x_a * sin_b
+
+with pairs (a, b) = (i, i + D/2) in the rotate-half form (GPT-NeoX, Llama; ``interleaved=False``)
+and (2i, 2i + 1) in the GPT-J form (``interleaved=True``). With Hugging Face tables (cos_a == cos_b,
+sin_a == sin_b) this is ``q * cos + rotate_half(q) * sin``; the kernel uses each half of a full
+table exactly as that formula does, so any table gives HF's answer.
+
+The map is linear, and its transpose is the same rotation with each pair's sines swapped and
+negated (sin_a -> -sin_b, sin_b -> -sin_a; for HF tables simply sin -> -sin). So the backward is
+the same kernel with the sine rows swapped and negated once per program: dq and dk in one launch.
+cos and sin get no gradient (they are fixed functions of the position).
+
+Byte model (s = bytes per element): read q and k, write q_out and k_out, 2 * (|q| + |k|) * s, plus
+the cos/sin rows once per token. For q (4, 32, 4096, 128) and k (4, 8, 4096, 128) in bf16 that is
+2 * (134.2 + 33.6) MB = 335.5 MB, plus 8.4 MB of bf16 (B, S, D) tables (16.8 MB in fp32, 2.5-5 %).
+6 FLOPs per element: memory bound, and the roof is the measured copy bandwidth (~4,250 GB/s on an
+H200: ~80 us for that shape). torch.compile reaches 3,812 GB/s, Liger 1,050, eager 337.
+
+Why the kernel is shaped as it is:
+- One program owns a (batch, BLOCK_S tokens) block. It loads those tokens' position ids and cos/sin
+  rows once, into registers, then walks all Hq + Hk heads of q *and* k in steps of
+  (BLOCK_S x HEADS x D) ~ 4,096 elements. The table is read once per token, not once per head
+  (per head it would be 40x 1 KB per token: as many bytes as q and k themselves).
+- At the benchmark shape a program moves 4 tokens x 40 heads x 256 B = 40 KB in and 40 KB out;
+  the grid is 4 x 4096 / 4 = 4,096 programs, ~31 per SM of 132, so every SM stays busy to the end.
+- Accesses along D are unit-stride tiles of D/2 (rotate-half: two loads, one per half) or D
+  (interleaved: one load, split into even/odd lanes in registers), so 16-byte vector loads and
+  stores; B, H and S strides are kernel arguments, so a (B, S, H, D) buffer seen as (B, H, S, D)
+  through ``transpose(1, 2)`` is read in place. The head dim is a compile-time constant (masks
+  vanish for power-of-two D).
+- Decode and short prefill have too few token blocks to fill 132 SMs: then the heads of a block are
+  split over a second grid axis (each share re-reads its table rows, from L2).
+- The table values are broadcast over a step's heads once, before the loop: left inside it, the
+  compiler redoes that layout change (shared memory and a barrier) at every step. Compiled ahead of
+  time for sm_90 at the benchmark config (BLOCK_S 4, 8 heads per step, 4 warps): 72 registers, all
+  q/k accesses 16-byte vectors, no layout change in the loop; ~7 programs (8 KB in flight each)
+  per SM.
+- Maths in fp32, output cast once at the store; offsets in int64.
+
+Positions: ``position_ids=None`` uses table row ``offset + s`` for token s; an int tensor of shape
+(S,), (1, S) or (B, S) indexes the table rows. Out-of-range ids never read outside the table: the
+kernel masks table loads to [0, T) (an out-of-range token would come out NaN). In eager mode the
+public function also checks the ids on the host and raises ``IndexError``: one ``aminmax`` and
+one device-to-host sync per call. The check is skipped under ``torch.compile`` and during CUDA
+graph capture, and when :data:`CHECK_POSITIONS` is False (the NaN guard remains).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ..runtime import new_empty
+from ..runtime.checks import check_same, check_tensor
+from ..runtime.heuristics import rope_config
+from ..runtime.registry import Op
+
+CHECK_POSITIONS = True      # eager host check of position ids (costs one sync per call)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference
+# ----------------------------------------------------------------------------------------------
+def _table_rows(t: torch.Tensor, d: int, s: int, position_ids, offset: int, interleaved: bool) -> torch.Tensor:
+    """The (Bt, S, D) full-width table rows the tokens use."""
+    if t.shape[-1] != d:                                        # half-size (..., D/2) table
+        t = t.repeat_interleave(2, dim=-1) if interleaved else torch.cat([t, t], dim=-1)
+    t = t if t.dim() == 3 else t.unsqueeze(0)                   # (Bt, T, D)
+    if position_ids is None:
+        return t[:, offset:offset + s]
+    pos = position_ids.long()
+    pos = pos if pos.dim() == 2 else pos.unsqueeze(0)           # (Bp, S)
+    bt = max(t.shape[0], pos.shape[0])
+    t, pos = t.expand(bt, -1, -1), pos.expand(bt, -1)
+    return torch.gather(t, 1, pos[..., None].expand(-1, -1, d))
+
+
+def _rotate(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    if interleaved:                                             # (x0, x1, x2, x3) -> (-x1, x0, -x3, x2)
+        return torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+    x1, x2 = x.chunk(2, dim=-1)                                 # HF rotate_half
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def rope_reference(q, k, cos, sin, position_ids=None, interleaved: bool = False):
+    """Ground truth, HF's ``apply_rotary_pos_emb`` (or its GPT-J twin) in float64 (float32 on
+    devices without it), cast back to q's dtype. ``position_ids`` as in :func:`apply_rope`."""
+    wide = torch.float64 if q.device.type == "cpu" else torch.float32
+    offset = position_ids if isinstance(position_ids, int) else 0
+    pos = position_ids if isinstance(position_ids, torch.Tensor) else None
+    d, s = q.shape[-1], q.shape[-2]
+    c = _table_rows(cos.to(wide), d, s, pos, offset, interleaved).unsqueeze(1)   # (Bt, 1, S, D)
+    sn = _table_rows(sin.to(wide), d, s, pos, offset, interleaved).unsqueeze(1)
+    out = []
+    for x in (q, k):
+        xw = x.to(wide)
+        out.append((xw * c + _rotate(xw, interleaved) * sn).to(x.dtype))
+    return out[0], out[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _load_pair(rows, mask, other, R0: tl.constexpr, R1: tl.constexpr,
+               HALF: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """The two members of every pair of (R0, R1) rows of D = 2*HALF unit-stride elements starting
+    at ``rows`` (R0, R1, 1): (x_a, x_b), each (R0, R1, BLOCK_H)."""
+    if INTERLEAVED:
+        d = tl.arange(0, 2 * BLOCK_H)[None, None, :]
+        x = tl.load(rows + d, mask=mask & (d < 2 * HALF), other=other)     # one contiguous row
+        xa, xb = tl.split(tl.reshape(x, (R0, R1, BLOCK_H, 2)))
+    else:
+        j = tl.arange(0, BLOCK_H)[None, None, :]
+        m = mask & (j < HALF)
+        xa = tl.load(rows + j, mask=m, other=other)
+        xb = tl.load(rows + HALF + j, mask=m, other=other)
+    return xa, xb
+
+
+@triton.jit
+def _store_pair(rows, ya, yb, mask, R0: tl.constexpr, R1: tl.constexpr,
+                HALF: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr):
+    if INTERLEAVED:
+        d = tl.arange(0, 2 * BLOCK_H)[None, None, :]
+        y = tl.reshape(tl.join(ya, yb), (R0, R1, 2 * BLOCK_H))
+        tl.store(rows + d, y, mask=mask & (d < 2 * HALF))
+    else:
+        j = tl.arange(0, BLOCK_H)[None, None, :]
+        m = mask & (j < HALF)
+        tl.store(rows + j, ya, mask=m)
+        tl.store(rows + HALF + j, yb, mask=m)
+
+
+@triton.jit
+def _load_table(rows, ok, R0: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+                INTERLEAVED: tl.constexpr, HALF_TABLE: tl.constexpr):
+    """cos or sin for both members of each pair, fp32, (R0, 1, BLOCK_H) each. Rows whose position is
+    out of range (``ok`` False) read nothing and give NaN."""
+    if HALF_TABLE:                                   # (..., D/2): one value per pair
+        j = tl.arange(0, BLOCK_H)[None, None, :]
+        ta = tl.load(rows + j, mask=ok & (j < HALF), other=float("nan")).to(tl.float32)
+        tb = ta
+    else:
+        ta, tb = _load_pair(rows, ok, float("nan"), R0, 1, HALF, BLOCK_H, INTERLEAVED)
+        ta = ta.to(tl.float32)
+        tb = tb.to(tl.float32)
+    return ta, tb
+
+
+@triton.jit
+def _rotate_heads(
+    x_ptr, y_ptr,              # this batch's (H, S, D) input and output
+    h0, H, s, smask,           # first head of the step, head count, (BLOCK_S,) int64 tokens and mask
+    sxh, sxs, syh, sys,        # head and token strides of x and y
+    ca, cb, sa, sb,            # (BLOCK_S, 1, BLOCK_H) fp32 table values for each pair member
+    BLOCK_S: tl.constexpr, HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+):
+    h = h0 + tl.arange(0, HEADS)
+    m = smask[:, None, None] & (h < H)[None, :, None]                  # (BLOCK_S, HEADS, 1)
+    h = h.to(tl.int64)[None, :, None]
+    s3 = s[:, None, None]
+    xa, xb = _load_pair(x_ptr + s3 * sxs + h * sxh, m, 0.0, BLOCK_S, HEADS, HALF, BLOCK_H, INTERLEAVED)
+    xa = xa.to(tl.float32)
+    xb = xb.to(tl.float32)
+    ya = xa * ca - xb * sa
+    yb = xb * cb + xa * sb
+    dt = y_ptr.dtype.element_ty
+    _store_pair(y_ptr + s3 * sys + h * syh, ya.to(dt), yb.to(dt), m, BLOCK_S, HEADS, HALF, BLOCK_H, INTERLEAVED)
+
+
+@triton.jit
+def _rope_kernel(
+    q_ptr, k_ptr,              # (B, Hq, S, D), (B, Hk, S, D): q, k (forward) or dq_out, dk_out (backward); D stride 1
+    qo_ptr, ko_ptr,            # (B, Hq, S, D), (B, Hk, S, D) outputs; D stride 1
+    cos_ptr, sin_ptr,          # (Bt, T, D or D/2) tables, last stride 1 (batch stride 0 when shared)
+    pos_ptr,                   # (Bp, S) int32/int64 position ids when HAS_POS (batch stride 0 when shared)
+    S, Hq, Hk, T, offset,      # tokens, heads, table rows, first row when not HAS_POS
+    n_sblk, n_split,           # token blocks per sequence, programs sharing a block's heads
+    sqb, sqh, sqs, skb, skh, sks,              # q, k strides (batch, head, token)
+    sqob, sqoh, sqos, skob, skoh, skos,        # output strides
+    scb, scs, ssb, sss, spb, sps,              # cos, sin (batch, row) and position (batch, token) strides
+    BLOCK_S: tl.constexpr, HEADS_Q: tl.constexpr, HEADS_K: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+    INTERLEAVED: tl.constexpr, HALF_TABLE: tl.constexpr, HAS_POS: tl.constexpr, BACKWARD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    b = (pid // n_sblk).to(tl.int64)
+    s = (pid % n_sblk) * BLOCK_S + tl.arange(0, BLOCK_S)
+    smask = s < S
+    s = s.to(tl.int64)
+    if HAS_POS:
+        pos = tl.load(pos_ptr + b * spb + s * sps, mask=smask, other=0).to(tl.int64)
+    else:
+        pos = s + offset
+    ok = (smask & (pos >= 0) & (pos < T))[:, None, None]               # never read outside the table
+    pos = pos[:, None, None]
+    # The table rows of these tokens: read once, used for every head of q and k.
+    ca, cb = _load_table(cos_ptr + b * scb + pos * scs, ok, BLOCK_S, HALF, BLOCK_H, INTERLEAVED, HALF_TABLE)
+    sa, sb = _load_table(sin_ptr + b * ssb + pos * sss, ok, BLOCK_S, HALF, BLOCK_H, INTERLEAVED, HALF_TABLE)
+    if BACKWARD:                 # the transpose: each pair's sines swapped and negated
+        t = sa
+        sa = -sb
+        sb = -t
+    # Broadcast over the heads of a step once, here: left to the loop, the compiler would redo the
+    # layout change (a round trip through shared memory and a barrier) at every step.
+    shq: tl.constexpr = (BLOCK_S, HEADS_Q, BLOCK_H)
+    shk: tl.constexpr = (BLOCK_S, HEADS_K, BLOCK_H)
+    caq, cbq, saq, sbq = tl.broadcast_to(ca, shq), tl.broadcast_to(cb, shq), tl.broadcast_to(sa, shq), tl.broadcast_to(sb, shq)
+    cak, cbk, sak, sbk = tl.broadcast_to(ca, shk), tl.broadcast_to(cb, shk), tl.broadcast_to(sa, shk), tl.broadcast_to(sb, shk)
+    nq = tl.cdiv(Hq, HEADS_Q)
+    for g in range(tl.program_id(1), nq + tl.cdiv(Hk, HEADS_K), n_split):
+        if g < nq:
+            _rotate_heads(q_ptr + b * sqb, qo_ptr + b * sqob, g * HEADS_Q, Hq, s, smask,
+                          sqh, sqs, sqoh, sqos, caq, cbq, saq, sbq, BLOCK_S, HEADS_Q, HALF, BLOCK_H, INTERLEAVED)
+        else:
+            _rotate_heads(k_ptr + b * skb, ko_ptr + b * skob, (g - nq) * HEADS_K, Hk, s, smask,
+                          skh, sks, skoh, skos, cak, cbk, sak, sbk, BLOCK_S, HEADS_K, HALF, BLOCK_H, INTERLEAVED)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+def _out_like(x: torch.Tensor, alloc) -> torch.Tensor:
+    """An output of x's (B, H, S, D) shape in x's layout: (B, S, H, D) in memory when x is a
+    transposed view of such a buffer (heads inner to tokens), else contiguous. The fake uses the
+    same rule, so both agree on strides."""
+    b, h, s, d = x.shape
+    if x.stride(1) < x.stride(2):
+        return alloc((b, s, h, d)).transpose(1, 2)
+    return alloc((b, h, s, d))
+
+
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    """Kernels need a unit stride on the last dim; copy only when it is not (e.g. an expanded grad)."""
+    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+
+
+def _rope_launch(q, k, cos, sin, position_ids, offset: int, interleaved: bool, backward: bool):
+    qo = _out_like(q, lambda shp: new_empty(shp, dtype=q.dtype, device=q.device))
+    ko = _out_like(k, lambda shp: new_empty(shp, dtype=k.dtype, device=k.device))
+    bsz, hq, s, d = q.shape
+    hk = k.shape[1]
+    if bsz * s == 0:
+        return qo, ko
+    q, k = _unit_last(q), _unit_last(k)
+    cos, sin = _unit_last(cos), _unit_last(sin)
+    cos3 = cos if cos.dim() == 3 else cos.unsqueeze(0)          # (Bt, T, D or D/2)
+    sin3 = sin if sin.dim() == 3 else sin.unsqueeze(0)
+
+    def bstride(t):                                             # a batch of one is shared
+        return 0 if t.shape[0] == 1 else t.stride(0)
+
+    if position_ids is not None:
+        pos = position_ids if position_ids.dim() == 2 else position_ids.unsqueeze(0)   # (Bp, S)
+        pos_args = (pos, bstride(pos), pos.stride(1))
+    else:
+        pos_args = (cos3, 0, 0)                                 # unused pointer
+    cfg = rope_config(bsz, s, hq, hk, d)
+    n_sblk = triton.cdiv(s, cfg.block_s)
+    half = d // 2
+    _rope_kernel[(bsz * n_sblk, cfg.split)](
+        q, k, qo, ko, cos3, sin3, pos_args[0],
+        s, hq, hk, cos3.shape[1], offset, n_sblk, cfg.split,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        qo.stride(0), qo.stride(1), qo.stride(2), ko.stride(0), ko.stride(1), ko.stride(2),
+        bstride(cos3), cos3.stride(1), bstride(sin3), sin3.stride(1), pos_args[1], pos_args[2],
+        BLOCK_S=cfg.block_s, HEADS_Q=cfg.heads_q, HEADS_K=cfg.heads_k,
+        HALF=half, BLOCK_H=triton.next_power_of_2(half),
+        INTERLEAVED=interleaved, HALF_TABLE=cos3.shape[-1] != d,
+        HAS_POS=position_ids is not None, BACKWARD=backward,
+        num_warps=cfg.num_warps,
+    )
+    return qo, ko
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch operators
+# ----------------------------------------------------------------------------------------------
+def _rope_impl(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               position_ids: Optional[torch.Tensor], offset: int, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _rope_launch(q, k, cos, sin, position_ids, offset, interleaved, backward=False)
+
+
+def _rope_bwd_impl(dq_out: torch.Tensor, dk_out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   position_ids: Optional[torch.Tensor], offset: int, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _rope_launch(dq_out, dk_out, cos, sin, position_ids, offset, interleaved, backward=True)
+
+
+def _rope_fake(q, k, cos, sin, position_ids, offset, interleaved):
+    return _out_like(q, q.new_empty), _out_like(k, k.new_empty)
+
+
+def _setup(ctx, inputs, output):
+    _q, _k, cos, sin, position_ids, offset, interleaved = inputs
+    ctx.offset, ctx.interleaved = offset, interleaved
+    ctx.save_for_backward(cos, sin, position_ids)
+
+
+def _grads(ctx, gq, gk, op):
+    cos, sin, position_ids = ctx.saved_tensors
+    dq, dk = op(gq, gk, cos, sin, position_ids, ctx.offset, ctx.interleaved)
+    return dq, dk, None, None, None, None, None                 # no gradient for the tables or positions
+
+
+def _backward(ctx, gq, gk):
+    return _grads(ctx, gq, gk, rope_backward_op)
+
+
+def _backward_of_backward(ctx, ggq, ggk):                       # the backward is linear too: its transpose is the forward
+    return _grads(ctx, ggq, ggk, rope_op)
+
+
+rope_backward_op = Op("rope_backward", _rope_bwd_impl, _rope_fake,
+                      backward=_backward_of_backward, setup_context=_setup)
+rope_op = Op("rope", _rope_impl, _rope_fake, backward=_backward, setup_context=_setup)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public function
+# ----------------------------------------------------------------------------------------------
+def _check_positions(position_ids: torch.Tensor, rows: int) -> None:
+    """Host check of the ids (one sync); skipped where a sync is impossible or unwanted."""
+    if not CHECK_POSITIONS or position_ids.numel() == 0 or torch.compiler.is_compiling():
+        return
+    if position_ids.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return
+    lo, hi = (int(v) for v in torch.aminmax(position_ids))
+    if lo < 0 or hi >= rows:
+        raise IndexError(f"warpforge: 'position_ids' has values in [{lo}, {hi}]; expected ids in "
+                         f"[0, {rows}) to index the {rows} rows of 'cos'/'sin'")
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               position_ids: int | torch.Tensor | None = None, interleaved: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embedding of q and k (out of place), in one kernel launch.
+
+    Args:
+        q: (B, Hq, S, D), k: (B, Hk, S, D): the Hugging Face layout, Hq a multiple of Hk (MHA, GQA,
+            MQA), D even, fp32/fp16/bf16, same dtype. Any B/H/S strides are read in place, e.g.
+            ``x.view(B, S, H, D).transpose(1, 2)``; a copy is made only if D is not unit-stride.
+            The outputs keep that layout: (B, S, H, D) in memory when the heads stride is smaller
+            than the tokens stride, contiguous (B, H, S, D) otherwise.
+        cos, sin: the tables, fp32 or q's dtype, same shape: (T, Dt), (1, T, Dt) or (B, T, Dt),
+            where Dt is D (HF: ``cat(freqs, freqs)`` for rotate-half, each value repeated per pair
+            for interleaved) or D/2 (flash-attn style: one value per pair).
+        position_ids: ``None`` (token s uses row s), an int offset (token s uses row offset + s;
+            decode), or an int32/int64 tensor of shape (S,), (1, S) or (B, S) of row indices.
+            With no tensor the table needs at least offset + S rows. Ids are checked on the host in
+            eager mode (``IndexError``; one sync per call, see the module docstring); unchecked
+            out-of-range ids never read outside the table and give NaN.
+        interleaved: False pairs (i, i + D/2) (GPT-NeoX/Llama ``rotate_half``); True pairs
+            (2i, 2i + 1) (GPT-J).
+
+    Returns:
+        (q_out, k_out), in q's and k's dtype. Differentiable in q and k (cos, sin and the
+        positions get no gradient).
+    """
+    check_tensor("q", q, min_dim=4)
+    check_tensor("k", k, min_dim=4)
+    for name, t in (("q", q), ("k", k)):
+        if t.dim() != 4:
+            raise ValueError(f"warpforge: '{name}' must be 4-d (B, H, S, D), got shape {tuple(t.shape)}")
+    check_same("k", k, "q", q, shape=False)
+    bsz, hq, s, d = q.shape
+    if (k.shape[0], k.shape[2], k.shape[3]) != (bsz, s, d):
+        raise ValueError(f"warpforge: 'k' has shape {tuple(k.shape)} but 'q' has {tuple(q.shape)}; "
+                         f"expected the same batch, sequence length and head dim (B, *, S, D)")
+    if d % 2:
+        raise ValueError(f"warpforge: 'q' has head dim D={d}; expected an even D (RoPE rotates pairs)")
+    hk = k.shape[1]
+    if hk == 0 or hq == 0 or hq % hk:
+        raise ValueError(f"warpforge: 'q' has {hq} heads and 'k' has {hk}; expected Hq to be a multiple of Hk >= 1")
+
+    for name, t in (("cos", cos), ("sin", sin)):
+        check_tensor(name, t, dtypes=(torch.float32, q.dtype), min_dim=2)
+        check_same(name, t, "q", q, shape=False, dtype=False)
+        if t.dim() > 3:
+            raise ValueError(f"warpforge: '{name}' must be (T, D), (1, T, D) or (B, T, D), got shape {tuple(t.shape)}")
+    if sin.shape != cos.shape:
+        raise ValueError(f"warpforge: 'sin' has shape {tuple(sin.shape)} but 'cos' has {tuple(cos.shape)}; expected the same shape")
+    if cos.shape[-1] not in (d, d // 2):
+        raise ValueError(f"warpforge: 'cos' has last dim {cos.shape[-1]}; expected the head dim D={d} "
+                         f"(or D/2={d // 2} for a half-size table)")
+    if cos.dim() == 3 and cos.shape[0] not in (1, bsz):
+        raise ValueError(f"warpforge: 'cos' has batch size {cos.shape[0]}; expected 1 or the batch size of 'q' ({bsz})")
+    rows = cos.shape[-2]
+
+    offset, pos = 0, None
+    if isinstance(position_ids, torch.Tensor):
+        pos = position_ids
+        if pos.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"warpforge: 'position_ids' has dtype {str(pos.dtype).replace('torch.', '')}; expected int32 or int64")
+        check_same("position_ids", pos, "q", q, shape=False, dtype=False)
+        if not (pos.shape == (s,) or (pos.dim() == 2 and pos.shape[0] in (1, bsz) and pos.shape[1] == s)):
+            raise ValueError(f"warpforge: 'position_ids' has shape {tuple(pos.shape)}; expected ({s},), (1, {s}) or ({bsz}, {s})")
+        _check_positions(pos, rows)
+    elif position_ids is not None:
+        if isinstance(position_ids, bool) or not isinstance(position_ids, int):
+            raise TypeError(f"warpforge: 'position_ids' must be None, an int offset or an int tensor, got {type(position_ids).__name__}")
+        offset = position_ids
+        if offset < 0:
+            raise ValueError(f"warpforge: 'position_ids' offset is {offset}; expected >= 0")
+    if pos is None and rows < offset + s:
+        raise ValueError(f"warpforge: 'cos' has {rows} rows; expected at least offset + S = {offset + s}")
+    return rope_op(q, k, cos, sin, pos, offset, bool(interleaved))

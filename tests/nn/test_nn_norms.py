@@ -1,0 +1,45 @@
+import torch
+import pytest
+
+from warpforge.nn.norms import AddRMSNorm, LayerNorm, RMSNorm
+from conftest import DEVICE, assert_close, randn
+
+
+def test_layer_norm_module_loads_torch_state_dict():
+    ref = torch.nn.LayerNorm(24, eps=1e-6, device=DEVICE)
+    with torch.no_grad():
+        ref.weight.normal_()
+        ref.bias.normal_()
+    mod = LayerNorm(24, eps=1e-6, device=DEVICE)
+    mod.load_state_dict(ref.state_dict())
+    x = randn(3, 24)
+    assert_close(mod(x), ref(x.double().float()).double(), torch.float32)
+    nob = LayerNorm(24, bias=False, device=DEVICE)
+    assert nob.bias is None and set(nob.state_dict()) == {"weight"}
+    assert LayerNorm(24, elementwise_affine=False).weight is None
+
+
+def test_rms_norm_module_and_gemma_init():
+    ref = torch.nn.RMSNorm(16, eps=1e-6, device=DEVICE)
+    with torch.no_grad():
+        ref.weight.normal_()
+    mod = RMSNorm(16, eps=1e-6, device=DEVICE)
+    mod.load_state_dict(ref.state_dict())
+    x = randn(4, 16, requires_grad=True)
+    assert_close(mod(x), ref(x.detach()), torch.float32)
+    mod(x).sum().backward()
+    assert mod.weight.grad is not None and x.grad is not None
+    gemma = RMSNorm(16, offset=1.0, device=DEVICE)
+    assert torch.equal(gemma.weight, torch.zeros(16, device=DEVICE))
+    assert_close(gemma(x.detach()), torch.nn.functional.rms_norm(x.detach().double(), (16,)), torch.float32)
+    with pytest.raises(ValueError, match="casting_mode"):
+        RMSNorm(16, casting_mode="fp8")
+
+
+def test_add_rms_norm_module():
+    mod = AddRMSNorm(32, eps=1e-6, device=DEVICE)
+    x, r = randn(2, 5, 32), randn(2, 5, 32)
+    normed, h = mod(x, r)
+    assert_close(h, x.double() + r.double(), torch.float32)
+    assert_close(normed, torch.nn.functional.rms_norm((x + r).double(), (32,), eps=1e-6), torch.float32)
+    assert torch.equal(AddRMSNorm(8, offset=1.0).weight, torch.zeros(8))

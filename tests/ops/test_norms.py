@@ -1,0 +1,433 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from warpforge.ops.norms import (add_rms_norm, add_rms_norm_backward_op, add_rms_norm_op, add_rms_norm_reference,
+                                 layer_norm, layer_norm_backward_op, layer_norm_op, layer_norm_reference,
+                                 rms_norm, rms_norm_backward_op, rms_norm_op, rms_norm_reference)
+from conftest import DTYPES, ON_GPU, DEVICE, assert_close, gpu_only, noncontig, randn
+
+SHAPES = [(1,), (3, 7), (2, 3, 123), (5, 4097), (2, 20000)]      # block path, and the loop path past 16,384
+if ON_GPU:
+    SHAPES += [(64, 32768), (8, 65536), (3, 262144), (4097, 1024), (33, 16384)]   # split fwd, loop bwd
+
+
+def _leaf(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A float64 copy of t that collects its own gradient."""
+    return None if t is None else t.detach().double().requires_grad_()
+
+
+def _grads(*ts):
+    return [None if t is None else t.grad for t in ts]
+
+
+def _param(n: int, dtype, requires_grad=True, scale=0.5, shift=1.0):
+    return (randn(n, scale=scale) + shift).to(dtype).requires_grad_(requires_grad)
+
+
+# ----------------------------------------------------------------------------------------------
+# LayerNorm
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_layer_norm_forward_backward(shape, dtype):
+    n = shape[-1]
+    x = randn(*shape, dtype=dtype, requires_grad=True, scale=2.0)
+    w, b = _param(n, dtype), _param(n, dtype, shift=0.0)
+    y = layer_norm(x, (n,), w, b, eps=1e-5)
+    assert y.dtype == dtype and y.shape == x.shape
+    xr, wr, br = _leaf(x), _leaf(w), _leaf(b)
+    yr = F.layer_norm(xr, (n,), wr, br, eps=1e-5)
+    assert_close(y, yr, dtype, what="forward")
+    dy = randn(*shape, dtype=dtype)
+    y.backward(dy)
+    yr.backward(dy.double())
+    for name, g, gr in zip(("dx", "dw", "db"), _grads(x, w, b), _grads(xr, wr, br)):
+        assert g.dtype == dtype
+        if n == 1 and name != "db":                              # x_hat = 0: dx, dw are 0 up to rounding
+            assert g.abs().max().item() <= 1e-6 and gr.abs().max().item() <= 1e-6, name
+        else:
+            assert_close(g, gr, dtype, scale=2.0, what=name)
+
+
+@pytest.mark.parametrize("shape", [(9, 37), (3, 20000)])
+@pytest.mark.parametrize("affine", ["none", "weight", "bias"])
+def test_layer_norm_optional_affine(shape, affine):
+    n = shape[-1]
+    x = randn(*shape, requires_grad=True)
+    w = _param(n, torch.float32) if affine == "weight" else None
+    b = _param(n, torch.float32, shift=0.5) if affine == "bias" else None
+    y = layer_norm(x, n, w, b)
+    xr, wr, br = _leaf(x), _leaf(w), _leaf(b)
+    yr = F.layer_norm(xr, (n,), wr, br)
+    assert_close(y, yr, torch.float32, what="forward")
+    dy = randn(*shape)
+    y.backward(dy)
+    yr.backward(dy.double())
+    for g, gr in zip(_grads(x, w, b), _grads(xr, wr, br)):
+        assert (g is None) == (gr is None)
+        if g is not None:
+            assert_close(g, gr, torch.float32, scale=2.0)
+
+
+@pytest.mark.parametrize("n", [300, 20000])                      # block and loop statistics
+def test_layer_norm_large_mean_does_not_cancel(n):
+    """x = 1000 + randn: E[x^2] - E[x]^2 would lose ~1e-2 of the variance in fp32; the two-pass /
+    Chan statistics keep the error at the rounding of x - mean itself (~3e-5)."""
+    x = randn(4, n, requires_grad=True) + 1000.0
+    x.retain_grad()
+    y = layer_norm(x, (n,))
+    xr = _leaf(x)
+    yr = F.layer_norm(xr, (n,))
+    assert_close(y, yr, torch.float32, scale=10.0, what="forward, mean 1000")
+    dy = randn(4, n)
+    y.backward(dy)
+    yr.backward(dy.double())
+    assert_close(x.grad, xr.grad, torch.float32, scale=10.0, what="backward, mean 1000")
+
+
+# ----------------------------------------------------------------------------------------------
+# RMSNorm
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_rms_norm_forward_backward(shape, dtype):
+    n = shape[-1]
+    x = randn(*shape, dtype=dtype, requires_grad=True, scale=2.0)
+    w = _param(n, dtype)
+    y = rms_norm(x, (n,), w)                                     # eps=None: finfo(dtype).eps, as torch
+    assert y.dtype == dtype and y.shape == x.shape
+    xr, wr = _leaf(x), _leaf(w)
+    yr = F.rms_norm(xr, (n,), wr, eps=torch.finfo(dtype).eps)
+    assert_close(y, yr, dtype, what="forward")
+    dy = randn(*shape, dtype=dtype)
+    y.backward(dy)
+    yr.backward(dy.double())
+    if n == 1:     # x_hat = +-1: dx = rstd * g * (1 - x_hat^2) is pure cancellation, ~0
+        assert (x.grad.double() - xr.grad).abs().max().item() <= 1e-3 * dy.abs().max().item() / x.detach().abs().min().item()
+    else:
+        assert_close(x.grad, xr.grad, dtype, scale=2.0, what="dx")
+    assert w.grad.dtype == dtype
+    assert_close(w.grad, wr.grad, dtype, scale=2.0, what="dw")
+
+
+@pytest.mark.parametrize("shape", [(6, 45), (2, 20000)])
+def test_rms_norm_no_weight_and_gemma_offset(shape):
+    n = shape[-1]
+    x = randn(*shape, requires_grad=True)
+    xr = _leaf(x)
+    y, yr = rms_norm(x, (n,), None, 1e-6), F.rms_norm(xr, (n,), None, 1e-6)
+    assert_close(y, yr, torch.float32, what="no weight")
+    dy = randn(*shape)
+    y.backward(dy)
+    yr.backward(dy.double())
+    assert_close(x.grad, xr.grad, torch.float32, scale=2.0, what="no weight dx")
+
+    # Gemma: x_hat * (1 + w), w around 0
+    x.grad = None
+    xr = _leaf(x)
+    w = _param(n, torch.float32, shift=0.0)
+    wr = _leaf(w)
+    y = rms_norm(x, (n,), w, 1e-6, offset=1.0)
+    yr = F.rms_norm(xr, (n,), None, 1e-6) * (1.0 + wr)
+    assert_close(y, yr, torch.float32, what="offset=1")
+    y.backward(dy)
+    yr.backward(dy.double())
+    assert_close(x.grad, xr.grad, torch.float32, scale=2.0, what="offset=1 dx")
+    assert_close(w.grad, wr.grad, torch.float32, scale=2.0, what="offset=1 dw")
+
+
+def _hf_llama_rms_norm(x, w, eps):
+    """Hugging Face LlamaRMSNorm.forward, verbatim maths: fp32 x_hat, rounded, times the weight."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+# fp16 on the CPU: the Triton interpreter casts fp32 -> bf16 by truncation (the GPU rounds to
+# nearest even), so bit-level agreement with torch can only be checked there for bf16.
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16] if ON_GPU else [torch.float16])
+@pytest.mark.parametrize("n", [256, 20000])
+def test_rms_norm_llama_casting_mode(dtype, n):
+    x = randn(8, n, dtype=dtype)
+    w = _param(n, dtype)
+    ref = _hf_llama_rms_norm(x, w, 1e-6)
+    llama = rms_norm(x, (n,), w, 1e-6, casting_mode="llama")
+    gemma = rms_norm(x, (n,), w, 1e-6, casting_mode="gemma")
+    # llama rounds like HF: the same bits but for rare ties of a different fp32 sum order;
+    # gemma rounds once, so a good fraction of its elements differ from HF by an ulp.
+    assert (llama != ref).float().mean().item() < 0.005
+    assert (gemma != ref).float().mean().item() > 0.05
+    assert_close(llama, rms_norm_reference(x, w, 1e-6, casting_mode="llama"), dtype)
+
+    # gradients: autograd through the HF maths in float64, with x_hat rounded to the input dtype
+    # in the forward and the rounding passed straight through in the backward
+    xg, wg = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    xr, wr = _leaf(x), _leaf(w)
+    dy = randn(8, n, dtype=dtype)
+    rms_norm(xg, (n,), wg, 1e-6, casting_mode="llama").backward(dy)
+    x_hat = xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + 1e-6)
+    (x_hat + (x_hat.to(dtype).double() - x_hat).detach()).mul(wr).backward(dy.double())
+    assert_close(xg.grad, xr.grad, dtype, scale=2.0, what="llama dx")
+    assert_close(wg.grad, wr.grad, dtype, scale=2.0, what="llama dw")
+
+
+def test_rms_norm_bad_casting_mode():
+    with pytest.raises(ValueError, match="'casting_mode' must be one of"):
+        rms_norm(randn(2, 8), (8,), None, casting_mode="mistral")
+
+
+# ----------------------------------------------------------------------------------------------
+# add + RMSNorm
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_add_rms_norm_forward_backward(shape, dtype):
+    n = shape[-1]
+    x = randn(*shape, dtype=dtype, requires_grad=True)
+    res = randn(*shape, dtype=dtype, requires_grad=True, scale=2.0)
+    w = _param(n, dtype)
+    normed, h = add_rms_norm(x, res, w, 1e-6)
+    assert normed.dtype == h.dtype == dtype and normed.shape == h.shape == x.shape
+    # h is x + residual in the input dtype, and normed is rms_norm of that rounded h
+    assert_close(h, x.detach().double() + res.detach().double(), dtype, what="h")
+    hd = (x.detach() + res.detach())
+    assert_close(normed, F.rms_norm(hd.double(), (n,), w.detach().double(), 1e-6), dtype, what="normed")
+    ref_normed, ref_h = add_rms_norm_reference(x.detach(), res.detach(), w.detach(), 1e-6)
+    assert_close(normed, ref_normed, dtype, what="normed vs reference")
+
+    xr, rr, wr = _leaf(x), _leaf(res), _leaf(w)
+    hr = xr + rr
+    nr = F.rms_norm(hr, (n,), wr, 1e-6)
+    dn, dh = randn(*shape, dtype=dtype), randn(*shape, dtype=dtype)
+    torch.autograd.backward((normed, h), (dn, dh))
+    torch.autograd.backward((nr, hr), (dn.double(), dh.double()))
+    for name, g, gr in zip(("dx", "dresidual", "dw"), _grads(x, res, w), _grads(xr, rr, wr)):
+        assert g.dtype == dtype
+        assert_close(g, gr, dtype, scale=2.0, what=name)
+
+
+def test_add_rms_norm_one_output_used_and_offset():
+    x, res = randn(5, 70, requires_grad=True), randn(5, 70, requires_grad=True)
+    w = _param(70, torch.float32, shift=0.0)
+    normed, _h = add_rms_norm(x, res, w, 1e-6, offset=1.0)
+    normed.sum().backward()                                      # no gradient reaches h
+    xr, rr, wr = _leaf(x), _leaf(res), _leaf(w)
+    (F.rms_norm(xr + rr, (70,), None, 1e-6) * (1 + wr)).sum().backward()
+    for g, gr in zip(_grads(x, res, w), _grads(xr, rr, wr)):
+        assert_close(g, gr, torch.float32, scale=2.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# All three: weight dtypes, strides, determinism, empty batches, compile, opcheck, bad input
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("op", ["layer", "rms", "add"])
+def test_fp32_weight_with_bf16_input(op):
+    n = 96
+    x = randn(7, n, dtype=torch.bfloat16, requires_grad=True)
+    w = _param(n, torch.float32)
+    xr, wr = _leaf(x), _leaf(w)
+    dy = randn(7, n, dtype=torch.bfloat16)
+    if op == "layer":
+        b = _param(n, torch.float32, shift=0.0)
+        br = _leaf(b)
+        y, yr = layer_norm(x, (n,), w, b), F.layer_norm(xr, (n,), wr, br)
+    elif op == "rms":
+        b = br = None
+        y, yr = rms_norm(x, (n,), w, 1e-6), F.rms_norm(xr, (n,), wr, 1e-6)
+    else:
+        b = br = None
+        y, h = add_rms_norm(x, x.detach() * 0.5, w, 1e-6)
+        hr = xr + xr.detach() * 0.5               # normalised after rounding to bf16: use the h returned
+        assert_close(h, hr, torch.bfloat16, what="h")
+        yr = F.rms_norm(hr + (h.double() - hr).detach(), (n,), wr, 1e-6)
+    assert y.dtype == torch.bfloat16
+    assert_close(y, yr, torch.bfloat16, what="forward")
+    y.backward(dy)
+    yr.backward(dy.double())
+    assert w.grad.dtype == torch.float32
+    assert_close(x.grad, xr.grad, torch.bfloat16, scale=2.0, what="dx")
+    assert_close(w.grad, wr.grad, torch.float32, scale=10.0, what="dw fp32")   # fp32 dw: tight
+    if b is not None:
+        assert_close(b.grad, br.grad, torch.float32, scale=10.0, what="db fp32")
+
+
+def test_noncontiguous_inputs_and_expanded_gradients():
+    n = 50
+    x = noncontig(randn(6, n, requires_grad=True))
+    res = noncontig(randn(6, n))
+    w, b = _param(n, torch.float32), _param(n, torch.float32)
+    scale = torch.arange(n, device=DEVICE, dtype=torch.float32)
+    xr, wr, br = _leaf(x), _leaf(w), _leaf(b)
+    # sum().backward() hands the backward a stride-0 gradient
+    (layer_norm(x, (n,), w, b) * scale).sum().backward()
+    (F.layer_norm(xr, (n,), wr, br) * scale).sum().backward()
+    for g, gr in zip(_grads(x, w, b), _grads(xr, wr, br)):
+        assert_close(g, gr, torch.float32, scale=2.0, what="layer_norm strided")
+    x.grad = None
+    xr = _leaf(x)
+    rms_norm(x, (n,), w, 1e-6).sum().backward()
+    F.rms_norm(xr, (n,), None, 1e-6).mul(w.detach().double()).sum().backward()
+    assert_close(x.grad, xr.grad, torch.float32, scale=2.0, what="rms_norm strided")
+    normed, h = add_rms_norm(x.detach(), res, w.detach(), 1e-6)
+    assert_close(h, x.detach().double() + res.double(), torch.float32, what="add strided h")
+    assert_close(normed, F.rms_norm(x.detach().double() + res.double(), (n,), w.detach().double(), 1e-6),
+                 torch.float32, what="add strided normed")
+    t = randn(6, n).t()                                          # column stride != 1: copied
+    assert_close(rms_norm(t, 6, None, 1e-6), F.rms_norm(t.double(), (6,), None, 1e-6), torch.float32)
+
+
+def test_weight_gradients_are_deterministic():
+    """Two backward runs give bit-identical dweight/dbias (fixed-order reduction, no atomics);
+    M = 203 spreads the rows over several programs of the persistent grid."""
+    m, n = 203, 37
+    x, dy = randn(m, n, dtype=torch.bfloat16), randn(m, n, dtype=torch.bfloat16)
+    w, b = _param(n, torch.bfloat16), _param(n, torch.bfloat16)
+
+    def run():
+        ws, bs = w.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+        layer_norm(x, (n,), ws, bs).backward(dy)
+        w2 = w.detach().clone().requires_grad_()
+        rms_norm(x, (n,), w2).backward(dy)
+        w3 = w.detach().clone().requires_grad_()
+        normed, h = add_rms_norm(x, x, w3)
+        torch.autograd.backward((normed, h), (dy, dy))
+        return ws.grad, bs.grad, w2.grad, w3.grad
+
+    first, second = run(), run()
+    for a, c in zip(first, second):
+        assert torch.equal(a, c)
+    wr = _leaf(w)
+    F.rms_norm(x.double(), (n,), wr, torch.finfo(torch.bfloat16).eps).backward(dy.double())
+    assert_close(first[2], wr.grad, torch.bfloat16, scale=2.0, what="dw")
+
+
+def test_empty_batch():
+    n = 16
+    x = torch.empty(0, n, device=DEVICE, requires_grad=True)
+    w, b = _param(n, torch.float32), _param(n, torch.float32)
+    y = layer_norm(x, (n,), w, b)
+    assert y.shape == (0, n)
+    y.sum().backward()
+    assert x.grad.shape == (0, n) and torch.equal(w.grad, torch.zeros_like(w)) and torch.equal(b.grad, torch.zeros_like(b))
+    w.grad = None
+    y = rms_norm(x, (n,), w)
+    assert y.shape == (0, n)
+    y.sum().backward()
+    assert torch.equal(w.grad, torch.zeros_like(w))
+    normed, h = add_rms_norm(torch.empty(2, 0, n, device=DEVICE), torch.empty(2, 0, n, device=DEVICE), w)
+    assert normed.shape == h.shape == (2, 0, n)
+
+
+def test_compile_fullgraph():
+    n = 123
+    x = randn(3, 5, n, requires_grad=True)
+    res = randn(3, 5, n, requires_grad=True)
+    w, b = _param(n, torch.float32), _param(n, torch.float32)
+
+    def f(x, res, w, b):
+        normed, h = add_rms_norm(x, res, w, 1e-6)
+        return layer_norm(normed, (n,), w, b) + rms_norm(h, (n,), w, 1e-6, casting_mode="llama") * 2
+
+    out = torch.compile(f, fullgraph=True)(x, res, w, b)
+    g = torch.randn_like(out)
+    out.backward(g)
+    leaves = [_leaf(t) for t in (x, res, w, b)]
+    xr, rr, wr, br = leaves
+    hr = xr + rr
+    nr = F.rms_norm(hr, (n,), wr, 1e-6)
+    ref = F.layer_norm(nr, (n,), wr, br) + F.rms_norm(hr, (n,), wr, 1e-6) * 2
+    ref.backward(g.double())
+    assert_close(out, ref, torch.float32, what="compiled forward")
+    for t, r in zip((x, res, w, b), leaves):
+        assert_close(t.grad, r.grad, torch.float32, scale=2.0, what="compiled backward")
+
+
+def test_opcheck():
+    n = 37
+    x, dy = randn(4, n, requires_grad=True), randn(4, n)
+    w, b = _param(n, torch.float32), _param(n, torch.float32)
+    torch.library.opcheck(layer_norm_op.overload, (x, w, b, 1e-5))
+    torch.library.opcheck(layer_norm_op.overload, (x, None, b, 1e-5))
+    torch.library.opcheck(rms_norm_op.overload, (x, w, 1e-6, 1.0, True))
+    torch.library.opcheck(add_rms_norm_op.overload, (x, randn(4, n, requires_grad=True), w, 1e-6, 0.0))
+    xd = x.detach()
+    _, mean, rstd = layer_norm_op(xd, w.detach(), None, 1e-5)
+    torch.library.opcheck(layer_norm_backward_op.overload, (dy, xd, w.detach(), mean, rstd, True))
+    torch.library.opcheck(layer_norm_backward_op.overload, (dy, xd, None, mean, rstd, False))
+    _, rstd = rms_norm_op(xd, None, 1e-6, 0.0, False)
+    torch.library.opcheck(rms_norm_backward_op.overload, (dy, xd, w.detach(), rstd, 0.0, False))
+    torch.library.opcheck(add_rms_norm_backward_op.overload, (dy, dy * 2, xd, w.detach(), rstd, 1.0))
+
+
+def test_bad_input():
+    x = randn(3, 8)
+    with pytest.raises(TypeError, match="'input' has dtype int64"):
+        layer_norm(torch.ones(3, 8, dtype=torch.long, device=DEVICE), (8,))
+    with pytest.raises(TypeError, match="'weight' has dtype float64"):
+        rms_norm(x, (8,), torch.ones(8, dtype=torch.float64, device=DEVICE))
+    with pytest.raises(ValueError, match="'normalized_shape' \\(4,\\) does not match"):
+        layer_norm(x, (4,))
+    with pytest.raises(ValueError, match="'normalized_shape' \\(3, 8\\) does not match"):
+        rms_norm(x, (3, 8))
+    with pytest.raises(ValueError, match="'bias' has shape \\(7,\\); expected \\(8,\\)"):
+        layer_norm(x, (8,), None, torch.ones(7, device=DEVICE))
+    with pytest.raises(ValueError, match="'residual' has shape \\(3, 4\\) but 'x' has \\(3, 8\\)"):
+        add_rms_norm(x, randn(3, 4), torch.ones(8, device=DEVICE))
+    with pytest.raises(TypeError, match="'residual' has dtype torch.float16 but 'x' has torch.float32"):
+        add_rms_norm(x, randn(3, 8, dtype=torch.float16), torch.ones(8, device=DEVICE))
+    with pytest.raises(ValueError, match="zero-size last dimension"):
+        rms_norm(torch.ones(3, 0, device=DEVICE), (0,))
+    with pytest.raises(ValueError, match="'eps' must be a non-negative float"):
+        layer_norm(x, (8,), eps=-1.0)
+
+
+@gpu_only
+def test_cpu_tensor_rejected_on_gpu_machine():
+    with pytest.raises(RuntimeError, match="'input' is on device 'cpu'"):
+        layer_norm(torch.ones(3, 4), (4,))
+    with pytest.raises(RuntimeError, match="'input' is on device 'cpu'"):
+        rms_norm(torch.ones(3, 4), (4,))
+    with pytest.raises(RuntimeError, match="'x' is on device 'cpu'"):
+        add_rms_norm(torch.ones(3, 4), torch.ones(3, 4), torch.ones(4))
+    with pytest.raises(RuntimeError, match="'weight' is on device 'cpu'"):
+        rms_norm(torch.ones(3, 4, device="cuda"), (4,), torch.ones(4))
+
+
+def test_references_match_torch():
+    x, w, b = randn(3, 11), randn(11), randn(11)
+    assert_close(layer_norm_reference(x, w, b), F.layer_norm(x.double(), (11,), w.double(), b.double()), torch.float32)
+    assert_close(rms_norm_reference(x, w, 1e-6), F.rms_norm(x.double(), (11,), w.double(), 1e-6), torch.float32)
+    assert_close(rms_norm_reference(x, w, 1e-6, offset=1.0),
+                 F.rms_norm(x.double(), (11,), None, 1e-6) * (1 + w.double()), torch.float32)
+
+
+@pytest.mark.parametrize("op", ["layer", "rms", "add"])
+def test_split_path_single_chunk(monkeypatch, op):
+    """The split kernel's publish/prefetch/gather logic, on CPU too: forced with one chunk per row
+    (more would wait forever in the interpreter, which runs programs one at a time). On the GPU
+    the SHAPES above cover C > 1 chunks."""
+    import triton
+    from warpforge.ops import norms as mod
+    from warpforge.runtime.heuristics import RowConfig
+
+    monkeypatch.setattr(mod, "row_config", lambda n: RowConfig("split", triton.next_power_of_2(n), 1, 4, 1))
+    n = 37
+    x = randn(5, n, requires_grad=True) + 100.0
+    x.retain_grad()
+    w, b = _param(n, torch.float32), _param(n, torch.float32)
+    xr, wr, br = _leaf(x), _leaf(w), _leaf(b)
+    if op == "layer":
+        y, yr = layer_norm(x, (n,), w, b), F.layer_norm(xr, (n,), wr, br)
+    elif op == "rms":
+        y, yr = rms_norm(x, (n,), w, 1e-6, offset=1.0), F.rms_norm(xr, (n,), None, 1e-6) * (1 + wr)
+    else:
+        res = randn(5, n)
+        y, h = add_rms_norm(x, res, w, 1e-6)
+        assert_close(h, xr.detach() + res.double(), torch.float32, what="h")
+        yr = F.rms_norm(xr + res.double(), (n,), wr, 1e-6)
+    assert_close(y, yr, torch.float32, scale=5.0, what="forward")
+    dy = randn(5, n)
+    y.backward(dy)
+    yr.backward(dy.double())
+    assert_close(x.grad, xr.grad, torch.float32, scale=5.0, what="dx")

@@ -1,0 +1,198 @@
+import pytest
+import torch
+
+from warpforge.ops import reduce as R
+from warpforge.ops.reduce import amax, amax_backward_op, amax_op, amax_reference, sum_op, sum_reference
+from conftest import DTYPES, ON_GPU, DEVICE, assert_close, gpu_only, noncontig, randn
+
+SHAPES = [(1,), (3, 7), (2, 3, 123), (5, 4097), (2, 20000), (3, 40000)]   # block path; partials past 16,384
+if ON_GPU:
+    SHAPES += [(64, 32768), (8, 65536), (3, 262144), (4097, 1024), (2, 3_000_001)]
+
+OPS = {"sum": (R.sum, torch.sum), "amax": (amax, torch.amax)}
+
+
+def _leaf(t):
+    return t.detach().double().requires_grad_()
+
+
+@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_forward_backward(shape, dtype, name):
+    fn, tfn = OPS[name]
+    x = randn(*shape, dtype=dtype, requires_grad=True, scale=2.0)
+    y = fn(x)
+    assert y.dtype == dtype and y.shape == shape[:-1]
+    xr = _leaf(x)
+    yr = tfn(xr, -1)
+    if name == "amax":
+        assert torch.equal(y, yr.to(dtype)), "amax must be exact"
+    else:
+        assert_close(y, yr, dtype, what="forward")
+    dy = randn(*shape[:-1], 1, dtype=dtype).reshape(y.shape)
+    y.backward(dy)
+    yr.backward(dy.double())
+    assert x.grad.dtype == dtype and x.grad.shape == x.shape
+    assert_close(x.grad, xr.grad, dtype, what="backward")
+
+
+@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_dims_and_keepdim(name, keepdim):
+    fn, tfn = OPS[name]
+    z = randn(5, 9, 4, requires_grad=True)
+    for dim in (0, 1, 2, -1, -2, -3):
+        y = fn(z, dim, keepdim)
+        zr = _leaf(z)
+        yr = tfn(zr, dim, keepdim=keepdim)
+        assert y.shape == yr.shape, f"dim={dim}"
+        assert_close(y, yr, torch.float32, what=f"dim={dim}")
+        dy = randn(*y.shape)
+        (g,) = torch.autograd.grad(y, z, dy)
+        yr.backward(dy.double())
+        assert_close(g, zr.grad, torch.float32, what=f"backward dim={dim}")
+    s = torch.tensor(2.5, device=DEVICE)
+    assert fn(s).shape == () and fn(s).item() == 2.5
+    assert fn(s, 0, True).shape == ()
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_noncontiguous(name):
+    fn, tfn = OPS[name]
+    x = noncontig(randn(6, 33, requires_grad=True))
+    assert_close(fn(x), tfn(x.double(), -1), torch.float32, what="strided rows")
+    t = randn(7, 5).t()                                                  # column stride != 1: copied
+    assert_close(fn(t), tfn(t.double(), -1), torch.float32, what="transposed")
+    big = noncontig(randn(3, 20000))
+    assert_close(fn(big), tfn(big.double(), -1), torch.float32, what="strided rows, partials path")
+
+
+@pytest.mark.parametrize("n", [4, 123, 20000])
+def test_amax_ties(n):
+    """The gradient is shared evenly among all elements equal to the max (torch's rule)."""
+    x = randn(4, n)
+    top = x.abs().max() + 1
+    hot = [[0], [1, n - 1], [0, n // 2, n - 1], list(range(n))]          # 1, 2, 3 and n ties
+    for r, cols in enumerate(hot):
+        x[r, cols] = top
+    x.requires_grad_()
+    y = amax(x)
+    dy = torch.tensor([1.0, 2.0, 3.0, 4.0], device=DEVICE)
+    y.backward(dy)
+    expected = torch.zeros(4, n, device=DEVICE)
+    for r, cols in enumerate(hot):
+        expected[r, cols] = dy[r] / len(cols)
+    torch.testing.assert_close(x.grad, expected)
+    xr = x.detach().clone().requires_grad_()
+    xr.amax(-1).backward(dy)
+    torch.testing.assert_close(x.grad, xr.grad)
+    b = randn(16, n).to(torch.bfloat16).round().requires_grad_()        # many natural ties
+    gb = torch.autograd.grad(amax(b), b, torch.ones(16, device=DEVICE, dtype=torch.bfloat16))[0]
+    br = b.detach().clone().requires_grad_()
+    gr = torch.autograd.grad(br.amax(-1), br, torch.ones(16, device=DEVICE, dtype=torch.bfloat16))[0]
+    torch.testing.assert_close(gb, gr)
+
+
+@pytest.mark.parametrize("n", [7, 20000])
+def test_nan_and_infinities(n):
+    x = randn(4, n)
+    x[1, n // 3] = float("nan")
+    x[2] = -float("inf")
+    x[3, n - 1] = float("inf")
+    a = amax(x)
+    assert torch.isnan(a[1]) and a[2] == -float("inf") and a[3] == float("inf")
+    assert a[0] == x[0].max()
+    s = R.sum(x)
+    assert torch.isnan(s[1]) and s[2] == -float("inf") and s[3] == float("inf")
+    # backward: torch gives the whole NaN row NaN gradients (0 ties, 0 * dy/0); we match it
+    xg = x.clone().requires_grad_()
+    g = torch.autograd.grad(amax(xg), xg, torch.ones(4, device=DEVICE))[0]
+    xt = x.clone().requires_grad_()
+    gt = torch.autograd.grad(xt.amax(-1), xt, torch.ones(4, device=DEVICE))[0]
+    torch.testing.assert_close(g, gt, equal_nan=True)
+
+
+@pytest.mark.parametrize("in_dtype,out_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+                                                (torch.float32, torch.float16), (torch.float32, torch.bfloat16)])
+@pytest.mark.parametrize("n", [123, 20000])
+def test_sum_dtype(in_dtype, out_dtype, n):
+    x = randn(3, n, dtype=in_dtype, requires_grad=True)
+    y = R.sum(x, -1, dtype=out_dtype)
+    assert y.dtype == out_dtype
+    ref = x.double().sum(-1)
+    assert_close(y, ref, out_dtype, what="sum(dtype=)")           # accumulated in fp32, rounded once
+    if out_dtype == torch.float32:
+        assert_close(y, ref, torch.float32, what="fp32 output")
+    y.backward(torch.ones_like(y))
+    assert x.grad.dtype == in_dtype and torch.equal(x.grad, torch.ones_like(x))
+
+
+def test_deterministic_partials():
+    x = randn(3, 50000)
+    assert torch.equal(R.sum(x), R.sum(x))
+
+
+def test_empty_batch():
+    for fn in (R.sum, amax):
+        e = fn(torch.empty(0, 16, device=DEVICE))
+        assert e.shape == (0,)
+        e = fn(torch.empty(2, 0, 16, device=DEVICE), -1, True)
+        assert e.shape == (2, 0, 1)
+
+
+def test_compile_fullgraph():
+    x = randn(3, 7, 123, requires_grad=True)
+
+    def f(t):
+        return R.sum(t, -1) * 2 + amax(t, 1).sum(-1, keepdim=False)[:, None]
+
+    out = torch.compile(f, fullgraph=True)(x)
+    g = torch.randn_like(out)
+    out.backward(g)
+    xr = _leaf(x)
+    ref = xr.sum(-1) * 2 + xr.amax(1).sum(-1)[:, None]
+    ref.backward(g.double())
+    assert_close(out, ref, torch.float32, what="compiled forward")
+    assert_close(x.grad, xr.grad, torch.float32, what="compiled backward")
+
+
+@pytest.mark.parametrize("n", [37, 20000])
+def test_opcheck(n):
+    x = randn(4, n, requires_grad=True)
+    torch.library.opcheck(sum_op.overload, (x, torch.float32))
+    torch.library.opcheck(sum_op.overload, (x.detach().bfloat16().requires_grad_(), torch.float32))
+    torch.library.opcheck(amax_op.overload, (x,))
+    y = x.detach().amax(-1)
+    torch.library.opcheck(amax_backward_op.overload, (x.detach(), y, randn(4)))
+
+
+def test_bad_input():
+    with pytest.raises(TypeError, match="'input' has dtype int64"):
+        R.sum(torch.ones(3, 4, dtype=torch.long, device=DEVICE))
+    with pytest.raises(TypeError, match="'input' has dtype int64"):
+        amax(torch.ones(3, 4, dtype=torch.long, device=DEVICE))
+    with pytest.raises(ValueError, match="zero-size last dimension"):
+        amax(torch.ones(3, 0, device=DEVICE))
+    with pytest.raises(ValueError, match="dim=0 to reduce is empty"):
+        R.sum(torch.ones(0, 3, device=DEVICE), 0)
+    with pytest.raises(IndexError, match="'dim'=2 is out of range"):
+        R.sum(torch.ones(3, 4, device=DEVICE), dim=2)
+    with pytest.raises(TypeError, match="'dim' must be an int"):
+        amax(torch.ones(3, 4, device=DEVICE), dim=(0, 1))
+    with pytest.raises(TypeError, match="'dtype' is torch.float64"):
+        R.sum(torch.ones(3, 4, device=DEVICE), dtype=torch.float64)
+
+
+@gpu_only
+def test_cpu_tensor_rejected_on_gpu_machine():
+    with pytest.raises(RuntimeError, match="'input' is on device 'cpu'"):
+        R.sum(torch.ones(3, 4))
+    with pytest.raises(RuntimeError, match="'input' is on device 'cpu'"):
+        amax(torch.ones(3, 4))
+
+
+def test_reference_matches_torch():
+    x = randn(3, 11, 5)
+    assert_close(sum_reference(x, 1, True), x.double().sum(1, keepdim=True), torch.float32)
+    assert torch.equal(amax_reference(x, 0), x.amax(0))

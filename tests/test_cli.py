@@ -1,0 +1,39 @@
+"""The ``warpforge`` command line on a CPU: argument errors and ``warpforge info``."""
+from __future__ import annotations
+
+import pytest
+
+import warpforge
+from warpforge.cli import main
+
+
+def test_unknown_op_is_a_clear_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "softmax", "nope"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown op: nope" in err and "known: add, sum, amax, softmax" in err and "rope" in err
+
+
+@pytest.mark.parametrize("argv, what", [(["bench", "--modes", "fwd,sideways"], "unknown mode: sideways"),
+                                        (["bench", "--dtype", "fp8"], "unknown dtype: fp8")])
+def test_bad_mode_and_dtype(argv, what, capsys):
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert what in capsys.readouterr().err
+
+
+def test_no_command_is_an_error():
+    with pytest.raises(SystemExit):
+        main([])
+
+
+def test_info_on_cpu(monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert f"warpforge {warpforge.__version__}" in out
+    assert f"torch     {torch.__version__}" in out and "triton" in out
+    assert "Triton interpreter" in out and "no CUDA device" in out
