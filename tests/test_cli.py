@@ -32,6 +32,7 @@ def test_info_on_cpu(monkeypatch, capsys):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert f"warpforge {warpforge.__version__}" in out

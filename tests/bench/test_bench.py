@@ -7,6 +7,8 @@ import json
 import pytest
 import torch
 
+from conftest import DEVICE
+
 from warpforge import bench as wbench
 from warpforge.bench import report, runner, timing, workloads as W
 
@@ -82,11 +84,13 @@ def test_inputs_are_random_never_zero():
 def test_check_run_softmax_end_to_end(monkeypatch, capsys, tmp_path):
     wl = W.WORKLOADS["softmax"]
     monkeypatch.setattr(wl, "check_cases", lambda: [W.Case("2x37", {"M": 2, "N": 37})])
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    rc = wbench.bench(["softmax"], dtypes=["fp32"], out=tmp_path)
+    rc = wbench.bench(["softmax"], dtypes=["fp32"], out=tmp_path, check=True)
     out = capsys.readouterr().out
     assert rc == 0
-    assert out.count(report.BANNER_CPU) == 2, "banner before and after the table"
+    if torch.cuda.is_available():
+        assert "Correctness run on the GPU" in out
+    else:
+        assert out.count(report.BANNER_CPU) == 2, "banner before and after the table"
     data = json.loads((tmp_path / "correctness.json").read_text())
     rows = data["rows"]
     assert [(r["direction"], r["ok"]) for r in rows] == [("fwd", True), ("bwd", True)]
@@ -98,8 +102,7 @@ def test_check_run_fails_on_wrong_results(monkeypatch, capsys):
     wl = W.WORKLOADS["softmax"]
     monkeypatch.setattr(wl, "check_cases", lambda: [W.Case("2x37", {"M": 2, "N": 37})])
     monkeypatch.setattr(wl, "ours_fn", lambda get: {"warpforge": lambda x: torch.softmax(x * 1.5, -1)})
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert wbench.bench(["softmax"], dtypes=["fp32"]) == 1
+    assert wbench.bench(["softmax"], dtypes=["fp32"], check=True) == 1
     assert "FAILED: softmax" in capsys.readouterr().out
 
 
@@ -149,7 +152,7 @@ def test_bench_runner_plumbing_with_fake_timers(monkeypatch):
         return fn
     monkeypatch.setattr(wl, "liger_fn", broken_liger)
     saved = registry.FAST_EAGER
-    res = runner.run_bench([wl], list(W.MODES), [torch.float32], use_compile=False, copy_gbps=1.0, device="cpu")
+    res = runner.run_bench([wl], list(W.MODES), [torch.float32], use_compile=False, copy_gbps=1.0, device=DEVICE)
     assert registry.FAST_EAGER == saved
     rows = res.rows
     big = [r for r in rows if r["shape"] == "4x33"]

@@ -45,7 +45,7 @@ def test_layer_norm_forward_backward(shape, dtype):
     for name, g, gr in zip(("dx", "dw", "db"), _grads(x, w, b), _grads(xr, wr, br)):
         assert g.dtype == dtype
         if n == 1 and name != "db":                              # x_hat = 0: dx, dw are 0 up to rounding
-            assert g.abs().max().item() <= 1e-6 and gr.abs().max().item() <= 1e-6, name
+            assert g.abs().max().item() <= 1e-5 and gr.abs().max().item() <= 1e-5, name   # rstd = 1/sqrt(eps) = 316 scales rounding
         else:
             assert_close(g, gr, dtype, scale=2.0, what=name)
 

@@ -457,7 +457,7 @@ def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: 
     cfg = norm_bwd_config(n, layer=not rms)
     full_row = cfg.mode == "block"
     col_tiles = 1 if full_row else triton.cdiv(n, cfg.block_n)
-    groups, rows_per_prog = grad_grid(m, cfg.rows, col_tiles, cfg.num_warps)
+    groups, rows_per_prog = grad_grid(m, cfg.rows, col_tiles)
     dw = new_empty((groups, n), device=x.device, dtype=torch.float32) if has_w else None
     db = new_empty((groups, n), device=x.device, dtype=torch.float32) if has_bias else None
     c = rstd

@@ -155,14 +155,15 @@ def tile_config(n_cols: int) -> tuple[int, int, int]:
 
 
 # Norm backward (ops/norms.py): x, dy, x_hat, g, the dw/db accumulators and the prefetched next
-# tile are all live, ~15 registers per element a thread holds. At 8 elements a thread (16 warps
-# over 4,096) that is ~125 registers: the 128 a 512-thread program may have. So a backward tile
-# holds NORM_BWD_TILE elements, and rows longer than the limit take the two-pass tiled path
-# (RMSNorm whole to 8,192 = 16 per thread still fits with no spill in ptxas for sm_90;
-# LayerNorm's extra accumulator spills there, so it stops at 4,096).
+# tile are all live, ~15 registers per element a thread holds, so a backward tile gives each
+# thread 16 elements (NORM_BWD_ELEMS_PER_THREAD) and rows longer than the limit take the two-pass
+# tiled path (RMSNorm whole to 8,192; LayerNorm's extra accumulator spills there, so it stops at
+# 4,096). H200 sweep at 32768 x 4096 bf16 (benchmarks/NOTES.md): RMSNorm 8 warps x 1 row 85% of
+# copy against 42-60% with 16 warps; LayerNorm 16 warps x 2 rows 71%; two programs an SM.
 NORM_BWD_BLOCK_MAX = 8192
-NORM_BWD_TILE = 4096
-GRAD_WARPS_PER_SM = 16     # resident warps per SM a weight-gradient grid aims for
+NORM_BWD_TILE = {False: 4096, True: 8192}    # elements a program holds: RMSNorm, LayerNorm
+NORM_BWD_ELEMS_PER_THREAD = 16
+GRAD_PROGRAMS_PER_SM = 2   # programs per SM a weight-gradient grid aims for
 
 
 @functools.lru_cache(maxsize=4096)
@@ -171,17 +172,19 @@ def norm_bwd_config(n: int, layer: bool) -> RowConfig:
     for a LayerNorm (``layer``) or RMSNorm backward over rows of ``n``."""
     block = triton.next_power_of_2(n)
     if block <= (NORM_BWD_BLOCK_MAX // 2 if layer else NORM_BWD_BLOCK_MAX):
-        rows = max(1, min(64, NORM_BWD_TILE // block))
-        return RowConfig("block", block, rows, max(4, min(16, block * rows // 256)))
-    return RowConfig("loop", NORM_BWD_TILE, 1, 16)
+        rows = max(1, min(64, NORM_BWD_TILE[layer] // block))
+        warps = max(4, min(16, block * rows // (32 * NORM_BWD_ELEMS_PER_THREAD)))
+        return RowConfig("block", block, rows, warps)
+    return RowConfig("loop", 4096, 1, 16)
 
 
-def grad_grid(m: int, rows: int, col_tiles: int, num_warps: int) -> tuple[int, int]:
+@functools.lru_cache(maxsize=4096)
+def grad_grid(m: int, rows: int, col_tiles: int) -> tuple[int, int]:
     """Row groups G and rows per group of a deterministic weight-gradient kernel: G x col_tiles
-    programs, ~GRAD_WARPS_PER_SM warps per SM in all, each owning a fixed contiguous run of rows
+    programs, GRAD_PROGRAMS_PER_SM per SM in all, each owning a fixed contiguous run of rows
     (a multiple of ``rows``) and writing one row of a (G, N) partial-sum buffer. G depends only on
     the shape and the device, so the reduction order -- and the result's bits -- never change."""
-    target = sm_count() * max(1, GRAD_WARPS_PER_SM // num_warps)
+    target = sm_count() * GRAD_PROGRAMS_PER_SM
     groups = max(1, min(triton.cdiv(m, rows), target // col_tiles))
     per = triton.cdiv(triton.cdiv(m, groups), rows) * rows
     return triton.cdiv(m, per), per

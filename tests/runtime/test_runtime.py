@@ -1,0 +1,54 @@
+import pytest
+import torch
+
+import warpforge as wf
+from warpforge.runtime import checks, heuristics, registry
+from conftest import DEVICE, assert_close, randn
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_both_doors_same_results(monkeypatch, fast):
+    """The fast eager door and the dispatcher door compute the same values and gradients."""
+    monkeypatch.setattr(registry, "FAST_EAGER", fast)
+    x = randn(5, 33, requires_grad=True)
+    w = randn(33, requires_grad=True)
+    y = wf.rms_norm(wf.softmax(x), (33,), w, 1e-6)
+    dy = randn(5, 33)
+    y.backward(dy)
+    xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    yr = torch.nn.functional.rms_norm(torch.softmax(xr, -1), (33,), wr, 1e-6)
+    yr.backward(dy.double())
+    assert_close(y, yr, torch.float32)
+    assert_close(x.grad, xr.grad, torch.float32, scale=5)
+    assert_close(w.grad, wr.grad, torch.float32, scale=5)
+
+
+def test_every_op_is_registered():
+    for name in ("softmax", "softmax_backward", "rms_norm", "layer_norm", "add_rms_norm", "rope",
+                 "swiglu", "geglu", "sum", "amax", "add_vectorized", "add_naive"):
+        assert name in registry.REGISTRY, name
+        assert hasattr(torch.ops.warpforge, name)
+
+
+def test_row_config_paths():
+    assert heuristics.row_config(4096).mode == "block"
+    assert heuristics.row_config(16384).mode == "block"
+    big = heuristics.row_config(262144)
+    # the interpreter runs programs one at a time: the split path's wait would never end there
+    assert big.mode == ("loop" if wf.interpreting() else "split")
+    assert heuristics.row_config(1).block_n == 1
+
+
+def test_persistent_grid_keeps_groups_whole():
+    g = heuristics.persistent_grid(1000, per_group=7, resident=100)
+    assert g % 7 == 0 and g <= 100
+    assert heuristics.persistent_grid(3, per_group=4, resident=100) == 4
+
+
+def test_check_messages_name_the_argument():
+    with pytest.raises(TypeError, match="'weight' has dtype int32"):
+        checks.check_tensor("weight", torch.ones(3, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="'normalized_shape'"):
+        checks.check_normalized_shape((3, 4), torch.ones(2, 4, device=DEVICE))
+    with pytest.raises(TypeError, match="'x' must be a torch.Tensor"):
+        checks.check_tensor("x", [1.0])
