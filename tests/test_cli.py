@@ -38,3 +38,20 @@ def test_info_on_cpu(monkeypatch, capsys):
     assert f"warpforge {warpforge.__version__}" in out
     assert f"torch     {torch.__version__}" in out and "triton" in out
     assert "Triton interpreter" in out and "no CUDA device" in out
+
+
+def test_report_merges_runs(tmp_path):
+    import json
+
+    from warpforge.bench import report
+
+    row = {"op": "softmax", "mode": "fwd", "dtype": "bf16", "shape": "4x8", "impl": "warpforge", "kind": "ours",
+           "status": "ok", "ms": 1.0, "gbps": 1.0, "pct_copy": 50.0, "ratio": 1.0, "headline": True,
+           "small": False, "bytes": 1, "flops": 1, "tflops": 0.0}
+    meta = {"device": {"name": "FakeGPU"}, "ceilings": {"copy_gbps": 2.0, "bf16_tflops": 1.0}, "command": "x"}
+    for i, op in enumerate(("softmax", "rms_norm")):
+        report.write_results(tmp_path / f"r{i}", [{**row, "op": op}], {**meta, "command": f"run {i}"}, [f"note {i}"])
+    assert main(["report", str(tmp_path / "r0"), str(tmp_path / "r1"), "--out", str(tmp_path / "m")]) == 0
+    merged = json.loads((tmp_path / "m" / "results.json").read_text())
+    assert {r["op"] for r in merged["rows"]} == {"softmax", "rms_norm"}
+    assert merged["merged_from"] == ["run 0", "run 1"] and merged["notes"] == ["note 0", "note 1"]

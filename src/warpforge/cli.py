@@ -45,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the correctness sweep instead of timing, even on a GPU")
     b.set_defaults(_parser=b)
 
+    m = sub.add_parser("report", help="merge the results.json of several bench runs into one report "
+                                      "(e.g. a sweep split over several GPU calls)")
+    m.add_argument("inputs", nargs="+", metavar="DIR", help="folders holding results.json")
+    m.add_argument("--out", metavar="DIR", required=True, help="output folder")
+
     i = sub.add_parser("info", help="versions, where kernels run, device facts and measured ceilings")
     i.add_argument("--refresh", action="store_true", help="re-measure the ceilings instead of reading the cache")
     return p
@@ -115,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "bench":
         return _bench(args, args._parser)
+    if args.command == "report":
+        from .bench import merge
+
+        return merge(args.inputs, args.out)
     return _info(args)
 
 

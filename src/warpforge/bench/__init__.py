@@ -9,6 +9,8 @@
 """
 from __future__ import annotations
 
+import json
+
 import platform
 import sys
 import warnings
@@ -86,6 +88,24 @@ def bench(ops: list[str] | None = None, *, modes: list[str] | None = None, dtype
                        title=f"summary ({report.summary_dtype(res.rows)}, headline shapes; % of copy ceiling)")
     out_dir = Path(out) if out else report.default_out_dir(info.name)
     for p in report.write_results(out_dir, res.rows, meta, res.notes):
+        print(f"wrote {p}")
+    return 0
+
+
+def merge(inputs: list[str | Path], out: str | Path) -> int:
+    """One report (JSON, markdown, roofline) from the results.json of several runs on one device:
+    rows and notes concatenated, metadata from the first run plus each run's command."""
+    runs = [json.loads((Path(d) / "results.json").read_text()) for d in inputs]
+    names = {r["device"]["name"] for r in runs}
+    if len(names) != 1:
+        raise SystemExit(f"warpforge report: the runs come from different devices ({', '.join(sorted(names))})")
+    meta = {k: v for k, v in runs[0].items() if k not in ("rows", "notes", "summary")}
+    meta["merged_from"] = [r.get("command") for r in runs]
+    rows = [row for r in runs for row in r["rows"]]
+    notes = list(dict.fromkeys(n for r in runs for n in r.get("notes", [])))
+    report.print_table(report.summary(rows), report.SUMMARY_COLUMNS,
+                       title=f"summary ({report.summary_dtype(rows)}, headline shapes; % of copy ceiling)")
+    for p in report.write_results(out, rows, meta, notes):
         print(f"wrote {p}")
     return 0
 
