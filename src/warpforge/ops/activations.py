@@ -29,6 +29,11 @@ Why the kernel is shaped as it is:
   each bf16 operand (four in flight per thread forward, six backward, all issued before any is
   used). A 16384 x 14336 problem is 57,344 programs, ~430 per SM: the chip stays full and the
   last-wave tail is <1%. 14,336 = 7 x 2,048, so no tile of the Llama-3-8B shape is partly empty.
+- Two contiguous operands (the common case) take a flat 1-D kernel instead: FLAT_BLOCK elements
+  a program, 4 warps, so each thread moves one 16-byte vector of each bf16 operand and ~16
+  programs share an SM (64 KB in flight). On an H200 at 16384 x 14336 bf16 it ran at 101-102% of
+  the copy roof where the 2-D tiles ran at 97% (benchmarks/NOTES.md): the row arithmetic and the
+  larger per-thread runs of the tile cost ~4%.
 - Row offsets are ``row.to(int64) * stride``: a long-context batch (131072 tokens x 28672, a
   packed gate_up of Llama-3-8B) is 3.8e9 elements, past int32.
 - Inputs keep any row stride (the two halves of a [.., 2n] tensor are strided rows), so neither
@@ -49,7 +54,7 @@ import triton.language as tl
 
 from ..runtime import new_empty
 from ..runtime.checks import check_same, check_tensor
-from ..runtime.heuristics import tile_config
+from ..runtime.heuristics import FLAT_BLOCK, FLAT_WARPS, tile_config
 from ..runtime.registry import Op
 from ._rows import as_rows
 
@@ -157,6 +162,34 @@ def _glu_bwd_tile_kernel(
     tl.store(du_ptr + r * stride_du + c, (dy * a).to(du_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _glu_fwd_flat_kernel(
+    g_ptr, u_ptr, y_ptr,       # (total,) contiguous gate, up, output
+    total, ACT: tl.constexpr, BLOCK: tl.constexpr,
+):
+    offs = tl.cast(tl.program_id(0), tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < total
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, (_act(g, ACT) * u).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _glu_bwd_flat_kernel(
+    g_ptr, u_ptr, dy_ptr,      # (total,) contiguous saved gate, saved up, incoming gradient
+    dg_ptr, du_ptr,            # (total,) contiguous outputs
+    total, ACT: tl.constexpr, BLOCK: tl.constexpr,
+):
+    offs = tl.cast(tl.program_id(0), tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < total
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    a, da = _act_and_grad(g, ACT)
+    tl.store(dg_ptr + offs, (dy * u * da).to(dg_ptr.dtype.element_ty), mask=mask)
+    tl.store(du_ptr + offs, (dy * a).to(du_ptr.dtype.element_ty), mask=mask)
+
+
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
@@ -170,12 +203,21 @@ def _operands(gate: torch.Tensor, up: torch.Tensor | None) -> tuple[torch.Tensor
     return g2, u2, g2.shape[1]
 
 
+def _flat(*ts: torch.Tensor) -> bool:
+    """Every operand a contiguous buffer of the same shape: the problem is one flat vector."""
+    return all(t.is_contiguous() for t in ts)
+
+
 def _glu_fwd(gate: torch.Tensor, up: torch.Tensor | None, act: int) -> torch.Tensor:
     g2, u2, n = _operands(gate, up)
     m = g2.shape[0]
     y = new_empty((m, n), device=gate.device, dtype=gate.dtype)
     out_shape = (*gate.shape[:-1], n)
     if m == 0:
+        return y.view(out_shape)
+    if up is not None and _flat(gate, up):
+        _glu_fwd_flat_kernel[(triton.cdiv(m * n, FLAT_BLOCK),)](
+            gate, up, y, m * n, ACT=act, BLOCK=FLAT_BLOCK, num_warps=FLAT_WARPS)
         return y.view(out_shape)
     bm, bn, warps = tile_config(n)
     _glu_fwd_tile_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
@@ -198,6 +240,10 @@ def _glu_bwd(gate: torch.Tensor, up: torch.Tensor | None, dy: torch.Tensor, act:
         dg, du = grad[0], grad[1]
         shape = (2, *gate.shape)
     if m == 0:
+        return grad.view(shape)
+    if up is not None and _flat(gate, up, dy):
+        _glu_bwd_flat_kernel[(triton.cdiv(m * n, FLAT_BLOCK),)](
+            gate, up, dy, dg, du, m * n, ACT=act, BLOCK=FLAT_BLOCK, num_warps=FLAT_WARPS)
         return grad.view(shape)
     bm, bn, warps = tile_config(n)
     _glu_bwd_tile_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](

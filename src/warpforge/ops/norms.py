@@ -196,6 +196,13 @@ def _norm_fwd_split_kernel(
             h = (xf + res.to(tl.float32)).to(h_ptr.dtype.element_ty)
             tl.store(h_ptr + r * stride_h + cols, h, mask=mask)
             xf = h.to(tl.float32)                       # normalise the value we return
+        # prefetch the next row first: its DRAM latency hides this row's statistics and the wait
+        # for the other chunks
+        nxt = row + n_groups
+        live = mask & (nxt < M)
+        x = tl.load(x_ptr + tl.cast(nxt, tl.int64) * stride_x + cols, mask=live, other=0.0)
+        if HAS_RES:
+            res = tl.load(res_ptr + tl.cast(nxt, tl.int64) * stride_r + cols, mask=live, other=0.0)
         if RMS:
             ss_c = tl.sum(xf * xf, axis=0)
             publish_row_stats(stats_ptr, row, chunk, C, ss_c, ss_c)   # one statistic; slot 2 unused
@@ -203,12 +210,6 @@ def _norm_fwd_split_kernel(
             mean_c = tl.sum(xf, axis=0) / n_mine
             d = tl.where(mask, xf - mean_c, 0.0)
             publish_row_stats(stats_ptr, row, chunk, C, mean_c, tl.sum(d * d, axis=0))
-        # prefetch the next row: its DRAM latency hides the wait for the other chunks
-        nxt = row + n_groups
-        live = mask & (nxt < M)
-        x = tl.load(x_ptr + tl.cast(nxt, tl.int64) * stride_x + cols, mask=live, other=0.0)
-        if HAS_RES:
-            res = tl.load(res_ptr + tl.cast(nxt, tl.int64) * stride_r + cols, mask=live, other=0.0)
         a, b_stat, valid = gather_row_stats(stats_ptr, row, C, CP)
         if RMS:
             rstd = tl.rsqrt(tl.sum(a, axis=0) / N + eps)

@@ -84,12 +84,13 @@ def _softmax_fwd_split_kernel(
     x = tl.load(x_ptr + tl.cast(row, tl.int64) * stride_x + cols, mask=mask & (row < M), other=-float("inf"))
     for row in range(pid // C, M, n_groups):
         xf = x.to(tl.float32)
+        # prefetch the next row first: its DRAM latency hides this row's statistics and the wait
+        nxt = row + n_groups
+        x = tl.load(x_ptr + tl.cast(nxt, tl.int64) * stride_x + cols, mask=mask & (nxt < M), other=-float("inf"))
         m_c = tl.max(xf, axis=0)
         m_c = tl.where(m_c == -float("inf"), 0.0, m_c)
         e = tl.exp(xf - m_c)
         publish_row_stats(stats_ptr, row, chunk, C, m_c, tl.sum(e, axis=0))
-        nxt = row + n_groups                          # prefetch: its latency hides the wait
-        x = tl.load(x_ptr + tl.cast(nxt, tl.int64) * stride_x + cols, mask=mask & (nxt < M), other=-float("inf"))
         ms, ss, valid = gather_row_stats(stats_ptr, row, C, CP)
         m = tl.max(tl.where(valid, ms, -float("inf")), axis=0)
         s = tl.sum(tl.where(valid, ss * tl.exp(ms - m), 0.0), axis=0)
@@ -183,12 +184,12 @@ def _softmax_bwd_split_kernel(
     for row in range(pid // C, M, n_groups):
         yf = y.to(tl.float32)
         dyf = dy.to(tl.float32)
-        s_c = _bwd_combine(yf, dyf, LOG)
-        publish_row_stats(stats_ptr, row, chunk, C, s_c, s_c)   # one statistic; the pair's second slot is unused
-        nxt = row + n_groups
+        nxt = row + n_groups                          # prefetch the next row first
         live = mask & (nxt < M)
         y = tl.load(y_ptr + tl.cast(nxt, tl.int64) * stride_y + cols, mask=live, other=other)
         dy = tl.load(dy_ptr + tl.cast(nxt, tl.int64) * stride_dy + cols, mask=live, other=0.0)
+        s_c = _bwd_combine(yf, dyf, LOG)
+        publish_row_stats(stats_ptr, row, chunk, C, s_c, s_c)   # one statistic; the pair's second slot is unused
         ss, _unused, valid = gather_row_stats(stats_ptr, row, C, CP)
         dx = _bwd_apply(yf, dyf, tl.sum(ss, axis=0), LOG)
         tl.store(dx_ptr + tl.cast(row, tl.int64) * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)

@@ -122,27 +122,18 @@ def rope_config(batch: int, seqlen: int, hq: int, hk: int, head_dim: int) -> Rop
 
 
 # ----------------------------------------------------------------------------------------------
-# Elementwise ops (add, GLU activations): big blocks, so every thread has several 16-byte loads in
-# flight. Little's law: to stream ~4.8 TB/s through ~700 ns of DRAM latency a GPU must keep
-# ~3.4 MB in flight, ~25 KB per SM of an H200. One program of ELEMWISE_WARPS warps loading
-# ELEMWISE_BYTES per operand puts 64 B (four 16-byte loads) per thread per operand in flight;
-# two resident programs with two operands already hold 2 * 2 * 16 KB = 64 KB per SM.
+# Elementwise ops (add, GLU activations). Little's law: to stream ~4.8 TB/s through ~700 ns of
+# DRAM latency a GPU must keep ~3.4 MB in flight, ~25 KB per SM of an H200. A flat program of
+# FLAT_BLOCK elements and FLAT_WARPS warps gives each thread one 16-byte vector per bf16 operand,
+# and 16 such programs fit an SM (2,048 threads): 16 x 128 x 16 B x 2 operands = 64 KB per SM.
+# H200 sweep (benchmarks/NOTES.md): 1,024 x 4 warps 101.7% of copy on a SwiGLU-shaped stream,
+# 2,048 x 4 101.0%, 4,096 x 8 101.0%; a persistent grid of larger blocks 96-98%.
 # ----------------------------------------------------------------------------------------------
-ELEMWISE_BYTES = 16384          # bytes of one operand a program loads per step: 8,192 bf16, 4,096 fp32
-ELEMWISE_WARPS = 8
-ELEMWISE_PROGRAMS_PER_SM = 4    # cap of a persistent elementwise grid (lowered to what is resident)
+FLAT_BLOCK = 1024
+FLAT_WARPS = 4
 TILE_ELEMS = 4096               # elements per program in 2-D elementwise tiles (16 per thread at 8 warps)
 TILE_MAX_N = 2048               # widest tile: a multiple of every common hidden size (14336 = 7 * 2048)
 REDUCE_CHUNK = 8192             # row reductions past BLOCK_MAX: elements per (row, chunk) program
-
-
-def elementwise_grid(n_blocks: int, resident: int | None = None) -> int:
-    """Programs of a persistent elementwise kernel over ``n_blocks`` blocks: no more than there is
-    work, nor than ELEMWISE_PROGRAMS_PER_SM per SM, nor than the device holds at once (``resident``)."""
-    cap = sm_count() * ELEMWISE_PROGRAMS_PER_SM
-    if resident:
-        cap = min(cap, resident)
-    return max(1, min(n_blocks, cap))
 
 
 @functools.lru_cache(maxsize=4096)
