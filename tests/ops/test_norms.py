@@ -9,7 +9,7 @@ from conftest import DTYPES, ON_GPU, DEVICE, assert_close, gpu_only, noncontig, 
 
 SHAPES = [(1,), (3, 7), (2, 3, 123), (5, 4097), (2, 20000)]      # block path, and the loop path past 16,384
 if ON_GPU:
-    SHAPES += [(64, 32768), (8, 65536), (3, 262144), (4097, 1024), (33, 16384)]   # split fwd, loop bwd
+    SHAPES += [(64, 32768), (8, 65536), (3, 262144), (4097, 1024), (33, 16384)]   # split fwd and bwd (bwd from 4,097 for LayerNorm, 8,193 for RMSNorm)
 
 
 def _leaf(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -412,6 +412,7 @@ def test_split_path_single_chunk(monkeypatch, op):
     from warpforge.runtime.heuristics import RowConfig
 
     monkeypatch.setattr(mod, "row_config", lambda n: RowConfig("split", triton.next_power_of_2(n), 1, 4, 1))
+    monkeypatch.setattr(mod, "norm_bwd_config", lambda n, layer: RowConfig("split", triton.next_power_of_2(n), 1, 4, 1))
     n = 37
     x = randn(5, n, requires_grad=True) + 100.0
     x.retain_grad()
@@ -431,3 +432,6 @@ def test_split_path_single_chunk(monkeypatch, op):
     y.backward(dy)
     yr.backward(dy.double())
     assert_close(x.grad, xr.grad, torch.float32, scale=5.0, what="dx")
+    assert_close(w.grad, wr.grad, torch.float32, scale=5.0, what="dw")
+    if op == "layer":
+        assert_close(b.grad, br.grad, torch.float32, scale=5.0, what="db")

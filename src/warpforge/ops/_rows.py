@@ -72,18 +72,23 @@ def exchange_row_stats(stats_ptr, row, chunk, C, s0, s1, CP: tl.constexpr):
 _RESIDENT: dict = {}
 
 
-def split_launch(kernel, m: int, cfg: RowConfig, device: torch.device, args: tuple, **constexprs) -> None:
+def split_launch(kernel, m: int, cfg: RowConfig, device: torch.device, args, **constexprs) -> None:
     """Launch a ``split``-mode kernel over ``m`` rows: allocates the exchange workspace, sizes a
-    persistent grid that the device holds at once, and passes (stats, C, n_groups, CP) after
-    ``args``."""
+    persistent grid that the device holds at once, and passes (stats, C, n_groups, CP) after the
+    kernel's own arguments. ``args`` is that tuple, or a function of ``n_groups`` returning it
+    (for kernels with per-group outputs, such as weight-gradient partial sums: it is called once
+    with n_groups = 1 to compile and size the grid, then with the real count)."""
+    make = args if callable(args) else (lambda _groups: args)
     c = cfg.chunks
     cp = triton.next_power_of_2(c)
     stats = torch.full((m, c, 2), SENTINEL.value, device=device, dtype=torch.int32)
-    full = (*args, stats, c, 1)
-    key = (kernel, tuple(sorted(constexprs.items())), tuple(a.dtype if isinstance(a, torch.Tensor) else None for a in args))
+    probe = make(1)
+    key = (kernel, tuple(sorted(constexprs.items())), tuple(a.dtype if isinstance(a, torch.Tensor) else None for a in probe))
     resident = 1 if interpreting() else _RESIDENT.get(key)
     if resident is None:
-        compiled = kernel.warmup(*full, CP=cp, grid=(1,), num_warps=cfg.num_warps, **constexprs)
+        compiled = kernel.warmup(*probe, stats, c, 1, CP=cp, grid=(1,), num_warps=cfg.num_warps, **constexprs)
         resident = _RESIDENT[key] = resident_programs(compiled, cfg.num_warps)
     grid = persistent_grid(m * c, c, resident)
-    kernel[(grid,)](*args, stats, c, grid // c, CP=cp, num_warps=cfg.num_warps, **constexprs)
+    groups = grid // c
+    kernel[(grid,)](*(probe if groups == 1 else make(groups)), stats, c, groups, CP=cp,
+                    num_warps=cfg.num_warps, **constexprs)

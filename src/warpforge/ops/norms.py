@@ -46,11 +46,13 @@ Why the kernels look the way they do:
   bits. The buffer costs 2*G*N*4 bytes: 4.3 MB against 805 MB for a 32768x4096 bf16 backward.
   Each program loads its next tile of (x, dy) before computing the current one, so with only
   one program per SM the memory pipe still has a tile in flight.
-- Backward for longer rows (``loop`` path): the row statistic (sum(g * x_hat), and sum(g) for
-  LayerNorm) is a row reduction, so a first kernel computes it per row (reads x, dy), and a
-  second tiles the matrix into (row group, 4,096-column tile) programs that write dx and the dw
-  partials: x and dy are read twice, 5*M*N*s instead of 3*M*N*s (a split backward that keeps
-  the one pass is future work).
+- Backward for longer rows, ``split`` path (GPU): C co-resident programs share a row as in the
+  forward and exchange the chunk sums of g * x_hat (and g); each program owns one column chunk
+  for all of its row group's rows, so its dw/db chunk accumulates in registers and is written
+  once per group into a (groups, N) partial buffer: one pass, deterministic.
+- Backward ``loop`` path (the interpreter's, and rows past the split path's reach): the row
+  statistics come from a first kernel (reads x, dy), then (row group, 4,096-column tile) programs
+  write dx and the dw partials: x and dy are read twice, 5*M*N*s instead of 3*M*N*s.
 - All statistics are fp32 whatever the input dtype; each output is cast once, at the store.
   ``casting_mode="llama"`` rounds x_hat to the input dtype before the weight multiply, as
   Hugging Face's LlamaRMSNorm does; "gemma" (default) keeps everything fp32 until the store.
@@ -330,6 +332,74 @@ def _norm_bwd_stats_kernel(
 
 
 @triton.jit
+def _norm_bwd_split_kernel(
+    dy_ptr, x_ptr, dsum_ptr,   # (M, N) incoming gradient, saved input, gradient of x + residual
+    w_ptr, mean_ptr, rstd_ptr,  # (N,) weight (HAS_W); (M,) fp32 saved statistics
+    dx_ptr,                    # (M, N) contiguous out
+    dw_ptr, db_ptr,            # (n_groups, N) fp32 out: each row group's partial sums
+    M, N, stride_dy, stride_x, stride_ds, stride_dx, offset,
+    stats_ptr, C, n_groups,    # the split exchange (``_rows.py``)
+    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_DSUM: tl.constexpr,
+    LLAMA: tl.constexpr, BLOCK_N: tl.constexpr, CP: tl.constexpr,
+):
+    """Backward for rows too long for one program (GPU): C programs share a row, exchange the
+    chunk sums of g * x_hat (and g), and write dx from the (x, dy) they hold: x and dy are read
+    once. Each program owns one column chunk for all of its group's rows, so it accumulates that
+    chunk of dw/db in registers and writes one partial row per group: deterministic."""
+    pid = tl.program_id(0)
+    chunk = pid % C
+    group = pid // C
+    cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    if HAS_W:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + offset
+    dw_acc = tl.zeros((BLOCK_N,), tl.float32)
+    db_acc = tl.zeros((BLOCK_N,), tl.float32)
+    live = mask & (group < M)
+    x = tl.load(x_ptr + tl.cast(group, tl.int64) * stride_x + cols, mask=live, other=0.0)
+    dy = tl.load(dy_ptr + tl.cast(group, tl.int64) * stride_dy + cols, mask=live, other=0.0)
+    for row in range(group, M, n_groups):
+        r = tl.cast(row, tl.int64)
+        xf = x.to(tl.float32)
+        dyf = dy.to(tl.float32)
+        nxt = row + n_groups                          # prefetch the next row first
+        live = mask & (nxt < M)
+        x = tl.load(x_ptr + tl.cast(nxt, tl.int64) * stride_x + cols, mask=live, other=0.0)
+        dy = tl.load(dy_ptr + tl.cast(nxt, tl.int64) * stride_dy + cols, mask=live, other=0.0)
+        rstd = tl.load(rstd_ptr + row)
+        if RMS:
+            x_hat = xf * rstd
+        else:
+            x_hat = tl.where(mask, (xf - tl.load(mean_ptr + row)) * rstd, 0.0)
+        g = dyf * w if HAS_W else dyf
+        s1 = tl.sum(g * x_hat, axis=0)
+        if RMS:
+            publish_row_stats(stats_ptr, row, chunk, C, s1, s1)   # one statistic; slot 2 unused
+        else:
+            publish_row_stats(stats_ptr, row, chunk, C, s1, tl.sum(g, axis=0))
+        a, b_stat, valid = gather_row_stats(stats_ptr, row, C, CP)
+        c1 = tl.sum(a, axis=0) / N
+        if RMS:
+            dx = (g - x_hat * c1) * rstd
+        else:
+            dx = (g - x_hat * c1 - tl.sum(b_stat, axis=0) / N) * rstd
+        if HAS_DSUM:
+            dx += tl.load(dsum_ptr + r * stride_ds + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + r * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if HAS_W:
+            if LLAMA:                                   # y = round(x_hat) * w: dw sees round(x_hat)
+                x_hat = x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
+            dw_acc += dyf * x_hat
+        if HAS_B:
+            db_acc += dyf
+    part = tl.cast(group, tl.int64) * N + cols
+    if HAS_W:
+        tl.store(dw_ptr + part, dw_acc, mask=mask)
+    if HAS_B:
+        tl.store(db_ptr + part, db_acc, mask=mask)
+
+
+@triton.jit
 def _norm_bwd_kernel(
     dy_ptr, x_ptr,             # (M, N) incoming gradient and saved input (h for add+RMSNorm)
     dsum_ptr,                  # (M, N) gradient of the x + residual output (HAS_DSUM)
@@ -455,7 +525,23 @@ def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: 
         zeros = torch.zeros((n,), device=x.device, dtype=torch.float32)
         return dx.view(x.shape), (zeros if has_w else None), (zeros.clone() if has_bias else None)
     ds2 = None if dsum is None else as_rows(dsum)
+    flags = dict(RMS=rms, HAS_W=has_w, HAS_B=has_bias, HAS_DSUM=ds2 is not None, LLAMA=llama)
     cfg = norm_bwd_config(n, layer=not rms)
+    if cfg.mode == "split":
+        parts = {}
+
+        def args(groups):
+            parts["dw"] = new_empty((groups, n), device=x.device, dtype=torch.float32) if has_w else None
+            parts["db"] = new_empty((groups, n), device=x.device, dtype=torch.float32) if has_bias else None
+            return (dy2, x2, dy2 if ds2 is None else ds2, x2 if weight is None else weight,
+                    rstd if mean is None else mean, rstd, dx,
+                    dx if parts["dw"] is None else parts["dw"], dx if parts["db"] is None else parts["db"],
+                    m, n, dy2.stride(0), x2.stride(0), 0 if ds2 is None else ds2.stride(0), dx.stride(0),
+                    float(offset))
+
+        split_launch(_norm_bwd_split_kernel, m, cfg, x.device, args, **flags, BLOCK_N=cfg.block_n)
+        dw, db = parts["dw"], parts["db"]
+        return (dx.view(x.shape), None if dw is None else dw.sum(0), None if db is None else db.sum(0))
     full_row = cfg.mode == "block"
     col_tiles = 1 if full_row else triton.cdiv(n, cfg.block_n)
     groups, rows_per_prog = grad_grid(m, cfg.rows, col_tiles)
@@ -473,8 +559,7 @@ def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: 
         rstd if mean is None else mean, rstd, c, dx,
         dx if dw is None else dw, dx if db is None else db,
         m, n, dy2.stride(0), x2.stride(0), 0 if ds2 is None else ds2.stride(0), dx.stride(0),
-        rows_per_prog, float(offset),
-        RMS=rms, HAS_W=has_w, HAS_B=has_bias, HAS_DSUM=ds2 is not None, LLAMA=llama,
+        rows_per_prog, float(offset), **flags,
         FULL_ROW=full_row, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     # fixed-order reduction over the G partial rows: deterministic
     return (dx.view(x.shape), None if dw is None else dw.sum(0), None if db is None else db.sum(0))

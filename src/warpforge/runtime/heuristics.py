@@ -155,17 +155,26 @@ NORM_BWD_BLOCK_MAX = 8192
 NORM_BWD_TILE = {False: 4096, True: 8192}    # elements a program holds: RMSNorm, LayerNorm
 NORM_BWD_ELEMS_PER_THREAD = 16
 GRAD_PROGRAMS_PER_SM = 2   # programs per SM a weight-gradient grid aims for
+# The split backward waits on the slowest of C programs every row; H200, bf16: at C = 8 and 16
+# (N = 32K, 65K) it beat the two-pass loop (RMSNorm 54 -> 59-61%, add+RMSNorm 60 -> 72% of copy),
+# at C = 64 (N = 262K) it lost (56 -> 40%). Past 16 chunks the loop path is kept.
+NORM_BWD_SPLIT_MAX_CHUNKS = 16
 
 
 @functools.lru_cache(maxsize=4096)
 def norm_bwd_config(n: int, layer: bool) -> RowConfig:
-    """``block`` (whole rows, one pass) or ``loop`` (row statistics first, then 4,096-column tiles)
-    for a LayerNorm (``layer``) or RMSNorm backward over rows of ``n``."""
+    """The norm backward's path for rows of ``n`` (LayerNorm if ``layer``, else RMSNorm):
+    ``block`` (whole rows, one pass over x and dy), ``split`` (longer rows on a GPU: C programs a
+    row exchange the row sums, still one pass) or ``loop`` (row statistics first, then
+    4,096-column tiles: two passes; the interpreter's path)."""
     block = triton.next_power_of_2(n)
     if block <= (NORM_BWD_BLOCK_MAX // 2 if layer else NORM_BWD_BLOCK_MAX):
         rows = max(1, min(64, NORM_BWD_TILE[layer] // block))
         warps = max(4, min(16, block * rows // (32 * NORM_BWD_ELEMS_PER_THREAD)))
         return RowConfig("block", block, rows, warps)
+    chunks = triton.cdiv(n, CHUNK)
+    if not interpreting() and chunks <= NORM_BWD_SPLIT_MAX_CHUNKS:
+        return RowConfig("split", CHUNK, 1, SPLIT_WARPS, chunks)
     return RowConfig("loop", 4096, 1, 16)
 
 
