@@ -104,24 +104,20 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(-1)
 
 
-def _add_naive(x: torch.Tensor, y: torch.Tensor, alpha: float) -> torch.Tensor:
+def _add_launch(kernel, block: int, warps: int, x: torch.Tensor, y: torch.Tensor, alpha: float) -> torch.Tensor:
     out = new_empty(x.shape, device=x.device, dtype=x.dtype)
     n = x.numel()
-    if n == 0:
-        return out
-    _add_fwd_naive_kernel[(triton.cdiv(n, NAIVE_BLOCK),)](
-        _flat(x), _flat(y), out.view(-1), n, alpha, BLOCK=NAIVE_BLOCK, num_warps=NAIVE_WARPS)
+    if n > 0:
+        kernel[(triton.cdiv(n, block),)](_flat(x), _flat(y), out.view(-1), n, alpha, BLOCK=block, num_warps=warps)
     return out
+
+
+def _add_naive(x: torch.Tensor, y: torch.Tensor, alpha: float) -> torch.Tensor:
+    return _add_launch(_add_fwd_naive_kernel, NAIVE_BLOCK, NAIVE_WARPS, x, y, alpha)
 
 
 def _add_vectorized(x: torch.Tensor, y: torch.Tensor, alpha: float) -> torch.Tensor:
-    out = new_empty(x.shape, device=x.device, dtype=x.dtype)
-    n = x.numel()
-    if n == 0:
-        return out
-    _add_fwd_vectorized_kernel[(triton.cdiv(n, FLAT_BLOCK),)](
-        _flat(x), _flat(y), out.view(-1), n, alpha, BLOCK=FLAT_BLOCK, num_warps=FLAT_WARPS)
-    return out
+    return _add_launch(_add_fwd_vectorized_kernel, FLAT_BLOCK, FLAT_WARPS, x, y, alpha)
 
 
 # ----------------------------------------------------------------------------------------------
