@@ -156,8 +156,12 @@ def per_element_flops(fwd: float, bwd: float):
 
 
 def reduce_bytes(case: Case, mode: str, s: int) -> int:
+    """Forward reads x and writes one value a row. The backward (amax: the gradient split among
+    the row's maxima) reads x and the row's dy and writes dx."""
     m, n = _mn(case)
-    return m * n * s + m * s
+    fwd = m * n * s + m * s
+    bwd = 2 * m * n * s + m * s
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[mode]
 
 
 def _row_x(case, dtype, device):
@@ -340,8 +344,7 @@ _register(Workload(
     cases=row_cases, check_cases=row_check_cases, make=_row_x, grad_args=(0,),
     ours_fn=_one("amax", lambda f: lambda x: f(x, -1)),
     eager=lambda x: torch.amax(x, -1),
-    bytes_fn=reduce_bytes, flops_fn=per_element_flops(1, 0),
-    modes=("fwd",), notes="timed forward only",
+    bytes_fn=reduce_bytes, flops_fn=per_element_flops(1, 2),
 ))
 _register(Workload(
     name="softmax", module="warpforge.ops.softmax",
