@@ -1,22 +1,9 @@
 """Device probe: host cost of the autograd engine around a Python backward (per call, us)."""
-import time
-
 import torch
 
 import warpforge as wf
+from warpforge.bench.timing import host_us
 from warpforge.ops import softmax as S
-
-
-def us(fn, n=2000):
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    r = (time.perf_counter() - t) / n * 1e6
-    torch.cuda.synchronize()
-    return r
 
 
 class Trivial(torch.autograd.Function):
@@ -57,4 +44,4 @@ rows = {
     "Ours fwd only": lambda: Ours.apply(xg),
 }
 for k, f in rows.items():
-    print(f"{k:<40} {us(f):8.1f} us", flush=True)
+    print(f"{k:<40} {host_us(f, calls=2000, warmup=50, include_device=False):8.1f} us", flush=True)

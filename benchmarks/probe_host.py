@@ -6,27 +6,14 @@ import cProfile
 import io
 import os
 import pstats
-import time
 
 import torch
-import triton
 
 import warpforge as wf
+from warpforge.bench.timing import host_us
 from warpforge.ops import softmax as S
 
 OUT = os.environ.get("OUT", ".")
-
-
-def per_call_us(fn, n=2000):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    dt = (time.perf_counter() - t) / n * 1e6
-    torch.cuda.synchronize()
-    return dt
 
 
 x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
@@ -48,7 +35,7 @@ rows = {
     "wf.add (no grad)": lambda: wf.add(x, x),
     "wf.swiglu (no grad)": lambda: wf.swiglu(x, x),
 }
-res = {k: per_call_us(f) for k, f in rows.items()}
+res = {k: host_us(f, calls=2000, warmup=20, include_device=False) for k, f in rows.items()}
 pr = cProfile.Profile()
 pr.enable()
 for _ in range(300):

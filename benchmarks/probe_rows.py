@@ -7,7 +7,6 @@ torch eager and torch.compile, so heuristics.py can be tuned in one device call.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import sys

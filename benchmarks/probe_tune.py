@@ -8,13 +8,13 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import time
 
 import torch
 import triton
 import triton.testing
 
 import warpforge as wf
+from warpforge.bench.timing import host_us
 from warpforge.ops import norms as N, rope as R
 from warpforge.runtime import heuristics as H
 
@@ -25,16 +25,6 @@ rows = []
 
 def ms(fn):
     return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
-
-
-def host_us(fn, n=50):
-    fn(); torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    cpu = (time.perf_counter() - t) / n * 1e6
-    torch.cuda.synchronize()
-    return cpu
 
 
 def report(name, nbytes, t, **kw):
@@ -62,8 +52,8 @@ def fwd_bwd_study():
             tf = ms(lambda: fn(x))
             tb = ms(lambda: torch.autograd.grad(y, [xg], dy, retain_graph=True))
             tfb = ms(lambda: torch.autograd.grad(fn(xg), [xg], dy))
-            h = host_us(lambda: torch.autograd.grad(fn(xg), [xg], dy))
-            hf = host_us(lambda: fn(xg))
+            h = host_us(calls=50, include_device=False, fn=lambda: torch.autograd.grad(fn(xg), [xg], dy))
+            hf = host_us(calls=50, include_device=False, fn=lambda: fn(xg))
             report(f"{name} {impl_name} fwd/bwd/fwd+bwd", 5 * nb, tfb, fwd_ms=tf, bwd_ms=tb,
                    host_fwd_us=hf, host_fwdbwd_us=h)
     # profile ours

@@ -7,7 +7,6 @@ import zlib
 import pytest
 import torch
 
-import warpforge
 import warpforge.runtime as runtime
 
 ON_GPU = torch.cuda.is_available()

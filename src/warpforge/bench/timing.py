@@ -46,15 +46,21 @@ def device_ms(fn: Callable[[], object], cfg: TimingConfig) -> float:
     return float(triton.testing.do_bench(fn, warmup=cfg.warmup_ms, rep=cfg.rep_ms, return_mode="median"))
 
 
-def host_us(fn: Callable[[], object], calls: int = 200) -> float:
-    """Wall-clock microseconds per call of ``calls`` back-to-back calls and one synchronize."""
-    fn()
+def host_us(fn: Callable[[], object], calls: int = 200, warmup: int = 1, include_device: bool = True) -> float:
+    """Wall-clock microseconds per call of ``calls`` back-to-back calls. With ``include_device``
+    the clock stops after one final synchronize (what a loop of such calls costs end to end);
+    without, before it (the host's issue time alone, however long the GPU work takes)."""
+    for _ in range(warmup):
+        fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
+    if include_device:
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
     torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
+    return dt / calls * 1e6
 
 
 def wall_ms(fn: Callable[[], object]) -> tuple[object, float]:
