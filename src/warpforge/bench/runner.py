@@ -322,6 +322,11 @@ def _check_case(wl: Workload, case: Case, dtype: torch.dtype, device, name: str,
         r.update(kw)
         return r
 
+    def verdict(direction, outs, refs, tol, ms):
+        err = max(rel_err(o, r) for o, r in zip(outs, refs))
+        return row(direction, rel_err=err, tol=tol, ok=err <= tol, wall_ms=ms,
+                   status="ok" if err <= tol else "failed: error above tolerance")
+
     rows = []
     try:
         base = wl.make(case, dtype, device)
@@ -335,9 +340,7 @@ def _check_case(wl: Workload, case: Case, dtype: torch.dtype, device, name: str,
         outs, refs = tensors(out), tensors(ref)
         if len(outs) != len(refs):
             raise RuntimeError(f"{len(outs)} outputs, reference has {len(refs)}")
-        err = max(rel_err(o, r) for o, r in zip(outs, refs))
-        rows.append(row("fwd", rel_err=err, tol=tol, ok=err <= tol, wall_ms=ms,
-                        status="ok" if err <= tol else "failed: error above tolerance"))
+        rows.append(verdict("fwd", outs, refs, tol, ms))
     except Exception as e:  # noqa: BLE001
         rows.append(row("fwd", status=failure(e)))
         return rows
@@ -356,10 +359,7 @@ def _check_case(wl: Workload, case: Case, dtype: torch.dtype, device, name: str,
         routs = [o for o in tensors(wl.ref(*rargs))]
         rgrads = torch.autograd.grad(routs, [rargs[i] for i in wl.grad_args], [d.double() for d in dys],
                                      allow_unused=True)
-        btol = tol * BWD_TOL_SCALE
-        err = max(rel_err(g, r) for g, r in zip(grads, rgrads))
-        rows.append(row("bwd", rel_err=err, tol=btol, ok=err <= btol, wall_ms=ms,
-                        status="ok" if err <= btol else "failed: error above tolerance"))
+        rows.append(verdict("bwd", grads, rgrads, tol * BWD_TOL_SCALE, ms))
     except Exception as e:  # noqa: BLE001
         rows.append(row("bwd", status=failure(e)))
     return rows
