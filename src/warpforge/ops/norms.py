@@ -332,6 +332,30 @@ def _norm_bwd_stats_kernel(
 
 
 @triton.jit
+def _norm_bwd_finish(g, x_hat, dy, c1, c2, rstd, dx_ptrs, ds_ptrs, mask, dw_acc, db_acc, x_ptr,
+                     RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                     HAS_DSUM: tl.constexpr, LLAMA: tl.constexpr):
+    """The end of one backward step, shared by the block and split kernels: dx from the row
+    statistics (c1 = mean(g * x_hat), c2 = mean(g), already broadcast by the caller; c2 unused
+    for RMSNorm) plus the gradient of the x + residual output, stored; then this step's dw/db
+    contributions. Returns the updated (dw_acc, db_acc)."""
+    if RMS:
+        dx = (g - x_hat * c1) * rstd
+    else:
+        dx = (g - x_hat * c1 - c2) * rstd
+    if HAS_DSUM:
+        dx += tl.load(ds_ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dx_ptrs, dx.to(dx_ptrs.dtype.element_ty), mask=mask)
+    if HAS_W:
+        if LLAMA:                                       # y = round(x_hat) * w: dw sees round(x_hat)
+            x_hat = x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
+        dw_acc += dy * x_hat
+    if HAS_B:
+        db_acc += dy
+    return dw_acc, db_acc
+
+
+@triton.jit
 def _norm_bwd_split_kernel(
     dy_ptr, x_ptr, dsum_ptr,   # (M, N) incoming gradient, saved input, gradient of x + residual
     w_ptr, mean_ptr, rstd_ptr,  # (N,) weight (HAS_W); (M,) fp32 saved statistics
@@ -379,19 +403,13 @@ def _norm_bwd_split_kernel(
             publish_row_stats(stats_ptr, row, chunk, C, s1, tl.sum(g, axis=0))
         a, b_stat, valid = gather_row_stats(stats_ptr, row, C, CP)
         c1 = tl.sum(a, axis=0) / N
-        if RMS:
-            dx = (g - x_hat * c1) * rstd
-        else:
-            dx = (g - x_hat * c1 - tl.sum(b_stat, axis=0) / N) * rstd
-        if HAS_DSUM:
-            dx += tl.load(dsum_ptr + r * stride_ds + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(dx_ptr + r * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-        if HAS_W:
-            if LLAMA:                                   # y = round(x_hat) * w: dw sees round(x_hat)
-                x_hat = x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
-            dw_acc += dyf * x_hat
-        if HAS_B:
-            db_acc += dyf
+        c2 = c1                                         # RMSNorm has no mean(g) term
+        if not RMS:
+            c2 = tl.sum(b_stat, axis=0) / N
+        dw_acc, db_acc = _norm_bwd_finish(
+            g, x_hat, dyf, c1, c2, rstd,
+            dx_ptr + r * stride_dx + cols, dsum_ptr + r * stride_ds + cols, mask, dw_acc, db_acc, x_ptr,
+            RMS, HAS_W, HAS_B, HAS_DSUM, LLAMA)
     part = tl.cast(group, tl.int64) * N + cols
     if HAS_W:
         tl.store(dw_ptr + part, dw_acc, mask=mask)
@@ -455,25 +473,18 @@ def _norm_bwd_kernel(
             g = dy
         if FULL_ROW:
             c1 = tl.sum(g * x_hat, axis=1) / N
-            if not RMS:
-                c2 = tl.sum(g, axis=1) / N
         else:
             c1 = tl.load(c_ptr + rows * 2, mask=rmask, other=0.0)
-            if not RMS:
+        c2 = c1                                         # RMSNorm has no mean(g) term
+        if not RMS:
+            if FULL_ROW:
+                c2 = tl.sum(g, axis=1) / N
+            else:
                 c2 = tl.load(c_ptr + rows * 2 + 1, mask=rmask, other=0.0)
-        if RMS:
-            dx = (g - x_hat * c1[:, None]) * rstd[:, None]
-        else:
-            dx = (g - x_hat * c1[:, None] - c2[:, None]) * rstd[:, None]
-        if HAS_DSUM:
-            dx += tl.load(dsum_ptr + r * stride_ds + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        tl.store(dx_ptr + r * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
-        if HAS_W:
-            if LLAMA:                                   # y = round(x_hat) * w: dw sees round(x_hat)
-                x_hat = x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
-            dw_acc += dy * x_hat
-        if HAS_B:
-            db_acc += dy
+        dw_acc, db_acc = _norm_bwd_finish(
+            g, x_hat, dy, c1[:, None], c2[:, None], rstd[:, None],
+            dx_ptr + r * stride_dx + cols[None, :], dsum_ptr + r * stride_ds + cols[None, :], mask,
+            dw_acc, db_acc, x_ptr, RMS, HAS_W, HAS_B, HAS_DSUM, LLAMA)
     # every program writes its whole partial row (zeros if it had no rows): the buffer is complete
     part = g_id.to(tl.int64) * N + cols
     if HAS_W:
