@@ -10,8 +10,10 @@ for the program's previous row of output stores to drain, and the split path ran
 copy roof on an H200. See benchmarks/NOTES.md.) The sentinel is a NaN bit pattern that arithmetic
 never produces (the hardware's NaNs are 0x7FFFFFFF).
 
-Kernels publish, then issue the loads of their *next* row, then wait: the wait overlaps the next
-row's DRAM latency instead of idling the memory pipe.
+Kernels issue the loads of their *next* row first, then compute and publish this row's statistics
+and wait: the statistics and the wait overlap the next row's DRAM latency instead of idling the
+memory pipe (publishing first and prefetching after left the max/exp/sum critical path exposed:
+75% -> 82% of the copy roof at N = 32K once moved).
 """
 from __future__ import annotations
 
@@ -59,13 +61,6 @@ def gather_row_stats(stats_ptr, row, C, CP: tl.constexpr):
         b = tl.load(base + offs * 2 + 1, mask=valid, other=0, volatile=True)
         pending = tl.sum(((a == SENTINEL) | (b == SENTINEL)).to(tl.int32), axis=0)
     return a.to(tl.float32, bitcast=True), b.to(tl.float32, bitcast=True), valid
-
-
-@triton.jit
-def exchange_row_stats(stats_ptr, row, chunk, C, s0, s1, CP: tl.constexpr):
-    """publish_row_stats then gather_row_stats, for kernels with nothing to prefetch."""
-    publish_row_stats(stats_ptr, row, chunk, C, s0, s1)
-    return gather_row_stats(stats_ptr, row, C, CP)
 
 
 # resident programs per (kernel, constexprs, dtypes): read once from the compiled kernel
