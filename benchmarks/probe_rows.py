@@ -56,13 +56,13 @@ def main():
         if n > 16384 and not a.quick:
             variants = [(None, c, w) for c, w in ((4096, 4), (8192, 4), (8192, 8), (16384, 8))]
         for bmax, chunk, warps in variants:
-            orig = H.CHUNK, H._warps_for, H.BLOCK_MAX, H.SPLIT_WARPS
+            orig = H.CHUNK, H.warps_for, H.BLOCK_MAX, H.SPLIT_WARPS
             if chunk:
                 H.CHUNK = chunk
             if bmax:
                 H.BLOCK_MAX = bmax
             if warps:
-                H._warps_for = lambda e, w=warps: w
+                H.warps_for = lambda e, w=warps: w
                 H.SPLIT_WARPS = warps
             H.row_config.cache_clear()
             try:
@@ -72,7 +72,7 @@ def main():
                 t = bench(lambda: warpforge.softmax(x))
                 tb = bench(lambda: warpforge.ops.softmax._softmax_bwd(y, dy, False))
             finally:
-                H.CHUNK, H._warps_for, H.BLOCK_MAX, H.SPLIT_WARPS = orig
+                H.CHUNK, H.warps_for, H.BLOCK_MAX, H.SPLIT_WARPS = orig
                 H.row_config.cache_clear()
             row = dict(n=n, m=m, cfg=str(cfg), err=verr, ms=t, gbps=nbytes / t / 1e6,
                        pct=100 * nbytes / t / 1e6 / copy, eager_gbps=nbytes / t_eager / 1e6,

@@ -16,7 +16,6 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU: this machine runs kernels under the Triton interpreter")
-compile_backend = "inductor"
 
 
 @pytest.fixture(autouse=True)

@@ -40,7 +40,7 @@ import triton.language as tl
 
 from ..runtime import new_empty
 from ..runtime.checks import FLOAT_DTYPES, check_tensor, normalize_dim
-from ..runtime.heuristics import BLOCK_MAX, REDUCE_CHUNK, _warps_for, row_config
+from ..runtime.heuristics import BLOCK_MAX, REDUCE_CHUNK, warps_for, row_config
 from ..runtime.registry import Op
 from ._rows import as_rows
 
@@ -173,7 +173,7 @@ def _reduce_rows(x2: torch.Tensor, out_dtype: torch.dtype, is_max: bool) -> torc
         c = triton.cdiv(n, REDUCE_CHUNK)
         part = torch.empty((m, c), device=x2.device, dtype=torch.float32)   # every entry written
         _reduce_fwd_partial_kernel[(m * c,)](
-            x2, part, n, x2.stride(0), c, MAX=is_max, BLOCK_N=REDUCE_CHUNK, num_warps=_warps_for(REDUCE_CHUNK))
+            x2, part, n, x2.stride(0), c, MAX=is_max, BLOCK_N=REDUCE_CHUNK, num_warps=warps_for(REDUCE_CHUNK))
         return _reduce_rows(part, out_dtype, is_max)                         # fixed order: deterministic
     y = new_empty((m,), device=x2.device, dtype=out_dtype)
     cfg = row_config(n)
@@ -204,7 +204,7 @@ def _amax_bwd(x: torch.Tensor, y: torch.Tensor, dy: torch.Tensor) -> torch.Tenso
             ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     else:
         c = triton.cdiv(n, REDUCE_CHUNK)
-        warps = _warps_for(REDUCE_CHUNK)
+        warps = warps_for(REDUCE_CHUNK)
         part = torch.empty((m, c), device=x.device, dtype=torch.float32)
         _amax_bwd_count_kernel[(m * c,)](x2, y1, part, n, x2.stride(0), c, BLOCK_N=REDUCE_CHUNK, num_warps=warps)
         count = _reduce_rows(part, torch.float32, False)

@@ -41,7 +41,7 @@ class RowConfig:
     chunks: int = 1    # programs per row (split mode)
 
 
-def _warps_for(elems: int) -> int:
+def warps_for(elems: int) -> int:
     if elems <= 1024:
         return 4
     if elems <= 4096:
@@ -57,11 +57,11 @@ def row_config(n: int, split_ok: bool = True) -> RowConfig:
     block = triton.next_power_of_2(n)
     if block <= BLOCK_MAX:
         rows = max(1, min(64, ELEMS_PER_PROGRAM // block))
-        return RowConfig("block", block, rows, _warps_for(block * rows))
+        return RowConfig("block", block, rows, warps_for(block * rows))
     chunks = triton.cdiv(n, CHUNK)
     if split_ok and not interpreting() and chunks <= SPLIT_MAX_CHUNKS:
         return RowConfig("split", CHUNK, 1, SPLIT_WARPS, chunks)
-    return RowConfig("loop", CHUNK, 1, _warps_for(CHUNK))
+    return RowConfig("loop", CHUNK, 1, warps_for(CHUNK))
 
 
 def resident_programs(compiled, num_warps: int) -> int:
@@ -142,7 +142,7 @@ def tile_config(n_cols: int) -> tuple[int, int, int]:
     TILE_MAX_N columns, short rows stacked until a tile holds TILE_ELEMS elements."""
     block_n = min(triton.next_power_of_2(n_cols), TILE_MAX_N)
     block_m = max(1, TILE_ELEMS // block_n)
-    return block_m, block_n, _warps_for(block_m * block_n)
+    return block_m, block_n, warps_for(block_m * block_n)
 
 
 # Norm backward (ops/norms.py): x, dy, x_hat, g, the dw/db accumulators and the prefetched next
