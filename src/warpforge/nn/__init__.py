@@ -1,6 +1,7 @@
 """Thin ``nn.Module`` wrappers over the functional ops."""
 from .activations import GeGLU, SwiGLU, SwiGLUMLP
+from .linear import Linear
 from .norms import AddRMSNorm, LayerNorm, RMSNorm
 from .rope import RotaryEmbedding
 
-__all__ = ["LayerNorm", "RMSNorm", "AddRMSNorm", "SwiGLU", "GeGLU", "SwiGLUMLP", "RotaryEmbedding"]
+__all__ = ["Linear", "LayerNorm", "RMSNorm", "AddRMSNorm", "SwiGLU", "GeGLU", "SwiGLUMLP", "RotaryEmbedding"]

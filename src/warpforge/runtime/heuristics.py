@@ -188,3 +188,97 @@ def grad_grid(m: int, rows: int, col_tiles: int) -> tuple[int, int]:
     groups = max(1, min(triton.cdiv(m, rows), target // col_tiles))
     per = triton.cdiv(triton.cdiv(m, groups), rows) * rows
     return triton.cdiv(m, per), per
+
+
+# ----------------------------------------------------------------------------------------------
+# Matrix multiply (ops/matmul.py). A config is a tile (BLOCK_M x BLOCK_N, K in BLOCK_K steps), the
+# L2 grouping (GROUP_M rows of tiles launched together), the pipeline depth (num_stages shared-
+# memory buffers of A and B in flight), warps, and SPLIT_K (programs sharing one tile's K range).
+#
+# Why these defaults (H100/H200, 16-bit inputs, fp32 accumulators):
+# - A 128 x 256 tile with BLOCK_K 64 does 2*128*256*64 = 4.2 MFLOP per 48 KB of operands loaded:
+#   ~87 FLOP per byte of shared memory traffic, and its 128 KB of fp32 accumulators are spread
+#   over 8 warps (two warpgroups, 128 registers each). Three stages are 3 x 48 KB = 144 KB of
+#   shared memory, under the 227 KB an SM offers.
+# - Small M (decode, M <= 64): the tensor cores idle; the weight stream is the cost. A GEMV-like
+#   problem has few output tiles (N / BLOCK_N), often fewer than the 132 SMs, so SPLIT_K programs
+#   share a tile's K range until the grid covers the chip about twice, each streaming BLOCK_K-deep
+#   slices of the weight with several stages in flight.
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class MatmulConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_stages: int = 3
+    num_warps: int = 8
+    split_k: int = 1
+    warp_specialize: bool = False   # persistent kernel only: producer/consumer warp partitions
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+MATMUL_NAIVE = MatmulConfig(64, 64, 32, group_m=1, num_stages=1, num_warps=4)
+
+
+def matmul_split_k(m: int, n: int, k: int, cfg: MatmulConfig, programs_per_sm: int = 2) -> int:
+    """SPLIT_K so that a short, wide-K problem puts ~``programs_per_sm`` programs on every SM,
+    each program keeping at least 4 K-steps (so its pipeline fills)."""
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    k_steps = triton.cdiv(k, cfg.block_k)
+    want = triton.cdiv(programs_per_sm * sm_count(), tiles)
+    return max(1, min(want, k_steps // 4, 16))
+
+
+@functools.lru_cache(maxsize=4096)
+def matmul_config(m: int, n: int, k: int, elem_bytes: int, variant: str) -> MatmulConfig:
+    """The untuned default of one variant for an (m, n, k) problem: sound on Hopper, and what the
+    first call uses before (or without) autotuning."""
+    if variant == "naive":
+        return MATMUL_NAIVE
+    if variant == "pipelined":      # the same tiles as naive, now double-buffered... and bigger
+        return MatmulConfig(128, 128, 64, group_m=1, num_stages=4, num_warps=8)
+    wide = elem_bytes == 4
+    if m <= 64:
+        cfg = MatmulConfig(64 if m > 16 else 16, 64, 256 if not wide else 64, group_m=1, num_stages=4, num_warps=4)
+        if variant in ("splitk", "auto"):
+            cfg = dataclasses.replace(cfg, split_k=matmul_split_k(m, n, k, cfg))
+        return cfg
+    if wide:
+        return MatmulConfig(128, 128, 32, num_stages=3, num_warps=8)
+    if m <= 256:
+        cfg = MatmulConfig(128, 64, 64, num_stages=4, num_warps=4)
+        if variant in ("splitk", "auto"):
+            cfg = dataclasses.replace(cfg, split_k=matmul_split_k(m, n, k, cfg, programs_per_sm=1))
+        return cfg
+    if variant == "grouped":
+        return MatmulConfig(128, 128, 64, num_stages=4, num_warps=8)
+    return MatmulConfig(128, 256, 64, num_stages=3, num_warps=8)
+
+
+def matmul_candidates(m: int, n: int, k: int, elem_bytes: int, variant: str) -> list[MatmulConfig]:
+    """What the autotuner tries for one variant (the default first)."""
+    base = matmul_config(m, n, k, elem_bytes, variant)
+    out = [base]
+    if elem_bytes == 4:
+        tiles = [(128, 128, 32, 3, 8), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (128, 256, 32, 3, 8)]
+    elif m <= 64:
+        bm = 16 if m <= 16 else 64
+        tiles = [(bm, 64, 128, 4, 4), (bm, 64, 256, 4, 4), (bm, 128, 128, 4, 4), (bm, 32, 256, 4, 4),
+                 (bm, 128, 256, 3, 8), (bm, 64, 512, 3, 4)]
+    elif m <= 256:
+        tiles = [(128, 64, 64, 4, 4), (128, 128, 64, 4, 8), (64, 128, 64, 4, 4), (128, 64, 128, 3, 4),
+                 (64, 64, 128, 4, 4)]
+    else:
+        tiles = [(128, 256, 64, 3, 8), (128, 256, 64, 4, 8), (256, 128, 64, 3, 8), (128, 128, 64, 4, 8),
+                 (128, 128, 64, 5, 4), (128, 128, 128, 3, 8)]
+    splitting = variant in ("splitk", "auto") and (m <= 256)
+    for bm, bn, bk, st, w in tiles:
+        cfg = MatmulConfig(bm, bn, bk, group_m=8 if m > 256 else 1, num_stages=st, num_warps=w)
+        if splitting:
+            cfg = dataclasses.replace(cfg, split_k=matmul_split_k(m, n, k, cfg, 2 if m <= 64 else 1))
+        if cfg not in out:
+            out.append(cfg)
+    return out

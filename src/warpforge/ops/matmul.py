@@ -1,0 +1,683 @@
+"""Matrix multiply and the linear layer: ``C = A @ B`` with fp32 accumulation, a fused epilogue, and
+a ladder of named variants from the textbook tile to a persistent TMA kernel.
+
+    matmul(a, b)                     C[m, n] = sum_k A[m, k] B[k, n]            (2-D or batched)
+    linear(x, W, bias, act, res)     y = act(x @ W^T + bias) + res              (one kernel)
+    backward of linear               dz = dy * act'(z);  dx = dz @ W;  dW = dz^T @ x;  db = sum_m dz
+
+FLOP model: 2*M*N*K. Byte model (s = bytes per element): read A and B once, write C once,
+(M*K + K*N + M*N)*s. At 4096^3 in bf16 that is 137 GFLOP over 100 MB: ~1,370 FLOP per byte, far
+past the ~206 FLOP/B where an H200 turns compute-bound (990 TFLOP/s dense bf16 / 4.8 TB/s), so the
+roof is the tensor cores and the bar is cuBLAS (~690-790 TFLOP/s at 8192^3 on the lent H200).
+At M = 16 (decode) the same layer is 2*16*N*K FLOPs over a K*N weight read once: ~16 FLOP/B,
+memory-bound: the roof is then the copy bandwidth, and the whole game is streaming the weight.
+
+The ladder (``variant=``), each rung one idea, each measured in ``warpforge bench matmul``:
+
+``naive``       one program per 64 x 64 output tile, row-major launch order, a K loop of 32-deep
+                slices with no overlap: load, wait ~1 us for memory, multiply, repeat. The tensor
+                cores wait on every load.
+``pipelined``   the same loop with ``num_stages=4``: Triton keeps the next three K-slices' loads
+                in flight (asynchronous copies into a ring of shared-memory buffers) while the
+                current one is multiplied, and the tile grows to 128 x 128 x 64 (8 warps, two
+                warpgroups of ``wgmma`` on Hopper): 4x the FLOPs per byte loaded.
+``grouped``     launch order for L2 reuse: consecutive programs walk GROUP_M = 8 tile-rows
+                down a column of tiles before moving right, so the A rows and B columns a wave of
+                132 programs needs are ~8x fewer distinct bytes and stay in the 50 MB L2.
+``autotuned``   the grouped kernel with its tile, stages and warps searched per shape bucket on
+                the device and cached on disk (``runtime/tuning.py``).
+``persistent``  one program per SM looping over tiles (no launch tail, no per-tile prologue),
+                operands fetched by the Hopper tensor-memory accelerator (TMA): one thread issues
+                a bulk copy of a whole [BLOCK, BLOCK_K] box described by a tensor descriptor, the
+                hardware computes addresses and zero-fills the edges, and the warps' registers stay
+                free for accumulators.
+``splitk``      for short M or long K: SPLIT_K programs share one output tile's K range, each
+                storing an fp32 partial; the last to finish (a per-tile arrival counter) sums the
+                partials in a fixed order -- deterministic -- and runs the epilogue. A 16 x 4096 x
+                4096 problem has only 64 tiles of 16 x 64 for 132 SMs; split 8 ways, 512 programs
+                stream the weight.
+``auto``        (default) the fastest correct choice for the shape: split-K for M <= 256,
+                persistent TMA where the operands allow it, grouped otherwise; tuned when tuning is
+                on (``WARPFORGE_AUTOTUNE=1``, ``warpforge bench``), heuristic otherwise.
+
+Every variant takes A and B with any strides (row- or column-major: ``x.T`` is not copied), so the
+backward's ``dz^T @ x`` and ``dz @ W`` run on the same kernels with no transposes. The TMA kernel
+needs a unit stride on one of the two dims and 16-byte aligned rows (otherwise ``auto`` takes the
+pointer kernel). Inputs fp16/bf16 (fp32 accumulation) or fp32 (TF32 tensor cores when
+``torch.backends.cuda.matmul.allow_tf32`` is set, else exact fp32 FMA).
+
+The epilogue (bias, activation, residual, output cast; for fp8, the scales) runs on the fp32
+accumulators in registers before the single store: ``linear(x, W, b, "gelu_tanh")`` writes y once,
+where eager PyTorch writes x@W^T, reads it back for the bias, and again for the GELU.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ..runtime import interpreting, new_empty, tuning
+from ..runtime.checks import check_device
+from ..runtime.device import sm_count
+from ..runtime.heuristics import MatmulConfig, matmul_candidates, matmul_config
+from ..runtime.registry import Op
+from .activations import _act, _act_and_grad
+
+VARIANTS = ("auto", "naive", "pipelined", "grouped", "autotuned", "persistent", "splitk")
+ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "silu": 2, "gelu": 3, "gelu_tanh": 4}
+MATMUL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+# ----------------------------------------------------------------------------------------------
+# References
+# ----------------------------------------------------------------------------------------------
+def _wide(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.device.type == "cpu" else torch.float32
+
+
+def matmul_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Ground truth in float64 (float32 on GPUs), cast back to ``a``'s dtype."""
+    w = _wide(a)
+    return torch.matmul(a.to(w), b.to(w)).to(a.dtype)
+
+
+def _act_reference(z: torch.Tensor, activation: str | None) -> torch.Tensor:
+    F = torch.nn.functional
+    return {None: lambda t: t, "none": lambda t: t, "relu": F.relu, "silu": F.silu,
+            "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[activation](z)
+
+
+def linear_reference(x, weight, bias=None, activation=None, residual=None) -> torch.Tensor:
+    w = _wide(x)
+    y = x.to(w) @ weight.to(w).T
+    if bias is not None:
+        y = y + bias.to(w)
+    y = _act_reference(y, activation)
+    if residual is not None:
+        y = y + residual.to(w)
+    return y.to(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _tile_coords(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    """(row, column) of output tile number ``tile``. GROUP_M = 1 is row-major order; larger
+    groups walk GROUP_M tile-rows down each column before moving right (L2 reuse)."""
+    per_group = GROUP_M * tiles_n
+    first_m = (tile // per_group) * GROUP_M
+    rows = min(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % per_group) % rows
+    pid_n = (tile % per_group) // rows
+    return pid_m, pid_n
+
+
+@triton.jit
+def _dot(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + a @ b on the tensor cores. UPCAST (the CPU interpreter only, whose dot multiplies
+    bfloat16 as raw 16-bit integers) widens the operands to fp32 first."""
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+@triton.jit
+def _matmul_epilogue(acc, offs_m, offs_n, M, N,
+                     c_ptr, s_cm, s_cn,          # output (any strides)
+                     bias_ptr,                   # (N,) or unused
+                     res_ptr, s_rm, s_rn,        # (M, N) residual or unused
+                     z_ptr,                      # (M, N) contiguous pre-activation, or unused
+                     sa_ptr, sb_ptr,             # fp8 scales: scalar, (M,) or (N,), or unused
+                     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr,
+                     STORE_Z: tl.constexpr, A_SCALE: tl.constexpr, B_SCALE: tl.constexpr):
+    """Everything after the K loop, on the fp32 accumulators, then one store."""
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    mask = mask_m[:, None] & mask_n[None, :]
+    if A_SCALE == 1:
+        acc = acc * tl.load(sa_ptr)
+    elif A_SCALE == 2:
+        acc = acc * tl.load(sa_ptr + offs_m, mask=mask_m, other=0.0)[:, None]
+    if B_SCALE == 1:
+        acc = acc * tl.load(sb_ptr)
+    elif B_SCALE == 2:
+        acc = acc * tl.load(sb_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    rows = offs_m.to(tl.int64)
+    if STORE_Z:
+        tl.store(z_ptr + rows[:, None] * N + offs_n[None, :], acc.to(z_ptr.dtype.element_ty), mask=mask)
+    if ACT == 1:
+        acc = tl.maximum(acc, 0.0)
+    elif ACT >= 2:
+        acc = _act(acc, ACT - 2)          # 0 silu, 1 gelu (erf), 2 gelu (tanh)
+    if HAS_RES:
+        acc = acc + tl.load(res_ptr + rows[:, None] * s_rm + offs_n[None, :] * s_rn, mask=mask).to(tl.float32)
+    tl.store(c_ptr + rows[:, None] * s_cm + offs_n[None, :] * s_cn, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _matmul_kernel(
+    a_ptr, b_ptr, c_ptr,            # (B, M, K), (B, K, N), (B, M, N): any strides
+    bias_ptr, res_ptr, z_ptr,       # epilogue operands (see _matmul_epilogue)
+    sa_ptr, sb_ptr,
+    ws_ptr, lock_ptr,               # split-K: fp32 partials (tiles, SPLIT_K, BLOCK_M*BLOCK_N), int32 counters (tiles,)
+    M, N, K,
+    s_ab, s_am, s_ak, s_bb, s_bk, s_bn, s_cb, s_cm, s_cn, s_rm, s_rn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr, STORE_Z: tl.constexpr,
+    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr,
+):
+    """One output tile per program (grid: tiles, SPLIT_K, batch); pointer loads with any strides,
+    pipelined by ``num_stages`` at launch. Naive, pipelined, grouped, autotuned and split-K are
+    all this kernel under different configurations."""
+    tile = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    batch = tl.cast(tl.program_id(2), tl.int64)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+
+    k_steps = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_steps, SPLIT_K)
+    k_lo = pid_k * per_split
+    k_hi = min(k_lo + per_split, k_steps)
+    a_ptrs = (a_ptr + batch * s_ab + offs_m.to(tl.int64)[:, None] * s_am
+              + (k_lo * BLOCK_K + offs_k)[None, :] * s_ak)
+    b_ptrs = (b_ptr + batch * s_bb + (k_lo * BLOCK_K + offs_k)[:, None] * s_bk
+              + offs_n.to(tl.int64)[None, :] * s_bn)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for ks in range(k_lo, k_hi):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
+            b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
+        else:
+            k_left = K - ks * BLOCK_K
+            a = tl.load(a_ptrs, mask=mask_m[:, None] & (offs_k[None, :] < k_left), other=0.0)
+            b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n[None, :], other=0.0)
+        acc = _dot(a, b, acc, PRECISION, UPCAST)
+        a_ptrs += BLOCK_K * s_ak
+        b_ptrs += BLOCK_K * s_bk
+
+    c_base = c_ptr + batch * s_cb
+    if SPLIT_K == 1:
+        _matmul_epilogue(acc, offs_m, offs_n, M, N, c_base, s_cm, s_cn, bias_ptr, res_ptr, s_rm, s_rn,
+                         z_ptr, sa_ptr, sb_ptr, HAS_BIAS, ACT, HAS_RES, STORE_Z, A_SCALE, B_SCALE)
+    else:
+        # Publish this K-range's partial; the last of the SPLIT_K programs to arrive sums all of
+        # them in split order (the same bits whoever arrives last) and finishes the tile.
+        TILE: tl.constexpr = BLOCK_M * BLOCK_N
+        inner = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        tile_ws = ws_ptr + tl.cast(tile, tl.int64) * (SPLIT_K * TILE)
+        tl.store(tile_ws + pid_k * TILE + inner, acc)
+        tl.debug_barrier()      # every thread's partial is written before the arrival is released
+        arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(SPLIT_K):
+                total += tl.load(tile_ws + s * TILE + inner, cache_modifier=".cg")
+            tl.atomic_xchg(lock_ptr + tile, 0, sem="relaxed", scope="gpu")   # ready for the next call
+            _matmul_epilogue(total, offs_m, offs_n, M, N, c_base, s_cm, s_cn, bias_ptr, res_ptr, s_rm, s_rn,
+                             z_ptr, sa_ptr, sb_ptr, HAS_BIAS, ACT, HAS_RES, STORE_Z, A_SCALE, B_SCALE)
+
+
+@triton.jit
+def _matmul_tma_kernel(
+    a_desc, b_desc,                 # TMA descriptors: A as (M, K) or, if A_T, (K, M); B as (K, N) or, if B_T, (N, K)
+    c_ptr, bias_ptr, res_ptr, z_ptr, sa_ptr, sb_ptr,
+    M, N, K, s_cm, s_cn, s_rm, s_rn,
+    A_T: tl.constexpr, B_T: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr, STORE_Z: tl.constexpr,
+    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr,
+):
+    """Persistent: NUM_PROGRAMS programs (one per SM) take tiles tile, tile + NUM_PROGRAMS, ...
+    in grouped order; operands arrive by TMA bulk copies (zero-filled past the edges, so no
+    masks), pipelined ``num_stages`` deep. The tile and K loops are flattened into one software
+    pipeline so the next tile's first loads overlap this tile's epilogue."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    k_steps = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_PROGRAMS, flatten=True,
+                         warp_specialize=WARP_SPECIALIZE):
+        pid_m, pid_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+        om = pid_m * BLOCK_M
+        on = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ks in range(k_steps):
+            ok = ks * BLOCK_K
+            if A_T:
+                a = a_desc.load([ok, om]).T
+            else:
+                a = a_desc.load([om, ok])
+            if B_T:
+                b = b_desc.load([on, ok]).T
+            else:
+                b = b_desc.load([ok, on])
+            acc = _dot(a, b, acc, PRECISION, UPCAST)
+        offs_m = om + tl.arange(0, BLOCK_M)
+        offs_n = on + tl.arange(0, BLOCK_N)
+        _matmul_epilogue(acc, offs_m, offs_n, M, N, c_ptr, s_cm, s_cn, bias_ptr, res_ptr, s_rm, s_rn,
+                         z_ptr, sa_ptr, sb_ptr, HAS_BIAS, ACT, HAS_RES, STORE_Z, A_SCALE, B_SCALE)
+
+
+@triton.jit
+def _act_bwd_kernel(
+    dy_ptr, z_ptr, dz_ptr,          # (n,) contiguous incoming gradient, saved pre-activation, output
+    n, ACT: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """dz = dy * act'(z), elementwise (the linear layer's activation backward)."""
+    offs = tl.cast(tl.program_id(0), tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    dy = tl.load(dy_ptr + offs, mask=mask).to(tl.float32)
+    z = tl.load(z_ptr + offs, mask=mask).to(tl.float32)
+    if ACT == 1:
+        d = tl.where(z > 0.0, 1.0, 0.0)
+    else:
+        _, d = _act_and_grad(z, ACT - 2)
+    tl.store(dz_ptr + offs, (dy * d).to(dz_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+_LOCKS: dict[tuple, torch.Tensor] = {}
+
+
+def _split_locks(device: torch.device, tiles: int) -> torch.Tensor:
+    """Zeroed arrival counters for split-K, one per output tile, kept per (device, stream): the
+    kernel resets each counter after use, so a buffer is reused without a memset launch."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream)
+    buf = _LOCKS.get(key)
+    if buf is None or buf.numel() < tiles:
+        buf = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+        _LOCKS[key] = buf
+    return buf
+
+
+def _precision(dtype: torch.dtype) -> str:
+    if dtype == torch.float32:
+        return "tf32" if torch.backends.cuda.matmul.allow_tf32 and not interpreting() else "ieee"
+    return "tf32"   # ignored for 16-bit and fp8 operands
+
+
+def _upcast(dtype: torch.dtype) -> bool:
+    return interpreting() and dtype == torch.bfloat16
+
+
+def _tma_view(t: torch.Tensor, rows: int, cols: int):
+    """How TMA can read a 2-D operand stored as (rows, cols): ``(transposed, shape, strides)`` of a
+    row-major description, or None when neither dim has unit stride or rows are not 16-byte aligned."""
+    es = t.element_size()
+    if t.data_ptr() % 16:
+        return None
+    s0, s1 = t.stride()
+    if s1 == 1 and (s0 * es) % 16 == 0 and (cols * es) >= 16:
+        return False, [rows, cols], [s0, 1]
+    if s0 == 1 and (s1 * es) % 16 == 0 and (rows * es) >= 16:
+        return True, [cols, rows], [s1, 1]
+    return None
+
+
+def _tma_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dim() != 2 or b.dim() != 2:
+        return False
+    if not interpreting():
+        if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device)[0] < 9:
+            return False
+    return _tma_view(a, *a.shape) is not None and _tma_view(b, *b.shape) is not None
+
+
+class _Epilogue:
+    """Epilogue operands of one launch (absent ones point at the output and are never read)."""
+
+    def __init__(self, out, bias=None, residual=None, z=None, act=0, a_scale=None, b_scale=None):
+        self.bias, self.res, self.z = bias, residual, z
+        self.act = act
+        self.a_scale, self.b_scale = a_scale, b_scale
+
+    def pointers(self, out):
+        return (out if self.bias is None else self.bias, out if self.res is None else self.res,
+                out if self.z is None else self.z,
+                out if self.a_scale is None else self.a_scale, out if self.b_scale is None else self.b_scale)
+
+    def strides(self):
+        return (0, 0) if self.res is None else (self.res.stride(0), self.res.stride(1))
+
+    @staticmethod
+    def _scale_mode(s):
+        return 0 if s is None else (1 if s.numel() == 1 else 2)
+
+    def flags(self):
+        return dict(HAS_BIAS=self.bias is not None, ACT=self.act, HAS_RES=self.res is not None,
+                    STORE_Z=self.z is not None, A_SCALE=self._scale_mode(self.a_scale),
+                    B_SCALE=self._scale_mode(self.b_scale))
+
+
+def _batched(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(3-D view, batch stride): a 2-D operand is a batch of one."""
+    return (t, t.stride(0)) if t.dim() == 3 else (t.unsqueeze(0), 0)
+
+
+def _launch_tiled(a, b, out, ep: _Epilogue, cfg: MatmulConfig) -> None:
+    a3, s_ab = _batched(a)
+    b3, s_bb = _batched(b)
+    c3, s_cb = _batched(out)
+    batch, m, k = a3.shape
+    n = b3.shape[-1]
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    split = cfg.split_k if batch == 1 else 1
+    if split > 1:
+        ws = torch.empty(tiles * split * cfg.block_m * cfg.block_n, dtype=torch.float32, device=out.device)
+        locks = _split_locks(out.device, tiles)
+    else:
+        ws = locks = out
+    bias, res, z, sa, sb = ep.pointers(out)
+    _matmul_kernel[(tiles, split, batch)](
+        a3, b3, c3, bias, res, z, sa, sb, ws, locks,
+        m, n, k,
+        s_ab, a3.stride(1), a3.stride(2), s_bb, b3.stride(1), b3.stride(2),
+        s_cb, c3.stride(1), c3.stride(2), *ep.strides(),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        SPLIT_K=split, EVEN_K=(k % cfg.block_k == 0), PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype), **ep.flags(),
+        num_stages=cfg.num_stages, num_warps=cfg.num_warps)
+
+
+def _launch_tma(a, b, out, ep: _Epilogue, cfg: MatmulConfig) -> None:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    m, k = a.shape
+    n = b.shape[1]
+    a_t, a_shape, a_strides = _tma_view(a, m, k)
+    b_t, b_shape, b_strides = _tma_view(b, k, n)
+    a_desc = TensorDescriptor(a, a_shape, a_strides, [cfg.block_k, cfg.block_m] if a_t else [cfg.block_m, cfg.block_k])
+    b_desc = TensorDescriptor(b, b_shape, b_strides, [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n])
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    programs = min(tiles, sm_count())
+    bias, res, z, sa, sb = ep.pointers(out)
+    _matmul_tma_kernel[(programs,)](
+        a_desc, b_desc, out, bias, res, z, sa, sb,
+        m, n, k, out.stride(0), out.stride(1), *ep.strides(),
+        A_T=a_t, B_T=b_t, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, WARP_SPECIALIZE=cfg.warp_specialize,
+        PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype), **ep.flags(),
+        num_stages=cfg.num_stages, num_warps=cfg.num_warps)
+
+
+def _layout(t: torch.Tensor) -> str:
+    return "t" if t.stride(-1) != 1 and t.stride(-2) == 1 else "n"
+
+
+def _resolve(a, b, variant: str) -> tuple[str, bool]:
+    """(kernel variant, tune?) for ``variant`` on these operands."""
+    m = a.shape[-2]
+    if variant == "auto":
+        if m <= 256 and a.dim() == 2:
+            return "splitk", tuning.enabled()
+        return ("persistent" if _tma_ok(a, b) else "grouped"), tuning.enabled()
+    if variant == "persistent" and not _tma_ok(a, b):
+        return "grouped", False       # documented: TMA needs a unit-stride dim and aligned rows
+    return variant, variant == "autotuned" or (tuning.enabled() and variant in ("persistent", "splitk"))
+
+
+def _run(a, b, out, ep: _Epilogue, variant: str) -> None:
+    """Pick the kernel and its configuration (tuned, cached, or the heuristic default) and launch."""
+    kind, tune = _resolve(a, b, variant)
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    launch = _launch_tma if kind == "persistent" else _launch_tiled
+    cand_kind = "grouped" if kind == "autotuned" else kind
+    key = (f"matmul|{cand_kind}|{str(a.dtype)[6:]}|a{_layout(a)}b{_layout(b)}|"
+           f"{tuning.bucket(m)}x{tuning.bucket(n)}x{tuning.bucket(k)}")
+    cached = None if interpreting() else tuning.lookup(key)
+    if cached is not None:
+        cfg = MatmulConfig(**cached)
+    elif tune and not interpreting():
+        cands = matmul_candidates(m, n, k, a.element_size(), cand_kind)
+        cfg, _ = tuning.search(cands, lambda c: launch(a, b, out, ep, c))
+        tuning.store(key, cfg.as_dict())
+    else:
+        cfg = matmul_config(m, n, k, a.element_size(), cand_kind)
+    launch(a, b, out, ep, cfg)
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor, *, variant: str = "auto", bias=None, residual=None,
+        activation: int = 0, store_z: bool = False, out_dtype: torch.dtype | None = None,
+        a_scale=None, b_scale=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """C = epilogue(A @ B) for 2-D or 3-D (batched) A, B; returns (C, pre-activation or None)."""
+    *batch, m, k = a.shape
+    n = b.shape[-1]
+    dtype = out_dtype or a.dtype
+    out = new_empty((*batch, m, n), device=a.device, dtype=dtype)
+    z = new_empty((m, n), device=a.device, dtype=dtype) if store_z else None
+    if out.numel() == 0:
+        return out, z
+    if k == 0:
+        out.zero_()
+        # an empty sum, then the epilogue: only bias/activation/residual remain
+        y = out.float()
+        if bias is not None:
+            y = y + bias.float()
+        if z is not None:
+            z.copy_(y)
+        y = _act_reference(y, {v: kk for kk, v in ACTIVATIONS.items() if kk}.get(activation))
+        if residual is not None:
+            y = y + residual.float()
+        return out.copy_(y), z
+    _run(a, b, out, _Epilogue(out, bias, residual, z, activation, a_scale, b_scale), variant)
+    return out, z
+
+
+def _act_backward(dy: torch.Tensor, z: torch.Tensor, act: int) -> torch.Tensor:
+    dy = dy.contiguous()
+    dz = new_empty(z.shape, device=z.device, dtype=z.dtype)
+    n = z.numel()
+    if n:
+        block = 1024
+        _act_bwd_kernel[(triton.cdiv(n, block),)](dy, z, dz, n, ACT=act, BLOCK=block, num_warps=4)
+    return dz
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch operators
+# ----------------------------------------------------------------------------------------------
+def _matmul_impl(a: torch.Tensor, b: torch.Tensor, variant: str) -> torch.Tensor:
+    return _mm(a, b, variant=variant)[0]
+
+
+def _matmul_fake(a, b, variant):
+    return a.new_empty((*a.shape[:-1], b.shape[-1]))
+
+
+def _matmul_setup(ctx, inputs, output):
+    a, b, ctx.variant = inputs
+    ctx.save_for_backward(a, b)
+
+
+def _matmul_backward(ctx, dc):
+    a, b = ctx.saved_tensors
+    da = matmul_op(dc, b.mT, "auto") if ctx.needs_input_grad[0] else None
+    db = matmul_op(a.mT, dc, "auto") if ctx.needs_input_grad[1] else None
+    return da, db, None
+
+
+matmul_op = Op("matmul", _matmul_impl, _matmul_fake, backward=_matmul_backward, setup_context=_matmul_setup)
+
+
+def _linear_impl(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                 residual: Optional[torch.Tensor], activation: int, save_preact: bool,
+                 variant: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, z): y = act(x @ W^T + bias) + residual; z the pre-activation when ``save_preact``
+    (for the backward of a non-linear activation), else an empty tensor."""
+    y, z = _mm(x, weight.T, variant=variant, bias=bias, residual=residual, activation=activation,
+               store_z=save_preact and activation != 0)
+    return y, (x.new_empty((0,)) if z is None else z)
+
+
+def _linear_fake(x, weight, bias, residual, activation, save_preact, variant):
+    m, n = x.shape[0], weight.shape[0]
+    z = x.new_empty((m, n) if save_preact and activation != 0 else (0,))
+    return x.new_empty((m, n)), z
+
+
+def _linear_setup(ctx, inputs, output):
+    x, weight, bias, residual, act, _save, _variant = inputs
+    _y, z = output
+    ctx.mark_non_differentiable(z)
+    ctx.act = act
+    ctx.has_bias, ctx.has_res = bias is not None, residual is not None
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.save_for_backward(x, weight, z)
+
+
+def _linear_backward(ctx, dy, _dz):
+    x, weight, z = ctx.saved_tensors
+    if ctx.act != 0:
+        if z.numel() == 0 and dy.numel() != 0:
+            raise RuntimeError("warpforge.linear: the pre-activation was not saved; call linear with "
+                               "inputs that require grad (save_preact is set then)")
+        dz = act_backward_op(dy, z, ctx.act)
+    else:
+        dz = dy
+    need_x, need_w, need_b, need_r = ctx.needs_input_grad[:4]
+    dx = matmul_op(dz, weight, "auto") if need_x else None
+    dw = matmul_op(dz.T, x, "auto") if need_w else None
+    db = dz.sum(0, dtype=torch.float32).to(ctx.bias_dtype) if (ctx.has_bias and need_b) else None
+    dres = dy if (ctx.has_res and need_r) else None
+    return dx, dw, db, dres, None, None, None
+
+
+def _act_bwd_impl(dy: torch.Tensor, z: torch.Tensor, act: int) -> torch.Tensor:
+    return _act_backward(dy, z, act)
+
+
+def _act_bwd_fake(dy, z, act):
+    return z.new_empty(z.shape)
+
+
+act_backward_op = Op("linear_act_backward", _act_bwd_impl, _act_bwd_fake)
+linear_op = Op("linear", _linear_impl, _linear_fake, backward=_linear_backward, setup_context=_linear_setup)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public functions
+# ----------------------------------------------------------------------------------------------
+def _dt(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def _check_operand(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"warpforge: '{name}' must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in MATMUL_DTYPES:
+        raise TypeError(f"warpforge: '{name}' has dtype {_dt(t)}; expected float32, float16 or bfloat16")
+    check_device(name, t)
+
+
+def _check_variant(variant: str) -> None:
+    if variant not in VARIANTS:
+        raise ValueError(f"warpforge: 'variant' is {variant!r}; expected one of {', '.join(map(repr, VARIANTS))}")
+
+
+def _check_pair(a_name, a, b_name, b) -> None:
+    if a.dtype != b.dtype:
+        raise TypeError(f"warpforge: '{a_name}' is {_dt(a)} but '{b_name}' is {_dt(b)}; expected the same dtype")
+    if a.device != b.device:
+        raise RuntimeError(f"warpforge: '{a_name}' is on {a.device} but '{b_name}' is on {b.device}; "
+                           f"expected the same device")
+
+
+def matmul(input: torch.Tensor, other: torch.Tensor, *, variant: str = "auto") -> torch.Tensor:
+    """``torch.matmul(input, other)`` for operands of rank >= 2: (..., M, K) @ (..., K, N).
+
+    Batch dims broadcast as in torch. A 2-D ``other`` folds ``input``'s batch dims into M (a view
+    when they are contiguous, else a copy); otherwise batch dims beyond one are flattened (a copy
+    only when the strides do not allow a view). Any row/column-major layout is read in place.
+    ``variant`` names a rung of the ladder (module docstring); ``"auto"`` is the fastest.
+    """
+    _check_operand("input", input)
+    _check_operand("other", other)
+    _check_variant(variant)
+    if input.dim() < 2 or other.dim() < 2:
+        raise ValueError(f"warpforge: matmul needs 'input' and 'other' of rank >= 2; got shapes "
+                         f"{tuple(input.shape)} and {tuple(other.shape)} (use torch.mv / unsqueeze for vectors)")
+    _check_pair("input", input, "other", other)
+    if input.shape[-1] != other.shape[-2]:
+        raise ValueError(f"warpforge: matmul inner dimensions do not match: 'input' {tuple(input.shape)} "
+                         f"has K={input.shape[-1]} but 'other' {tuple(other.shape)} has K={other.shape[-2]}")
+    m, k = input.shape[-2:]
+    n = other.shape[-1]
+    if other.dim() == 2:
+        lead = input.shape[:-2]
+        a = input.reshape(-1, k) if input.dim() > 2 else input
+        out = matmul_op(a, other, variant)
+        return out.reshape(*lead, m, n)
+    try:
+        batch = torch.broadcast_shapes(input.shape[:-2], other.shape[:-2])
+    except RuntimeError as e:
+        raise ValueError(f"warpforge: matmul batch dimensions do not broadcast: 'input' {tuple(input.shape)}, "
+                         f"'other' {tuple(other.shape)}") from e
+    a = input.expand(*batch, m, k).reshape(-1, m, k)
+    b = other.expand(*batch, k, n).reshape(-1, k, n)
+    return matmul_op(a, b, variant).reshape(*batch, m, n)
+
+
+def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           activation: str | None = None, residual: torch.Tensor | None = None, *,
+           variant: str = "auto") -> torch.Tensor:
+    """``act(F.linear(input, weight, bias)) + residual`` in one kernel.
+
+    ``input`` (..., K), ``weight`` (N, K), ``bias`` (N,), ``residual`` (..., N) like the output.
+    ``activation``: None, "relu", "silu", "gelu" (erf) or "gelu_tanh". The leading dims of
+    ``input`` fold into one (a view when contiguous, else a copy). With a non-linear activation
+    and gradients enabled, the pre-activation is also written (one extra store) for the backward.
+    """
+    _check_operand("input", input)
+    _check_operand("weight", weight)
+    _check_variant(variant)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"warpforge: 'activation' is {activation!r}; expected one of "
+                         f"{', '.join(repr(a) for a in ACTIVATIONS)}")
+    if input.dim() < 1:
+        raise ValueError("warpforge: linear needs 'input' of rank >= 1")
+    if weight.dim() != 2:
+        raise ValueError(f"warpforge: 'weight' must be 2-D (out_features, in_features); got shape {tuple(weight.shape)}")
+    _check_pair("input", input, "weight", weight)
+    k = input.shape[-1]
+    n = weight.shape[0]
+    if weight.shape[1] != k:
+        raise ValueError(f"warpforge: linear inner dimensions do not match: 'input' {tuple(input.shape)} has "
+                         f"in_features={k} but 'weight' {tuple(weight.shape)} has {weight.shape[1]}")
+    lead = input.shape[:-1]
+    x = input.reshape(-1, k)
+    if bias is not None:
+        _check_operand("bias", bias)
+        _check_pair("bias", bias, "input", input)
+        if bias.shape != (n,):
+            raise ValueError(f"warpforge: 'bias' has shape {tuple(bias.shape)}; expected ({n},) = out_features of 'weight'")
+    res = None
+    if residual is not None:
+        _check_operand("residual", residual)
+        _check_pair("residual", residual, "input", input)
+        if residual.shape != (*lead, n):
+            raise ValueError(f"warpforge: 'residual' has shape {tuple(residual.shape)}; expected "
+                             f"{(*lead, n)}, the output's shape")
+        res = residual.reshape(-1, n)
+    act = ACTIVATIONS[activation]
+    save = act != 0 and torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (input, weight, bias))
+    y, _ = linear_op(x, weight, bias, res, act, save, variant)
+    return y.reshape(*lead, n)

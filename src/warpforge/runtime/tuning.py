@@ -1,0 +1,111 @@
+"""Autotuning with an on-disk cache: the winner of a timed search, per device and shape bucket.
+
+A kernel with a large configuration space (matrix multiply: tile, stages, warps, split) has a
+heuristic default (``heuristics.py``) that every first call uses, and can be *tuned*: each
+candidate is compiled and timed on the real operands and the fastest is kept. The winner is
+stored in ``$WARPFORGE_CACHE/tuned-<device key>-triton<version>.json`` under a key that names the
+kernel and a *bucket* of shapes (dimensions rounded up to powers of two), so that a second process
+-- or a different shape in the same bucket -- reuses it without timing anything.
+
+Tuning runs only when asked: ``WARPFORGE_AUTOTUNE=1`` in the environment, ``with tuning():`` in
+code, or a variant that is the tuner by name (``matmul(..., variant="autotuned")``).
+``warpforge bench`` turns it on, so its first warm-up call of each shape does the search; the timed
+calls that follow reuse the stored winner.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import triton
+
+from .device import cache_dir, device_info
+
+_ENABLED = [os.environ.get("WARPFORGE_AUTOTUNE", "0") == "1"]
+_LOCK = threading.Lock()
+_TABLE: dict[str, dict] | None = None
+
+
+def enabled() -> bool:
+    return _ENABLED[0]
+
+
+@contextlib.contextmanager
+def tuning(on: bool = True) -> Iterator[None]:
+    """Turn tuning on (or off) inside the block."""
+    old = _ENABLED[0]
+    _ENABLED[0] = on
+    try:
+        yield
+    finally:
+        _ENABLED[0] = old
+
+
+def bucket(x: int, lo: int = 16) -> int:
+    """``x`` rounded up to a power of two, at least ``lo``."""
+    return max(lo, triton.next_power_of_2(max(int(x), 1)))
+
+
+def cache_path() -> Path:
+    return cache_dir() / f"tuned-{device_info().key}-triton{triton.__version__}.json"
+
+
+def _table() -> dict[str, dict]:
+    global _TABLE
+    if _TABLE is None:
+        try:
+            _TABLE = json.loads(cache_path().read_text())
+        except (OSError, json.JSONDecodeError):
+            _TABLE = {}
+    return _TABLE
+
+
+def lookup(key: str) -> dict | None:
+    """The stored winner for ``key``, or None."""
+    with _LOCK:
+        return _table().get(key)
+
+
+def store(key: str, value: dict) -> None:
+    """Record a winner, in memory and on disk (written whole to a temporary file, then renamed,
+    so a concurrent reader never sees half a file)."""
+    with _LOCK:
+        table = _table()
+        table[key] = value
+        path = cache_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
+            tmp.replace(path)
+        except OSError:
+            pass   # a read-only cache directory still tunes, it just does not remember
+
+
+def forget() -> None:
+    """Drop the in-memory table (tests; the file is read again on next use)."""
+    global _TABLE
+    with _LOCK:
+        _TABLE = None
+
+
+def search(candidates: Sequence, run: Callable[[object], object], *, warmup_ms: int = 10, rep_ms: int = 40):
+    """Time ``run(candidate)`` for each candidate (median of CUDA-event timings) and return
+    ``(best, {index: ms})``. A candidate that fails to compile or launch (too much shared memory,
+    an unsupported shape) is skipped."""
+    from triton.testing import do_bench
+
+    times: dict[int, float] = {}
+    for i, cand in enumerate(candidates):
+        try:
+            times[i] = do_bench(lambda c=cand: run(c), warmup=warmup_ms, rep=rep_ms, return_mode="median")
+        except Exception:  # noqa: BLE001 -- out of resources, a compile error: not a winner
+            continue
+    if not times:
+        raise RuntimeError("warpforge: autotuning found no candidate that runs")
+    best = min(times, key=times.get)
+    return candidates[best], times
