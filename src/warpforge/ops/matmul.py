@@ -52,7 +52,6 @@ where eager PyTorch writes x@W^T, reads it back for the bias, and again for the 
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
