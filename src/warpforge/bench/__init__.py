@@ -81,11 +81,13 @@ def bench(ops: list[str] | None = None, *, modes: list[str] | None = None, dtype
     print(f"ceilings: copy {ceil['copy_gbps']:,.0f} GB/s, bf16 GEMM {ceil['bf16_tflops']:,.0f} TFLOP/s", flush=True)
     meta = metadata(quick=quick, modes=modes, dtypes=dtype_names, ceilings=ceil)
     res = runner.run_bench(wls, modes, dts, quick=quick, use_compile=use_compile, use_liger=use_liger,
-                           copy_gbps=ceil.get("copy_gbps"), progress=report.Progress("bench"))
+                           copy_gbps=ceil.get("copy_gbps"),
+                           gemm_tflops={torch.bfloat16: ceil.get("bf16_tflops"), torch.float16: ceil.get("fp16_tflops")},
+                           progress=report.Progress("bench"))
     for op in dict.fromkeys(r["op"] for r in res.rows):
         report.print_table([r for r in res.rows if r["op"] == op], report.BENCH_COLUMNS, title=op)
     report.print_table(report.summary(res.rows), report.SUMMARY_COLUMNS,
-                       title=f"summary ({report.summary_dtype(res.rows)}, headline shapes; % of copy ceiling)")
+                       title=f"summary ({report.summary_dtype(res.rows)}, headline shapes; % of the measured roof)")
     out_dir = Path(out) if out else report.default_out_dir(info.name)
     for p in report.write_results(out_dir, res.rows, meta, res.notes):
         print(f"wrote {p}")
@@ -106,7 +108,7 @@ def merge(inputs: list[str | Path], out: str | Path) -> int:
     rows = [row for i, r in enumerate(runs) for row in r["rows"] if latest[row["op"]] == i]
     notes = list(dict.fromkeys(n for r in runs for n in r.get("notes", [])))
     report.print_table(report.summary(rows), report.SUMMARY_COLUMNS,
-                       title=f"summary ({report.summary_dtype(rows)}, headline shapes; % of copy ceiling)")
+                       title=f"summary ({report.summary_dtype(rows)}, headline shapes; % of the measured roof)")
     for p in report.write_results(out, rows, meta, notes):
         print(f"wrote {p}")
     return 0

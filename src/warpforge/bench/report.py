@@ -77,13 +77,13 @@ def fmt(v, digits: int = 3) -> str:
 
 
 BENCH_COLUMNS = [("mode", "mode"), ("dtype", "dtype"), ("shape", "shape"), ("impl", "impl"), ("ms", "ms"),
-                 ("host_us", "host µs"), ("gbps", "GB/s"), ("tflops", "TFLOP/s"), ("pct_copy", "% copy"),
+                 ("host_us", "host µs"), ("gbps", "GB/s"), ("tflops", "TFLOP/s"), ("pct_copy", "% copy"), ("pct_roof", "% roof"),
                  ("ratio", "vs best peer"), ("status", "status")]
 CHECK_COLUMNS = [("op", "op"), ("dtype", "dtype"), ("shape", "shape"), ("impl", "impl"), ("direction", "dir"),
                  ("rel_err", "rel err"), ("tol", "tol"), ("ok", "pass"), ("wall_ms", "interp ms"),
                  ("status", "status")]
 SUMMARY_COLUMNS = [("op", "op"), ("mode", "mode"), ("dtype", "dtype"), ("shape", "headline shape"),
-                   ("ours_pct", "warpforge % copy"), ("best_peer", "best peer"), ("peer_pct", "peer % copy"),
+                   ("ours_pct", "warpforge % roof"), ("best_peer", "best peer"), ("peer_pct", "peer % roof"),
                    ("ratio", "ratio (peer ms / ours)"), ("geomean_ratio", "geomean ratio, large shapes")]
 
 
@@ -93,7 +93,7 @@ def _cells(row: dict, columns) -> list[str]:
         v = row.get(key)
         if key == "ratio" and isinstance(v, float):
             out.append(f"{v:.2f}x")
-        elif key == "pct_copy" or key.endswith("_pct"):
+        elif key in ("pct_copy", "pct_roof") or key.endswith("_pct"):
             out.append("-" if v is None else f"{v:.1f}")
         else:
             out.append(fmt(v))
@@ -152,9 +152,17 @@ def _ok(r: dict) -> bool:
     return r.get("status") == "ok" and r.get("ms")
 
 
+def _pct(r: dict):
+    """% of the attainable roof (memory-bound ops: the copy ceiling; GEMMs: the measured GEMM rate);
+    results written before that column existed have only % of copy."""
+    v = r.get("pct_roof")
+    return r.get("pct_copy") if v is None else v
+
+
 def summary(rows: list[dict]) -> list[dict]:
-    """Per op and mode, at the headline large shape of the summary dtype: warpforge's % of the copy
-    ceiling, the best peer's, their ratio; and the geometric mean of the ratio over all large shapes."""
+    """Per op and mode, at the headline large shape of the summary dtype: warpforge's % of the
+    roofline (copy bandwidth x intensity, capped by the measured GEMM rate), the best peer's, their
+    ratio; and the geometric mean of the ratio over all large shapes."""
     dt = summary_dtype(rows)
     out = []
     keys = list(dict.fromkeys((r["op"], r["mode"]) for r in rows if r["dtype"] == dt))
@@ -165,12 +173,12 @@ def summary(rows: list[dict]) -> list[dict]:
         entry = {"op": op, "mode": mode, "dtype": dt, "shape": head[0]["shape"] if head else None,
                  "ours_pct": None, "best_peer": None, "peer_pct": None, "ratio": None, "geomean_ratio": None}
         if ours is not None:
-            entry["ours_pct"] = ours.get("pct_copy") if _ok(ours) else None
+            entry["ours_pct"] = _pct(ours) if _ok(ours) else None
             entry["best_peer"] = ours.get("best_peer")
             entry["ratio"] = ours.get("ratio")
             peer = next((r for r in head if r["impl"] == ours.get("best_peer")), None)
             if peer is not None and _ok(peer):
-                entry["peer_pct"] = peer.get("pct_copy")
+                entry["peer_pct"] = _pct(peer)
         ratios = [r["ratio"] for r in group
                   if r["impl"] == "warpforge" and not r.get("small") and _ok(r) and r.get("ratio")]
         if ratios:
@@ -193,7 +201,9 @@ def results_markdown(rows: list[dict], meta: dict, notes: list[str]) -> str:
                      f"cuBLAS bf16 GEMM {fmt(ceil.get('bf16_tflops'))} TFLOP/s, "
                      f"fp16 {fmt(ceil.get('fp16_tflops'))} TFLOP/s.")
     lines += ["", "Time: median of CUDA-event timings, L2 flushed between calls (triton.testing.do_bench). "
-              "GB/s and TFLOP/s from each op's byte and FLOP model (bench/workloads.py). "
+              "GB/s and TFLOP/s from each op's byte and FLOP model (bench/workloads.py); % roof: of the "
+              "measured roofline at the op's FLOP/byte (copy bandwidth x intensity, capped by the cuBLAS "
+              "GEMM rate of the dtype). "
               "Ratio = best peer's time / this row's time (> 1: faster than every peer). "
               "host µs (decode shapes): wall clock per call of 200 back-to-back calls and one synchronize.", ""]
     if notes:
@@ -246,7 +256,7 @@ def write_check(out_dir: str | Path, rows: list[dict], meta: dict, notes: list[s
 def roofline(rows: list[dict], meta: dict, path: str | Path) -> bool:
     """Left: log-log roofline (arithmetic intensity vs achieved TFLOP/s) with the measured copy
     slope and bf16 GEMM flat, one marker per op x implementation at its headline shape. Right: %
-    of the copy ceiling per op and mode, warpforge against the best peer. False when nothing to plot."""
+    of the roof per op and mode, warpforge against the best peer. False when nothing to plot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -303,8 +313,8 @@ def roofline(rows: list[dict], meta: dict, path: str | Path) -> bool:
     bx.axhline(100, color="black", lw=1, ls="--")
     bx.set_xticks(list(idx))
     bx.set_xticklabels(labels, fontsize=6, rotation=90)
-    bx.set_ylabel("% of measured copy bandwidth")
-    bx.set_title(f"achieved bandwidth, {dt}, headline shapes")
+    bx.set_ylabel("% of the measured roof (copy bandwidth, or GEMM rate when compute-bound)")
+    bx.set_title(f"% of roof, {dt}, headline shapes")
     bx.legend(fontsize=8)
     dev = (meta.get("device") or {}).get("name", "")
     fig.suptitle(f"warpforge bench {dev} {meta.get('date', '')}")

@@ -129,15 +129,24 @@ def _step(fn: Callable, mode: str, base: tuple, grad_args: tuple[int, ...]) -> C
     return fwd_bwd
 
 
+def attainable_tflops(flops: int, nbytes: int, copy_gbps: float | None, flat_tflops: float | None) -> float | None:
+    """The roofline's height at this op's arithmetic intensity: min(copy bandwidth x FLOP/byte,
+    the measured GEMM rate). Without a GEMM rate (fp32) only the memory roof applies."""
+    if not copy_gbps or not nbytes:
+        return None
+    mem = copy_gbps * (flops / nbytes) / 1e3
+    return min(mem, flat_tflops) if flat_tflops else mem
+
+
 def _measure(wl: Workload, case: Case, dtype: torch.dtype, mode: str, impl: Impl, base: tuple,
-             cfg: timing.TimingConfig, copy_gbps: float | None) -> dict:
+             cfg: timing.TimingConfig, copy_gbps: float | None, flat_tflops: float | None = None) -> dict:
     s = torch.empty((), dtype=dtype).element_size()
     nbytes, nflops = wl.bytes(case, mode, s), wl.flops(case, mode)
     row = {
         "op": wl.name, "mode": mode, "dtype": DTYPE_NAMES[dtype], "shape": case.label, "dims": dict(case.dims),
         "small": case.small, "headline": case.headline, "impl": impl.name, "kind": impl.kind,
         "status": "ok", "ms": None, "host_us": None, "bytes": nbytes, "flops": nflops,
-        "gbps": None, "tflops": None, "pct_copy": None, "best_peer": None, "best_peer_ms": None, "ratio": None,
+        "gbps": None, "tflops": None, "pct_copy": None, "pct_roof": None, "best_peer": None, "best_peer_ms": None, "ratio": None,
         "err_vs_eager": None,
     }
     try:
@@ -159,6 +168,8 @@ def _measure(wl: Workload, case: Case, dtype: torch.dtype, mode: str, impl: Impl
         row["tflops"] = nflops / ms / 1e9
         if copy_gbps:
             row["pct_copy"] = 100.0 * row["gbps"] / copy_gbps
+            roof = attainable_tflops(nflops, nbytes, copy_gbps, flat_tflops)
+            row["pct_roof"] = 100.0 * row["tflops"] / roof if roof else None
     except Exception as e:  # noqa: BLE001 -- any failure of one implementation is a row, not a crash
         row["status"] = failure(e)
         with contextlib.suppress(Exception):
@@ -181,9 +192,10 @@ def _fill_ratios(rows: list[dict]) -> None:
 
 def run_bench(workloads: list[Workload], modes: list[str], dtypes: list[torch.dtype], *, quick: bool = False,
               use_compile: bool = True, use_liger: bool = True, copy_gbps: float | None = None,
-              progress=None, device: str = "cuda") -> BenchResult:
-    """Time every implementation of every workload on the current CUDA device. (``device`` exists
-    for the tests, which run this on the CPU with the timers replaced.)"""
+              gemm_tflops: dict | None = None, progress=None, device: str = "cuda") -> BenchResult:
+    """Time every implementation of every workload on the current CUDA device. ``gemm_tflops``:
+    measured GEMM rate by dtype (the roofline's flat part). (``device`` exists for the tests, which
+    run this on the CPU with the timers replaced.)"""
     progress = progress or NullProgress()
     cfg = timing.TimingConfig.quick() if quick else timing.TimingConfig()
     device = torch.device(device)
@@ -237,7 +249,8 @@ def run_bench(workloads: list[Workload], modes: list[str], dtypes: list[torch.dt
                 for case in wl.cases(quick):
                     progress.advance(f"{wl.name} {DTYPE_NAMES[dtype]} {case.label}")
                     result.rows.extend(_bench_case(wl, case, dtype, device, ours, liger, wl_modes,
-                                                   use_compile and not (quick and case.small), cfg, copy_gbps))
+                                                   use_compile and not (quick and case.small), cfg, copy_gbps,
+                                                   (gemm_tflops or {}).get(dtype)))
             gc.collect()
             torch.cuda.empty_cache()
     finally:
@@ -245,7 +258,7 @@ def run_bench(workloads: list[Workload], modes: list[str], dtypes: list[torch.dt
     return result
 
 
-def _bench_case(wl, case, dtype, device, ours, liger, modes, use_compile, cfg, copy_gbps) -> list[dict]:
+def _bench_case(wl, case, dtype, device, ours, liger, modes, use_compile, cfg, copy_gbps, flat=None) -> list[dict]:
     rows: list[dict] = []
     try:
         base = wl.make(case, dtype, device)
@@ -253,7 +266,7 @@ def _bench_case(wl, case, dtype, device, ours, liger, modes, use_compile, cfg, c
         return [{"op": wl.name, "mode": m, "dtype": DTYPE_NAMES[dtype], "shape": case.label, "dims": dict(case.dims),
                  "small": case.small, "headline": case.headline, "impl": "inputs", "kind": "inputs",
                  "status": failure(e)} for m in modes]
-    impls = [Impl(name, "ours", fn) for name, fn in ours.items()]
+    impls = [Impl(name, "ours", fn) for name, fn in ours.items() if name == "warpforge" or wl.variants_on(case)]
     if case.small and "warpforge" in ours:
         impls.append(Impl("warpforge[dispatch]", "ours", ours["warpforge"], dispatch=True))
     impls.append(Impl("eager", "peer", wl.eager))
@@ -263,7 +276,7 @@ def _bench_case(wl, case, dtype, device, ours, liger, modes, use_compile, cfg, c
     if liger is not None:
         impls.append(Impl("liger", "peer", liger))
     for mode in modes:
-        group = [_measure(wl, case, dtype, mode, impl, base, cfg, copy_gbps) for impl in impls]
+        group = [_measure(wl, case, dtype, mode, impl, base, cfg, copy_gbps, flat) for impl in impls]
         _fill_ratios(group)
         rows.extend(group)
     del base, impls

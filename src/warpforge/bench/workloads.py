@@ -73,6 +73,11 @@ class Workload:
     reference: Callable | None = None  # float64 ground truth; default: ``eager`` on float64 inputs
     modes: tuple[str, ...] = MODES
     notes: str = ""
+    variant_cases: Callable[[Case], bool] | None = None   # where named variants run (default: every case)
+
+    def variants_on(self, case: Case) -> bool:
+        """Whether rows other than "warpforge" (the ladder's named variants) are timed on ``case``."""
+        return self.variant_cases is None or self.variant_cases(case)
 
     def ours(self) -> dict[str, Callable]:
         """Our implementations, by row name ("warpforge", "warpforge[naive]", ...)."""
@@ -305,6 +310,87 @@ def rope_flops(case: Case, mode: str) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
+# Matrix multiply: C (M, N) = A (M, K) @ W^T, W (N, K) row-major -- a linear layer's layout
+# ----------------------------------------------------------------------------------------------
+LLAMA_NK = ((4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096))   # q/o, gate/up, down, lm_head
+LLAMA_M = (16, 128, 4096, 16384)                                        # decode ... long prefill
+MATMUL_LADDER = ("naive", "pipelined", "grouped", "autotuned", "persistent", "splitk")
+
+
+def gemm_cases(quick: bool) -> list[Case]:
+    cubes = [Case("4096^3", {"M": 4096, "N": 4096, "K": 4096, "ladder": True}),
+             Case("8192^3", {"M": 8192, "N": 8192, "K": 8192}, headline=True)]
+    ms = (16, 4096) if quick else LLAMA_M
+    llama = [Case(f"{m}x{n}x{k}", {"M": m, "N": n, "K": k, "ladder": (m == 16 and n == k == 4096)})
+             for m in ms for n, k in LLAMA_NK]
+    return cubes + llama
+
+
+def gemm_check_cases() -> list[Case]:
+    return [Case("17x33x45", {"M": 17, "N": 33, "K": 45}), Case("1x7x70", {"M": 1, "N": 7, "K": 70})]
+
+
+def _gemm_make(case, dtype, device):
+    d = case.dims
+    return randn((d["M"], d["K"]), dtype, device), randn((d["N"], d["K"]), dtype, device)
+
+
+def gemm_flops(case: Case, mode: str) -> int:
+    d = case.dims
+    f = 2 * d["M"] * d["N"] * d["K"]
+    return _by_mode(f, 2 * f)(mode)
+
+
+def gemm_bytes(case: Case, mode: str, s: int) -> int:
+    """fwd: read A and W, write C. bwd: read dC, W and A; write dA and dW."""
+    m, n, k = case.dims["M"], case.dims["N"], case.dims["K"]
+    return _by_mode((m * k + n * k + m * n) * s, (2 * m * k + 2 * n * k + m * n) * s)(mode)
+
+
+def linear_act_cases(quick: bool) -> list[Case]:
+    """GPT-2/BERT-size MLPs (K = 768, 1024: the elementwise passes eager adds are a large share)
+    and a Llama-size one."""
+    shapes = [(8192, 3072, 768), (8192, 4096, 1024), (4096, 14336, 4096)]
+    if quick:
+        shapes = shapes[:1]
+    return [Case(f"{m}x{n}x{k}", {"M": m, "N": n, "K": k}, headline=(i == 0)) for i, (m, n, k) in enumerate(shapes)]
+
+
+def _linear_make(case, dtype, device):
+    d = case.dims
+    return (randn((d["M"], d["K"]), dtype, device), randn((d["N"], d["K"]), dtype, device, scale=d["K"] ** -0.5),
+            randn((d["N"],), dtype, device))
+
+
+def linear_act_bytes(case: Case, mode: str, s: int) -> int:
+    m, n, k = case.dims["M"], case.dims["N"], case.dims["K"]
+    return (m * k + n * k + n + m * n) * s
+
+
+FP8_MAX = 448.0   # largest finite float8_e4m3fn
+
+
+def _fp8_make(case, dtype, device):
+    """Per-tensor-scaled e4m3 operands made from bf16 ones (and the bf16 ones, for our bf16 row)."""
+    a, w = _gemm_make(case, torch.bfloat16, device)
+    sa = (a.abs().amax().float() / FP8_MAX).reshape(())
+    sw = (w.abs().amax().float() / FP8_MAX).reshape(())
+    a8 = (a.float() / sa).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    w8 = (w.float() / sw).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return a8, w8, sa, sw, a, w
+
+
+def _fp8_reference(a8, w8, sa, sw, a, w):
+    return ((a8.double() * sa) @ (w8.double() * sw).T).to(torch.bfloat16)
+
+
+def fp8_cases(quick: bool) -> list[Case]:
+    shapes = [(8192, 8192, 8192), (4096, 4096, 4096), (4096, 14336, 4096), (16384, 4096, 14336)]
+    return [Case(f"{m}x{n}x{k}", {"M": m, "N": n, "K": k}, headline=(i == 0))
+            for i, (m, n, k) in enumerate(shapes[:2] if quick else shapes)]
+
+
+# ----------------------------------------------------------------------------------------------
 # The registry
 # ----------------------------------------------------------------------------------------------
 def _one(fname: str, call: Callable[[Callable], Callable]):
@@ -415,6 +501,46 @@ _register(Workload(
     eager=_eager_rope,
     liger=("liger_kernel.ops.rope", "LigerRopeFunction", _liger_rope),
     bytes_fn=rope_bytes, flops_fn=rope_flops,
+))
+
+
+_register(Workload(
+    name="matmul", module="warpforge.ops.matmul",
+    cases=gemm_cases, check_cases=gemm_check_cases, make=_gemm_make, grad_args=(0, 1),
+    ours_fn=lambda get: {
+        "warpforge": (lambda f: lambda a, w: f(a, w.T))(get("matmul")),
+        **{f"warpforge[{v}]": (lambda f, v: lambda a, w: f(a, w.T, variant=v))(get("matmul"), v)
+           for v in MATMUL_LADDER},
+    },
+    eager=lambda a, w: torch.matmul(a, w.T),
+    bytes_fn=gemm_bytes, flops_fn=gemm_flops, modes=("fwd", "bwd"),
+    variant_cases=lambda c: c.dims.get("ladder", False),
+    notes="A (M, K) @ W^T with W (N, K) row-major, a linear layer's layout; bwd = dA and dW; "
+          "the named variants (the ladder) run on 4096^3 and 16x4096x4096 only",
+))
+_register(Workload(
+    name="linear_gelu", module="warpforge.ops.matmul",
+    cases=linear_act_cases, check_cases=gemm_check_cases, make=_linear_make, grad_args=(0, 1, 2),
+    ours_fn=_one("linear", lambda f: lambda x, w, b: f(x, w, b, "gelu_tanh")),
+    eager=lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"),
+    bytes_fn=linear_act_bytes, flops_fn=lambda c, m: 2 * c.dims["M"] * c.dims["N"] * c.dims["K"],
+    modes=("fwd",), notes="gelu(x @ W^T + b): timed forward (the fused-epilogue bar)",
+))
+_register(Workload(
+    name="fp8_matmul", module="warpforge.ops.fp8",
+    cases=fp8_cases, check_cases=gemm_check_cases, make=_fp8_make, grad_args=(),
+    ours_fn=lambda get: {
+        "warpforge": (lambda f: lambda a8, w8, sa, sw, a, w: f(a8, w8.T, sa, sw, out_dtype=torch.bfloat16))(
+            get("scaled_matmul")),
+        "warpforge[bf16]": (lambda f: lambda a8, w8, sa, sw, a, w: f(a, w.T))(get("matmul")),
+    },
+    eager=lambda a8, w8, sa, sw, a, w: torch._scaled_mm(a8, w8.T, scale_a=sa, scale_b=sw, out_dtype=torch.bfloat16),
+    reference=_fp8_reference,
+    bytes_fn=lambda c, m, s: (c.dims["M"] * c.dims["K"] + c.dims["N"] * c.dims["K"]) + 2 * c.dims["M"] * c.dims["N"],
+    flops_fn=lambda c, m: 2 * c.dims["M"] * c.dims["N"] * c.dims["K"],
+    modes=("fwd",),
+    notes="e4m3 operands with per-tensor scales, bf16 out; eager = torch._scaled_mm (cuBLASLt fp8); "
+          "warpforge[bf16] is our bf16 matmul on the same problem; % roof is against the bf16 GEMM rate",
 ))
 
 

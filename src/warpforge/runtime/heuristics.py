@@ -235,7 +235,15 @@ def matmul_split_k(m: int, n: int, k: int, cfg: MatmulConfig, programs_per_sm: i
 @functools.lru_cache(maxsize=4096)
 def matmul_config(m: int, n: int, k: int, elem_bytes: int, variant: str) -> MatmulConfig:
     """The untuned default of one variant for an (m, n, k) problem: sound on Hopper, and what the
-    first call uses before (or without) autotuning."""
+    first call uses before (or without) autotuning. fp8 operands take twice the K depth (the same
+    bytes per stage, and the tensor cores consume K in 32-element steps for 8-bit types)."""
+    cfg = _matmul_config(m, n, k, 2 if elem_bytes == 1 else elem_bytes, variant)
+    if elem_bytes == 1 and variant != "naive":
+        cfg = dataclasses.replace(cfg, block_k=cfg.block_k * 2)
+    return cfg
+
+
+def _matmul_config(m: int, n: int, k: int, elem_bytes: int, variant: str) -> MatmulConfig:
     if variant == "naive":
         return MATMUL_NAIVE
     if variant == "pipelined":      # the same tiles as naive, now double-buffered... and bigger
@@ -276,6 +284,8 @@ def matmul_candidates(m: int, n: int, k: int, elem_bytes: int, variant: str) -> 
                  (128, 128, 64, 5, 4), (128, 128, 128, 3, 8)]
     splitting = variant in ("splitk", "auto") and (m <= 256)
     for bm, bn, bk, st, w in tiles:
+        if elem_bytes == 1:
+            bk *= 2
         cfg = MatmulConfig(bm, bn, bk, group_m=8 if m > 256 else 1, num_stages=st, num_warps=w)
         if splitting:
             cfg = dataclasses.replace(cfg, split_k=matmul_split_k(m, n, k, cfg, 2 if m <= 64 else 1))
