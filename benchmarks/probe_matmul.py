@@ -81,10 +81,36 @@ SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096)] + [
     (m, n, k) for m in (16, 128, 4096, 16384) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096))]
 
 
-def time_shape(m, n, k, dt, kinds, ws):
+def small_sweep(m, n, k):
+    """A broad grid for short M (decode/small prefill), every split that gives 1-8 programs per SM."""
+    out = []
+    for bn, bk, st, w in itertools.product((32, 64, 128), (64, 128, 256), (3, 5), (4,)):
+        if bk * (m if m > 16 else 16) * 2 + bk * bn * 2 > 60000:
+            continue
+        tiles = -(-m // (16 if m <= 16 else 64 if m <= 64 else 128)) * -(-n // bn)
+        for sk in (1, 2, 4, 8):
+            if k // (bk * sk) < 2 or not (132 <= tiles * sk <= 1100):
+                continue
+            out.append(MatmulConfig(16 if m <= 16 else (64 if m <= 64 else 128), bn, bk, group_m=1,
+                                    num_stages=st, num_warps=w if m <= 64 else 4, split_k=sk))
+    return out
+
+
+def large_sweep():
+    out = []
+    for (bm, bn, bk), st, g, ws in itertools.product(((128, 256, 64), (256, 128, 64)), (3, 4), (4, 8, 16), (False, True)):
+        out.append(MatmulConfig(bm, bn, bk, group_m=g, num_stages=st, num_warps=8, warp_specialize=ws))
+    return out
+
+
+def time_shape(m, n, k, dt, kinds, ws, sweep=False, layout="nt"):
     a = torch.randn(m, k, device="cuda", dtype=dt)
     w = torch.randn(n, k, device="cuda", dtype=dt)
     b = w.T
+    if layout == "nn":
+        b = w.T.contiguous()
+    elif layout == "tn":
+        a = a.T.contiguous().T
     out = torch.empty(m, n, device="cuda", dtype=dt)
     ep = mm._Epilogue(out)
     t_cublas = do_bench(lambda: torch.matmul(a, b), warmup=10, rep=50, return_mode="median")
@@ -93,7 +119,9 @@ def time_shape(m, n, k, dt, kinds, ws):
     for kind in kinds:
         launch = mm._launch_tma if kind == "persistent" else mm._launch_tiled
         cands = matmul_candidates(m, n, k, a.element_size(), kind)
-        if kind == "persistent" and ws:
+        if sweep:
+            cands = small_sweep(m, n, k) if kind == "splitk" else large_sweep()
+        if kind == "persistent" and ws and not sweep:
             cands = cands + [MatmulConfig(**{**c.as_dict(), "warp_specialize": True}) for c in cands[:3]]
         best = None
         for c in cands:
@@ -119,6 +147,7 @@ def main():
     ap.add_argument("--ws", action="store_true")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--dtypes", default="bf16")
+    ap.add_argument("--sweep", default="", help="small|large: broad grids instead of the tuner's candidates")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -127,15 +156,23 @@ def main():
     rows = []
     dts = {"bf16": torch.bfloat16, "fp16": torch.float16}
     shapes = SHAPES[:4] + SHAPES[6:8] + SHAPES[10:12] if args.quick else SHAPES
-    for (m, n, k), dn in itertools.product(shapes, args.dtypes.split(",")):
+    jobs = [((m, n, k), dn, "nt") for (m, n, k), dn in itertools.product(shapes, args.dtypes.split(","))]
+    if args.sweep == "small":
+        jobs = [((m, n, k), "bf16", "nt") for (m, n, k) in SHAPES if m <= 128]
+    elif args.sweep == "large":
+        jobs = [((4096, 4096, 4096), "bf16", "nt"), ((4096, 14336, 4096), "bf16", "nt"),
+                ((4096, 14336, 4096), "bf16", "nn"), ((4096, 14336, 4096), "bf16", "tn")]
+    for (m, n, k), dn, layout in jobs:
         kinds = ["splitk"] if m <= 128 else ["persistent", "grouped"]
-        if m <= 128 and n >= 14336:
+        if args.sweep:
+            kinds = ["splitk"] if m <= 128 else ["persistent"]
+        elif m <= 128 and n >= 14336:
             kinds.append("grouped")
-        tc, res = time_shape(m, n, k, dts[dn], kinds, args.ws)
+        tc, res = time_shape(m, n, k, dts[dn], kinds, args.ws, bool(args.sweep), layout)
         for kind, best in res.items():
             if best:
                 t, c = best
-                rows.append((f"{m}x{n}x{k}", dn, kind, f"{c.block_m}x{c.block_n}x{c.block_k} s{c.num_stages} "
+                rows.append((f"{m}x{n}x{k} {layout}", dn, kind, f"{c.block_m}x{c.block_n}x{c.block_k} s{c.num_stages} "
                              f"w{c.num_warps} sk{c.split_k} ws{int(c.warp_specialize)}",
                              f"{tc * 1e3:.1f}", f"{t * 1e3:.1f}", f"{tc / t:.2f}"))
         torch.cuda.empty_cache()
