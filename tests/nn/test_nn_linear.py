@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from warpforge.nn import Linear as NNLinear_reexport  # noqa: F401  (the module is public from warpforge.nn)
+import warpforge
 from warpforge.nn.linear import Linear
 from warpforge.ops.matmul import ACTIVATIONS, _act_reference
 from conftest import DEVICE, DTYPES, assert_close, randn
@@ -30,7 +30,7 @@ def test_state_dict_both_ways():
                  what="warpforge -> torch")
     nob = Linear(8, 4, bias=False, device=DEVICE)
     assert nob.bias is None and set(nob.state_dict()) == {"weight"}
-    assert isinstance(mod, torch.nn.Linear)
+    assert isinstance(mod, torch.nn.Linear) and warpforge.nn.Linear is Linear
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

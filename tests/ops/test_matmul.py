@@ -26,13 +26,12 @@ from warpforge.runtime.heuristics import MATMUL_NAIVE, MatmulConfig
 from conftest import DTYPES, ON_GPU, DEVICE, TOL, assert_close, gpu_only, noncontig, randn, rel_err
 
 big = ON_GPU
-# (M, N, K): 1s, primes, 255, and K = 4097 (many K-steps; under "auto" the split-K heuristic splits
-# it: 8 ways on the interpreter's 4 stand-in SMs). 4097 in M or N costs ~0.5 s a call on the CPU
-# interpreter, so it is one test there (test_long_m_and_n), and in every case on a GPU.
-SHAPES = [(1, 7, 33), (17, 33, 45), (5, 9, 70), (33, 1, 255), (17, 33, 1), (255, 17, 33), (1, 17, 4097)]
+# (M, N, K): 1s, primes, 255, 4097. A dim of 4097 costs 0.5-2 s a call on the CPU interpreter, so
+# there it has tests of its own (test_long_k, test_long_m_and_n); on a GPU every variant sees it.
+SHAPES = [(1, 7, 33), (17, 33, 45), (5, 9, 70), (33, 1, 255), (17, 33, 1), (255, 17, 33)]
 if big:
-    SHAPES += [(255, 255, 255), (4097, 17, 255), (17, 4097, 4097), (255, 4097, 1), (1, 4097, 4097),
-               (1024, 1024, 1024), (4097, 255, 4097)]
+    SHAPES += [(1, 17, 4097), (255, 255, 255), (4097, 17, 255), (17, 4097, 4097), (255, 4097, 1),
+               (1, 4097, 4097), (1024, 1024, 1024), (4097, 255, 4097)]
 
 
 def _leaf(t):
@@ -84,6 +83,17 @@ def test_variants(mnk, dtype, variant):
     c = matmul(a, b, variant=variant)
     assert c.dtype == dtype and c.shape == (m, n) and c.device == a.device
     assert_close(c, _ref(a, b), dtype, what=f"{variant} {mnk}")
+    assert _lock_counters_zero()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", ["auto", "grouped"])
+def test_long_k(variant, dtype, launches):
+    """K = 4097: 65 K-steps with a ragged tail. At M = 5 "auto" splits K (8 ways on the interpreter's
+    4 stand-in SMs, 16 on a 132-SM GPU) and the last program to arrive sums the partials."""
+    a, b = randn(5, 4097, dtype=dtype), randn(4097, 17, dtype=dtype)
+    assert_close(matmul(a, b, variant=variant), _ref(a, b), dtype, what=variant)
+    assert (launches[0][1].split_k > 1) == (variant == "auto"), launches
     assert _lock_counters_zero()
 
 

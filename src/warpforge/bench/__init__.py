@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import json
-
+import os
 import platform
 import sys
 import warnings
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..runtime import tuning
 from . import report, runner, workloads
 from .workloads import DTYPES, MODES, WORKLOADS
 
@@ -80,10 +81,14 @@ def bench(ops: list[str] | None = None, *, modes: list[str] | None = None, dtype
     ceil = ceilings()
     print(f"ceilings: copy {ceil['copy_gbps']:,.0f} GB/s, bf16 GEMM {ceil['bf16_tflops']:,.0f} TFLOP/s", flush=True)
     meta = metadata(quick=quick, modes=modes, dtypes=dtype_names, ceilings=ceil)
-    res = runner.run_bench(wls, modes, dts, quick=quick, use_compile=use_compile, use_liger=use_liger,
-                           copy_gbps=ceil.get("copy_gbps"),
-                           gemm_tflops={torch.bfloat16: ceil.get("bf16_tflops"), torch.float16: ceil.get("fp16_tflops")},
-                           progress=report.Progress("bench"))
+    # tune on first use of each shape bucket (in the warm-up calls, outside every timing); the
+    # winners persist in the tuning cache. WARPFORGE_AUTOTUNE=0 keeps the heuristic defaults.
+    with tuning.tuning(os.environ.get("WARPFORGE_AUTOTUNE", "1") != "0"):
+        res = runner.run_bench(wls, modes, dts, quick=quick, use_compile=use_compile, use_liger=use_liger,
+                               copy_gbps=ceil.get("copy_gbps"),
+                               gemm_tflops={torch.bfloat16: ceil.get("bf16_tflops"),
+                                            torch.float16: ceil.get("fp16_tflops")},
+                               progress=report.Progress("bench"))
     for op in dict.fromkeys(r["op"] for r in res.rows):
         report.print_table([r for r in res.rows if r["op"] == op], report.BENCH_COLUMNS, title=op)
     report.print_table(report.summary(res.rows), report.SUMMARY_COLUMNS,

@@ -52,6 +52,7 @@ where eager PyTorch writes x@W^T, reads it back for the bias, and again for the 
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -421,36 +422,47 @@ def _layout(t: torch.Tensor) -> str:
 
 
 def _resolve(a, b, variant: str) -> tuple[str, bool]:
-    """(kernel variant, tune?) for ``variant`` on these operands."""
-    m = a.shape[-2]
+    """(candidate family, tune?) for ``variant`` on these operands. ``auto`` is one family whose
+    candidates mix the split-K pointer kernel (short M) and the persistent TMA kernel; configs with
+    ``persistent=True`` are dropped where TMA cannot read the operands."""
     if variant == "auto":
-        if m <= 256 and a.dim() == 2:
-            return "splitk", tuning.enabled()
-        return ("persistent" if _tma_ok(a, b) else "grouped"), tuning.enabled()
+        return "auto", tuning.enabled()
     if variant == "persistent" and not _tma_ok(a, b):
         return "grouped", False       # documented: TMA needs a unit-stride dim and aligned rows
     return variant, variant == "autotuned" or (tuning.enabled() and variant in ("persistent", "splitk"))
 
 
+def _launcher(cfg: MatmulConfig, family: str):
+    return _launch_tma if (family == "persistent" or cfg.persistent) else _launch_tiled
+
+
 def _run(a, b, out, ep: _Epilogue, variant: str) -> None:
     """Pick the kernel and its configuration (tuned, cached, or the heuristic default) and launch."""
-    kind, tune = _resolve(a, b, variant)
+    family, tune = _resolve(a, b, variant)
     m, k = a.shape[-2:]
     n = b.shape[-1]
-    launch = _launch_tma if kind == "persistent" else _launch_tiled
-    cand_kind = "grouped" if kind == "autotuned" else kind
-    key = (f"matmul|{cand_kind}|{str(a.dtype)[6:]}|a{_layout(a)}b{_layout(b)}|"
+    tma = _tma_ok(a, b)
+    cand_family = "grouped" if family == "autotuned" else family
+    key = (f"matmul|{cand_family}|{str(a.dtype)[6:]}|a{_layout(a)}b{_layout(b)}{'' if tma else '-notma'}|"
            f"{tuning.bucket(m)}x{tuning.bucket(n)}x{tuning.bucket(k)}")
+
+    def usable(c: MatmulConfig) -> MatmulConfig:
+        if c.persistent and not tma:
+            return dataclasses.replace(c, persistent=False)
+        return c
+
     cached = None if interpreting() else tuning.lookup(key)
     if cached is not None:
-        cfg = MatmulConfig(**cached)
+        cfg = usable(MatmulConfig(**cached))
     elif tune and not interpreting():
-        cands = matmul_candidates(m, n, k, a.element_size(), cand_kind)
-        cfg, _ = tuning.search(cands, lambda c: launch(a, b, out, ep, c))
+        cands = list(dict.fromkeys(usable(c) for c in matmul_candidates(m, n, k, a.element_size(), cand_family)))
+        cfg, _ = tuning.search(cands, lambda c: _launcher(c, cand_family)(a, b, out, ep, c))
         tuning.store(key, cfg.as_dict())
     else:
-        cfg = matmul_config(m, n, k, a.element_size(), cand_kind)
-    launch(a, b, out, ep, cfg)
+        cfg = usable(matmul_config(m, n, k, a.element_size(), cand_family))
+        if cand_family == "auto" and not cfg.persistent and m > 256 and a.dim() == 2 and tma:
+            cfg = dataclasses.replace(cfg, persistent=True)
+    _launcher(cfg, cand_family)(a, b, out, ep, cfg)
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor, *, variant: str = "auto", bias=None, residual=None,

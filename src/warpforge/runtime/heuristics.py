@@ -215,6 +215,7 @@ class MatmulConfig:
     num_warps: int = 8
     split_k: int = 1
     warp_specialize: bool = False   # persistent kernel only: producer/consumer warp partitions
+    persistent: bool = False        # the persistent TMA kernel (variant "auto" chooses per config)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -223,13 +224,19 @@ class MatmulConfig:
 MATMUL_NAIVE = MatmulConfig(64, 64, 32, group_m=1, num_stages=1, num_warps=4)
 
 
-def matmul_split_k(m: int, n: int, k: int, cfg: MatmulConfig, programs_per_sm: int = 2) -> int:
+def matmul_split_k(m: int, n: int, k: int, cfg: MatmulConfig, programs_per_sm: float = 1.5) -> int:
     """SPLIT_K so that a short, wide-K problem puts ~``programs_per_sm`` programs on every SM,
-    each program keeping at least 4 K-steps (so its pipeline fills)."""
+    each program keeping at least 2 K-steps. (H200 sweep, 16 x N x K bf16: the winners ran 200-520
+    programs, 1.5-4 per SM; 16 x 4096 x 4096 at 18.2 us with 16x64x128 tiles split 4 ways, where
+    one program per tile (64 programs) took 3x longer.)"""
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     k_steps = triton.cdiv(k, cfg.block_k)
-    want = triton.cdiv(programs_per_sm * sm_count(), tiles)
-    return max(1, min(want, k_steps // 4, 16))
+    want = triton.cdiv(int(programs_per_sm * sm_count()), tiles)
+    return max(1, min(want, k_steps // 2, 16))
+
+
+def _with_split(m, n, k, cfg: MatmulConfig, programs_per_sm: float = 1.5) -> MatmulConfig:
+    return dataclasses.replace(cfg, split_k=matmul_split_k(m, n, k, cfg, programs_per_sm))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -246,49 +253,59 @@ def matmul_config(m: int, n: int, k: int, elem_bytes: int, variant: str) -> Matm
 def _matmul_config(m: int, n: int, k: int, elem_bytes: int, variant: str) -> MatmulConfig:
     if variant == "naive":
         return MATMUL_NAIVE
-    if variant == "pipelined":      # the same tiles as naive, now double-buffered... and bigger
+    if variant == "pipelined":      # naive's loop with 4 stages in flight and a wgmma-sized tile
         return MatmulConfig(128, 128, 64, group_m=1, num_stages=4, num_warps=8)
     wide = elem_bytes == 4
-    if m <= 64:
-        cfg = MatmulConfig(64 if m > 16 else 16, 64, 256 if not wide else 64, group_m=1, num_stages=4, num_warps=4)
-        if variant in ("splitk", "auto"):
-            cfg = dataclasses.replace(cfg, split_k=matmul_split_k(m, n, k, cfg))
-        return cfg
     if wide:
         return MatmulConfig(128, 128, 32, num_stages=3, num_warps=8)
-    if m <= 256:
-        cfg = MatmulConfig(128, 64, 64, num_stages=4, num_warps=4)
-        if variant in ("splitk", "auto"):
-            cfg = dataclasses.replace(cfg, split_k=matmul_split_k(m, n, k, cfg, programs_per_sm=1))
-        return cfg
-    if variant == "grouped":
+    if m <= 256 and variant in ("splitk", "auto"):
+        # short M: stream the weight; H200 sweep winners (benchmarks/NOTES.md)
+        if m <= 16:
+            return _with_split(m, n, k, MatmulConfig(16, 64, 128, group_m=1, num_stages=5, num_warps=4))
+        if m <= 64:
+            return _with_split(m, n, k, MatmulConfig(64, 64, 128, group_m=1, num_stages=4, num_warps=4))
+        return _with_split(m, n, k, MatmulConfig(128, 32, 64, group_m=1, num_stages=5, num_warps=4))
+    if variant == "grouped" or m <= 256:
         return MatmulConfig(128, 128, 64, num_stages=4, num_warps=8)
-    return MatmulConfig(128, 256, 64, num_stages=3, num_warps=8)
+    # persistent / auto at large M: 128 x 256 x 64, 3-4 stages, two consumer warpgroups
+    # (H200: 780-790 TFLOP/s at 8192^3 and 4096 x 14336 x 4096)
+    return MatmulConfig(128, 256, 64, group_m=8, num_stages=4, num_warps=8, persistent=variant == "auto")
 
 
 def matmul_candidates(m: int, n: int, k: int, elem_bytes: int, variant: str) -> list[MatmulConfig]:
-    """What the autotuner tries for one variant (the default first)."""
+    """What the autotuner tries for one variant (the default first). ``auto`` mixes the split-K
+    pointer kernel and the persistent TMA kernel (``persistent=True``) for short M."""
     base = matmul_config(m, n, k, elem_bytes, variant)
     out = [base]
-    if elem_bytes == 4:
-        tiles = [(128, 128, 32, 3, 8), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (128, 256, 32, 3, 8)]
-    elif m <= 64:
-        bm = 16 if m <= 16 else 64
-        tiles = [(bm, 64, 128, 4, 4), (bm, 64, 256, 4, 4), (bm, 128, 128, 4, 4), (bm, 32, 256, 4, 4),
-                 (bm, 128, 256, 3, 8), (bm, 64, 512, 3, 4)]
-    elif m <= 256:
-        tiles = [(128, 64, 64, 4, 4), (128, 128, 64, 4, 8), (64, 128, 64, 4, 4), (128, 64, 128, 3, 4),
-                 (64, 64, 128, 4, 4)]
-    else:
-        tiles = [(128, 256, 64, 3, 8), (128, 256, 64, 4, 8), (256, 128, 64, 3, 8), (128, 128, 64, 4, 8),
-                 (128, 128, 64, 5, 4), (128, 128, 128, 3, 8)]
-    splitting = variant in ("splitk", "auto") and (m <= 256)
-    for bm, bn, bk, st, w in tiles:
-        if elem_bytes == 1:
-            bk *= 2
-        cfg = MatmulConfig(bm, bn, bk, group_m=8 if m > 256 else 1, num_stages=st, num_warps=w)
-        if splitting:
-            cfg = dataclasses.replace(cfg, split_k=matmul_split_k(m, n, k, cfg, 2 if m <= 64 else 1))
+    fp8 = elem_bytes == 1
+
+    def add(cfg):
+        if fp8:
+            cfg = dataclasses.replace(cfg, block_k=cfg.block_k * 2)
         if cfg not in out:
             out.append(cfg)
+
+    if elem_bytes == 4:
+        for bm, bn, bk, st, w in [(128, 128, 32, 3, 8), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (128, 256, 32, 3, 8)]:
+            add(MatmulConfig(bm, bn, bk, num_stages=st, num_warps=w))
+        return out
+    if m <= 256 and variant in ("splitk", "auto", "autotuned", "grouped"):
+        bm = 16 if m <= 16 else (64 if m <= 64 else 128)
+        tiles = [(64, 128, 5), (64, 64, 5), (32, 64, 5), (32, 256, 3), (64, 128, 3), (128, 128, 3)]
+        if bm == 128:
+            tiles = [(32, 64, 5), (64, 64, 3), (32, 128, 3), (64, 64, 5), (128, 64, 3)]
+        splits = variant in ("splitk", "auto")
+        for bn, bk, st in tiles:
+            cfg = MatmulConfig(bm, bn, bk, group_m=1, num_stages=st, num_warps=4)
+            add(_with_split(m, n, k, cfg) if splits else cfg)
+            if splits:
+                add(_with_split(m, n, k, cfg, 3.0))
+        if variant == "auto" and m > 64:
+            for bn, bk, st, w in [(64, 64, 4, 4), (64, 128, 4, 4), (128, 64, 4, 8), (32, 128, 6, 4)]:
+                add(MatmulConfig(128, bn, bk, group_m=1, num_stages=st, num_warps=w, persistent=True))
+        return out
+    persistent = variant in ("persistent", "auto")
+    for (bm, bn, bk), st, g in [((128, 256, 64), 3, 8), ((128, 256, 64), 4, 16), ((128, 256, 64), 3, 16),
+                                ((256, 128, 64), 4, 8), ((128, 128, 64), 4, 8)]:
+        add(MatmulConfig(bm, bn, bk, group_m=g, num_stages=st, num_warps=8, persistent=persistent))
     return out

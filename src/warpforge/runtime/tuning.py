@@ -7,6 +7,11 @@ stored in ``$WARPFORGE_CACHE/tuned-<device key>-triton<version>.json`` under a k
 kernel and a *bucket* of shapes (dimensions rounded up to powers of two), so that a second process
 -- or a different shape in the same bucket -- reuses it without timing anything.
 
+warpforge also ships the winners found on the GPUs it was measured on
+(``runtime/tuned/tuned-<device key>-triton<version>.json``, written by ``warpforge bench`` runs and
+copied in): on such a device the first call of a known shape bucket is already tuned. Entries in
+the user's cache take precedence.
+
 Tuning runs only when asked: ``WARPFORGE_AUTOTUNE=1`` in the environment, ``with tuning():`` in
 code, or a variant that is the tuner by name (``matmul(..., variant="autotuned")``).
 ``warpforge bench`` turns it on, so its first warm-up call of each shape does the search; the timed
@@ -27,7 +32,8 @@ from .device import cache_dir, device_info
 
 _ENABLED = [os.environ.get("WARPFORGE_AUTOTUNE", "0") == "1"]
 _LOCK = threading.Lock()
-_TABLE: dict[str, dict] | None = None
+_TABLE: dict[str, dict] | None = None     # shipped winners overlaid by the user's
+_USER: dict[str, dict] = {}                # the user's own cache file, as written
 
 
 def enabled() -> bool:
@@ -54,13 +60,22 @@ def cache_path() -> Path:
     return cache_dir() / f"tuned-{device_info().key}-triton{triton.__version__}.json"
 
 
+def shipped_path() -> Path:
+    return Path(__file__).parent / "tuned" / cache_path().name
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
 def _table() -> dict[str, dict]:
-    global _TABLE
+    global _TABLE, _USER
     if _TABLE is None:
-        try:
-            _TABLE = json.loads(cache_path().read_text())
-        except (OSError, json.JSONDecodeError):
-            _TABLE = {}
+        _USER = _read(cache_path())
+        _TABLE = {**_read(shipped_path()), **_USER}
     return _TABLE
 
 
@@ -74,13 +89,13 @@ def store(key: str, value: dict) -> None:
     """Record a winner, in memory and on disk (written whole to a temporary file, then renamed,
     so a concurrent reader never sees half a file)."""
     with _LOCK:
-        table = _table()
-        table[key] = value
+        _table()[key] = value
+        _USER[key] = value
         path = cache_path()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
+            tmp.write_text(json.dumps({**_read(path), **_USER}, indent=1, sort_keys=True))
             tmp.replace(path)
         except OSError:
             pass   # a read-only cache directory still tunes, it just does not remember
@@ -88,9 +103,9 @@ def store(key: str, value: dict) -> None:
 
 def forget() -> None:
     """Drop the in-memory table (tests; the file is read again on next use)."""
-    global _TABLE
+    global _TABLE, _USER
     with _LOCK:
-        _TABLE = None
+        _TABLE, _USER = None, {}
 
 
 def search(candidates: Sequence, run: Callable[[object], object], *, warmup_ms: int = 10, rep_ms: int = 40):
