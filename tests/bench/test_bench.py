@@ -13,7 +13,7 @@ from warpforge import bench as wbench
 from warpforge.bench import report, runner, timing, workloads as W
 
 EXPECTED_OPS = {"add", "sum", "amax", "softmax", "log_softmax", "layer_norm", "rms_norm", "add_rms_norm",
-                "swiglu", "geglu", "rope", "matmul", "linear_gelu", "fp8_matmul"}
+                "swiglu", "geglu", "rope", "matmul", "matmul_bwd", "linear_gelu", "fp8_matmul"}
 
 
 def _case(name: str, label: str) -> W.Case:

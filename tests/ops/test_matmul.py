@@ -59,9 +59,9 @@ def launches(monkeypatch):
     for name in ("_launch_tiled", "_launch_tma"):
         real = getattr(mm, name)
 
-        def spy(a, b, out, ep, cfg, _real=real, _kind=name.removeprefix("_launch_")):
+        def spy(a, b, out, ep, cfg, plan=None, _real=real, _kind=name.removeprefix("_launch_")):
             seen.append((_kind, cfg))
-            return _real(a, b, out, ep, cfg)
+            return _real(a, b, out, ep, cfg, plan)
 
         monkeypatch.setattr(mm, name, spy)
     return seen
@@ -93,7 +93,8 @@ def test_long_k(variant, dtype, launches):
     4 stand-in SMs, 16 on a 132-SM GPU) and the last program to arrive sums the partials."""
     a, b = randn(5, 4097, dtype=dtype), randn(4097, 17, dtype=dtype)
     assert_close(matmul(a, b, variant=variant), _ref(a, b), dtype, what=variant)
-    assert (launches[0][1].split_k > 1) == (variant == "auto"), launches
+    if dtype != torch.float32:     # (the heuristic splits 16-bit operands only, since 5aacb8e)
+        assert (launches[0][1].split_k > 1) == (variant == "auto"), launches
     assert _lock_counters_zero()
 
 
@@ -108,13 +109,14 @@ def test_variant_routing(launches):
     """Each name reaches the kernel it promises, so the ladder tests above exercise every kernel."""
     if ON_GPU and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("TMA needs sm_90+")
-    a, b = randn(24, 56), randn(56, 40)          # 16-byte aligned rows: TMA-able
+    h = torch.float16
+    a, b = randn(24, 56, dtype=h), randn(56, 40, dtype=h)          # 16-byte aligned rows: TMA-able
     matmul(a, b, variant="persistent")
     matmul(a, b, variant="naive")
-    matmul(randn(5, 4097), randn(4097, 9), variant="splitk")
-    matmul(randn(7, 33), randn(33, 9), variant="persistent")   # 132-byte rows: not TMA-able
-    matmul(randn(300, 56), b)                                  # auto, M > 256, aligned: TMA
-    matmul(randn(2, 7, 56), randn(2, 56, 40), variant="persistent")   # batched: pointer kernel
+    matmul(randn(5, 4097, dtype=h), randn(4097, 9, dtype=h), variant="splitk")
+    matmul(randn(7, 33, dtype=h), randn(33, 9, dtype=h), variant="persistent")   # 66-byte rows: no TMA
+    matmul(randn(300, 56, dtype=h), b)                                           # auto, M > 256: TMA
+    matmul(randn(2, 7, 56, dtype=h), randn(2, 56, 40, dtype=h), variant="persistent")   # batched: pointer
     kinds = [k for k, _ in launches]
     assert kinds == ["tma", "tiled", "tiled", "tiled", "tma", "tiled"], kinds
     assert launches[1][1] == MATMUL_NAIVE
@@ -387,17 +389,12 @@ def test_linear_large():
                       randn(4097, 255, dtype=dtype, requires_grad=True), dtype)
 
 
-@pytest.mark.xfail(strict=True, reason="src bug: _matmul_epilogue loads bias at bias_ptr + offs_n, "
-                                       "ignoring bias.stride(0); linear() neither checks nor copies it")
 def test_linear_strided_bias():
     x, w = randn(5, 16), randn(7, 16)
     bias = randn(14)[::2]
     assert_close(linear(x, w, bias), F.linear(x.double(), w.double(), bias.double()), torch.float32)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="src bug: with a non-linear activation and only the residual requiring grad, "
-                          "no pre-activation is saved and _linear_backward raises although dres = dy needs none")
 def test_linear_grad_of_residual_only():
     x, w = randn(5, 16), randn(7, 16)
     res = randn(5, 7, requires_grad=True)
@@ -470,10 +467,6 @@ EMPTY_PUBLIC = {
 }
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="src bug: matmul()/linear() fold dims with reshape(-1, ...), which torch refuses "
-                          "for a 0-element tensor when another folded dim is 0 (matmul.py lines 624, 632-633, "
-                          "664, 677)")
 @pytest.mark.parametrize("case", list(EMPTY_PUBLIC))
 def test_empty_dims_public(case):
     out, shape = EMPTY_PUBLIC[case]()
@@ -606,6 +599,7 @@ def test_tuning_cache_roundtrip(tmp_path, monkeypatch):
     fake = DeviceInfo("Fake GPU 80GB", 132, 50 << 20, (9, 0), 80 << 30)
     monkeypatch.setattr(tuning, "device_info", lambda: fake)      # the file is named per device
     monkeypatch.setenv("WARPFORGE_CACHE", str(tmp_path / "tc"))
+    monkeypatch.setattr(tuning, "shipped_path", lambda: tmp_path / "shipped.json")
     tuning.forget()
     key = "matmul|grouped|float16|anbn|64x64x128"
     cfg = MatmulConfig(64, 128, 32, group_m=4, num_stages=3, num_warps=4, split_k=2)
@@ -626,6 +620,25 @@ def test_tuning_cache_roundtrip(tmp_path, monkeypatch):
     assert tuning.bucket(1) == 16 and tuning.bucket(17) == 32 and tuning.bucket(4097) == 8192
 
 
+def test_tuning_cache_shipped_tables(tmp_path, monkeypatch):
+    """Shipped winners are found; the user's own entries take precedence and are all that the
+    user's file holds."""
+    fake = DeviceInfo("Fake GPU 80GB", 132, 50 << 20, (9, 0), 80 << 30)
+    monkeypatch.setattr(tuning, "device_info", lambda: fake)
+    monkeypatch.setenv("WARPFORGE_CACHE", str(tmp_path / "tc"))
+    shipped = tmp_path / "shipped.json"
+    monkeypatch.setattr(tuning, "shipped_path", lambda: shipped)
+    a, b = MatmulConfig(16, 64, 128, split_k=4).as_dict(), MatmulConfig(128, 256, 64, persistent=True).as_dict()
+    shipped.write_text(json.dumps({"k1": a, "k2": a}))
+    tuning.forget()
+    assert tuning.lookup("k1") == a and tuning.lookup("k2") == a
+    tuning.store("k2", b)
+    assert tuning.lookup("k2") == b
+    assert json.loads(tuning.cache_path().read_text()) == {"k2": b}
+    tuning.forget()
+    assert tuning.lookup("k1") == a and tuning.lookup("k2") == b
+
+
 def test_tuning_switch():
     before = tuning.enabled()
     with tuning.tuning():
@@ -637,7 +650,9 @@ def test_tuning_switch():
 
 
 @gpu_only
-def test_autotune_writes_cache_and_reuses_it(monkeypatch):
+def test_autotune_writes_cache_and_reuses_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(tuning, "shipped_path", lambda: tmp_path / "none.json")   # tune, do not look up
+    tuning.forget()
     a, b = randn(300, 200, dtype=torch.float16), randn(200, 100, dtype=torch.float16)
     with tuning.tuning():
         c = matmul(a, b, variant="autotuned")

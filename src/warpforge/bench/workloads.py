@@ -347,6 +347,16 @@ def gemm_bytes(case: Case, mode: str, s: int) -> int:
     return _by_mode((m * k + n * k + m * n) * s, (2 * m * k + 2 * n * k + m * n) * s)(mode)
 
 
+def _gemm_bwd_make(case, dtype, device):
+    """x (M, K), W (N, K), dy (M, N): the operands of a linear layer's backward."""
+    x, w = _gemm_make(case, dtype, device)
+    return x, w, randn((case.dims["M"], case.dims["N"]), dtype, device)
+
+
+def gemm_bwd_cases(quick: bool) -> list[Case]:
+    return [c for c in gemm_cases(quick) if c.label != "4096^3"]
+
+
 def linear_act_cases(quick: bool) -> list[Case]:
     """GPT-2/BERT-size MLPs (K = 768, 1024: the elementwise passes eager adds are a large share)
     and a Llama-size one."""
@@ -517,6 +527,16 @@ _register(Workload(
     variant_cases=lambda c: c.dims.get("ladder", False),
     notes="A (M, K) @ W^T with W (N, K) row-major, a linear layer's layout; bwd = dA and dW; "
           "the named variants (the ladder) run on 4096^3 and 16x4096x4096 only",
+))
+_register(Workload(
+    name="matmul_bwd", module="warpforge.ops.matmul",
+    cases=gemm_bwd_cases, check_cases=gemm_check_cases, make=_gemm_bwd_make, grad_args=(),
+    ours_fn=_one("matmul", lambda f: lambda x, w, dy: (f(dy, w), f(dy.T, x))),
+    eager=lambda x, w, dy: (torch.matmul(dy, w), torch.matmul(dy.T, x)),
+    bytes_fn=lambda c, m, s: gemm_bytes(c, "bwd", s), flops_fn=lambda c, m: gemm_flops(c, "bwd"),
+    modes=("fwd",),
+    notes="a linear layer's backward GEMMs called directly, dX = dY @ W and dW = dY^T @ X (row "
+          "'fwd' is the pair): the kernels against cuBLAS without the autograd engine's per-node cost",
 ))
 _register(Workload(
     name="linear_gelu", module="warpforge.ops.matmul",

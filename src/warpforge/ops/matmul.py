@@ -53,6 +53,7 @@ where eager PyTorch writes x@W^T, reads it back for the bias, and again for the 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 import torch
@@ -63,6 +64,7 @@ from ..runtime import interpreting, new_empty, tuning
 from ..runtime.checks import check_device
 from ..runtime.device import sm_count
 from ..runtime.heuristics import MatmulConfig, matmul_candidates, matmul_config
+from ..runtime.launch import LaunchCache, aligned
 from ..runtime.registry import Op
 from .activations import _act, _act_and_grad
 
@@ -366,13 +368,23 @@ class _Epilogue:
                     STORE_Z=self.z is not None, A_SCALE=self._scale_mode(self.a_scale),
                     B_SCALE=self._scale_mode(self.b_scale))
 
+    def signature(self) -> tuple:
+        """What a launch plan depends on: which operands exist, their dtypes, alignment, strides."""
+        return (self.act, self.strides(), self._scale_mode(self.a_scale), self._scale_mode(self.b_scale),
+                *((None if t is None else (t.dtype, t.data_ptr() % 16 == 0))
+                  for t in (self.bias, self.res, self.z, self.a_scale, self.b_scale)))
+
 
 def _batched(t: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(3-D view, batch stride): a 2-D operand is a batch of one."""
     return (t, t.stride(0)) if t.dim() == 3 else (t.unsqueeze(0), 0)
 
 
-def _launch_tiled(a, b, out, ep: _Epilogue, cfg: MatmulConfig) -> None:
+_TILED = LaunchCache(_matmul_kernel)
+_TMA = LaunchCache(_matmul_tma_kernel)
+
+
+def _launch_tiled(a, b, out, ep: _Epilogue, cfg: MatmulConfig, plan=None) -> None:
     a3, s_ab = _batched(a)
     b3, s_bb = _batched(b)
     c3, s_cb = _batched(out)
@@ -386,17 +398,18 @@ def _launch_tiled(a, b, out, ep: _Epilogue, cfg: MatmulConfig) -> None:
     else:
         ws = locks = out
     bias, res, z, sa, sb = ep.pointers(out)
-    _matmul_kernel[(tiles, split, batch)](
+    _TILED(plan, (tiles, split, batch), (
         a3, b3, c3, bias, res, z, sa, sb, ws, locks,
         m, n, k,
         s_ab, a3.stride(1), a3.stride(2), s_bb, b3.stride(1), b3.stride(2),
-        s_cb, c3.stride(1), c3.stride(2), *ep.strides(),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        SPLIT_K=split, EVEN_K=(k % cfg.block_k == 0), PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype), **ep.flags(),
+        s_cb, c3.stride(1), c3.stride(2), *ep.strides()),
+        dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+             SPLIT_K=split, EVEN_K=(k % cfg.block_k == 0), PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype),
+             **ep.flags()),
         num_stages=cfg.num_stages, num_warps=cfg.num_warps)
 
 
-def _launch_tma(a, b, out, ep: _Epilogue, cfg: MatmulConfig) -> None:
+def _launch_tma(a, b, out, ep: _Epilogue, cfg: MatmulConfig, plan=None) -> None:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     m, k = a.shape
@@ -408,12 +421,12 @@ def _launch_tma(a, b, out, ep: _Epilogue, cfg: MatmulConfig) -> None:
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     programs = min(tiles, sm_count())
     bias, res, z, sa, sb = ep.pointers(out)
-    _matmul_tma_kernel[(programs,)](
+    _TMA(plan, (programs,), (
         a_desc, b_desc, out, bias, res, z, sa, sb,
-        m, n, k, out.stride(0), out.stride(1), *ep.strides(),
-        A_T=a_t, B_T=b_t, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, WARP_SPECIALIZE=cfg.warp_specialize,
-        PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype), **ep.flags(),
+        m, n, k, out.stride(0), out.stride(1), *ep.strides()),
+        dict(A_T=a_t, B_T=b_t, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+             GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, WARP_SPECIALIZE=cfg.warp_specialize,
+             PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype), **ep.flags()),
         num_stages=cfg.num_stages, num_warps=cfg.num_warps)
 
 
@@ -436,8 +449,25 @@ def _launcher(cfg: MatmulConfig, family: str):
     return _launch_tma if (family == "persistent" or cfg.persistent) else _launch_tiled
 
 
+_PLANS: dict = {}
+
+
 def _run(a, b, out, ep: _Epilogue, variant: str) -> None:
-    """Pick the kernel and its configuration (tuned, cached, or the heuristic default) and launch."""
+    """Launch with the plan (kernel, configuration) chosen for this exact problem: the first call
+    of a problem picks it (tuned, cached, or the heuristic default), later calls reuse it and the
+    compiled kernel, skipping ~100 us of Python (benchmarks/NOTES.md)."""
+    key = (variant, tuning.enabled(), torch.backends.cuda.matmul.allow_tf32, a.device.index, a.dtype, out.dtype,
+           a.shape, a.stride(), b.shape, b.stride(), out.stride(), ep.signature(), aligned(a, b, out))
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _plan(a, b, out, ep, variant)
+        _PLANS[key] = plan
+    tma, cfg = plan
+    (_launch_tma if tma else _launch_tiled)(a, b, out, ep, cfg, key)
+
+
+def _plan(a, b, out, ep: _Epilogue, variant: str):
+    """(TMA kernel?, configuration) for one problem: tuned (and stored), cached, or the default."""
     family, tune = _resolve(a, b, variant)
     m, k = a.shape[-2:]
     n = b.shape[-1]
@@ -462,7 +492,7 @@ def _run(a, b, out, ep: _Epilogue, variant: str) -> None:
         cfg = usable(matmul_config(m, n, k, a.element_size(), cand_family))
         if cand_family == "auto" and not cfg.persistent and m > 256 and a.dim() == 2 and tma:
             cfg = dataclasses.replace(cfg, persistent=True)
-    _launcher(cfg, cand_family)(a, b, out, ep, cfg)
+    return _launcher(cfg, cand_family) is _launch_tma, cfg
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor, *, variant: str = "auto", bias=None, residual=None,
@@ -556,6 +586,10 @@ def _linear_setup(ctx, inputs, output):
 
 def _linear_backward(ctx, dy, _dz):
     x, weight, z = ctx.saved_tensors
+    need_x, need_w, need_b, need_r = ctx.needs_input_grad[:4]
+    dres = dy if (ctx.has_res and need_r) else None
+    if not (need_x or need_w or (ctx.has_bias and need_b)):
+        return None, None, None, dres, None, None, None
     if ctx.act != 0:
         if z.numel() == 0 and dy.numel() != 0:
             raise RuntimeError("warpforge.linear: the pre-activation was not saved; call linear with "
@@ -563,11 +597,9 @@ def _linear_backward(ctx, dy, _dz):
         dz = act_backward_op(dy, z, ctx.act)
     else:
         dz = dy
-    need_x, need_w, need_b, need_r = ctx.needs_input_grad[:4]
     dx = matmul_op(dz, weight, "auto") if need_x else None
     dw = matmul_op(dz.T, x, "auto") if need_w else None
     db = dz.sum(0, dtype=torch.float32).to(ctx.bias_dtype) if (ctx.has_bias and need_b) else None
-    dres = dy if (ctx.has_res and need_r) else None
     return dx, dw, db, dres, None, None, None
 
 
@@ -633,7 +665,7 @@ def matmul(input: torch.Tensor, other: torch.Tensor, *, variant: str = "auto") -
     n = other.shape[-1]
     if other.dim() == 2:
         lead = input.shape[:-2]
-        a = input.reshape(-1, k) if input.dim() > 2 else input
+        a = input.reshape(math.prod(input.shape[:-1]), k) if input.dim() > 2 else input
         out = matmul_op(a, other, variant)
         return out.reshape(*lead, m, n)
     try:
@@ -641,8 +673,8 @@ def matmul(input: torch.Tensor, other: torch.Tensor, *, variant: str = "auto") -
     except RuntimeError as e:
         raise ValueError(f"warpforge: matmul batch dimensions do not broadcast: 'input' {tuple(input.shape)}, "
                          f"'other' {tuple(other.shape)}") from e
-    a = input.expand(*batch, m, k).reshape(-1, m, k)
-    b = other.expand(*batch, k, n).reshape(-1, k, n)
+    a = input.expand(*batch, m, k).reshape(math.prod(batch), m, k)
+    b = other.expand(*batch, k, n).reshape(math.prod(batch), k, n)
     return matmul_op(a, b, variant).reshape(*batch, m, n)
 
 
@@ -673,12 +705,13 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         raise ValueError(f"warpforge: linear inner dimensions do not match: 'input' {tuple(input.shape)} has "
                          f"in_features={k} but 'weight' {tuple(weight.shape)} has {weight.shape[1]}")
     lead = input.shape[:-1]
-    x = input.reshape(-1, k)
+    x = input.reshape(math.prod(lead), k)
     if bias is not None:
         _check_operand("bias", bias)
         _check_pair("bias", bias, "input", input)
         if bias.shape != (n,):
             raise ValueError(f"warpforge: 'bias' has shape {tuple(bias.shape)}; expected ({n},) = out_features of 'weight'")
+        bias = bias.contiguous()    # the epilogue reads it with unit stride (a copy only for a strided view)
     res = None
     if residual is not None:
         _check_operand("residual", residual)
@@ -686,7 +719,7 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         if residual.shape != (*lead, n):
             raise ValueError(f"warpforge: 'residual' has shape {tuple(residual.shape)}; expected "
                              f"{(*lead, n)}, the output's shape")
-        res = residual.reshape(-1, n)
+        res = residual.reshape(math.prod(lead), n)
     act = ACTIVATIONS[activation]
     save = act != 0 and torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (input, weight, bias))

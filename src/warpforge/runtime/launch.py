@@ -1,0 +1,58 @@
+"""Launching a compiled Triton kernel without the JIT's per-call work.
+
+``kernel[grid](*args, **constexprs)`` costs ~20-60 us of Python on every call: it binds the
+arguments, computes a specialisation key from every argument (pointer alignment, integer
+divisibility), hashes it and looks the compiled kernel up. For a GEMM of 16 x 4096 x 4096 that is
+more than the ~18 us the GPU needs (H200, benchmarks/NOTES.md).
+
+:class:`LaunchCache` keeps, per caller-chosen *plan key*, the compiled kernel the JIT returned on
+the first launch, and launches it directly afterwards (what the JIT itself does last). The plan
+key must pin everything the JIT would have specialised on: the caller includes the shapes and
+strides (so integer arguments keep their divisibility), the dtypes, the constexprs and each
+pointer's 16-byte alignment. Under the interpreter, or with ``WARPFORGE_JIT_LAUNCH=1``, every
+launch goes through the JIT.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from triton import knobs
+
+from . import interpreting
+
+_BYPASS = os.environ.get("WARPFORGE_JIT_LAUNCH", "0") == "1"
+
+
+class LaunchCache:
+    """Compiled kernels by plan key, for one ``@triton.jit`` function."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self.plans: dict = {}
+
+    def __call__(self, key, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int, num_stages: int):
+        """Launch ``kernel[grid](*args, **constexprs)``. ``args`` are the runtime arguments in
+        signature order; the constexprs are the parameters after them."""
+        if _BYPASS or interpreting() or key is None:
+            self.kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+            return
+        plan = self.plans.get(key)
+        if plan is None:
+            compiled = self.kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+            names = self.kernel.arg_names[len(args):]
+            plan = (compiled, tuple(constexprs[n] for n in names))
+            self.plans[key] = plan
+            return
+        compiled, tail = plan
+        values = (*args, *tail)
+        g0, g1, g2 = (*grid, 1, 1)[:3]
+        stream = torch.cuda.current_stream().cuda_stream
+        compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata,
+                     compiled.launch_metadata(grid, stream, *values),
+                     knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *values)
+
+
+def aligned(*tensors) -> tuple[bool, ...]:
+    """Each tensor's 16-byte alignment (part of every plan key: Triton specialises on it)."""
+    return tuple(t.data_ptr() % 16 == 0 for t in tensors)
