@@ -486,7 +486,9 @@ def _plan(a, b, out, ep: _Epilogue, variant: str):
         cfg = usable(MatmulConfig(**cached))
     elif tune and not interpreting():
         cands = list(dict.fromkeys(usable(c) for c in matmul_candidates(m, n, k, a.element_size(), cand_family)))
-        cfg, _ = tuning.search(cands, lambda c: _launcher(c, cand_family)(a, b, out, ep, c))
+        # each candidate timed through its own launch plan: the JIT's ~60 us of per-call Python would
+        # otherwise outlast a short-M kernel and the search would rank host time
+        cfg, _ = tuning.search(cands, lambda c: _launcher(c, cand_family)(a, b, out, ep, c, ("tune", key, c)))
         tuning.store(key, cfg.as_dict())
     else:
         cfg = usable(matmul_config(m, n, k, a.element_size(), cand_family))
