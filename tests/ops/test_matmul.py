@@ -563,15 +563,28 @@ def test_bad_input():
         linear(randn(()), w)
 
 
-@gpu_only
 def test_device_mismatch():
+    """Operands on two devices (a meta tensor passes the per-operand device check, so this runs
+    everywhere)."""
     a = randn(3, 4)
-    with pytest.raises(RuntimeError, match="'input' is on cuda:0 but 'other' is on cpu"):
-        matmul(a, torch.ones(4, 5))
-    with pytest.raises(RuntimeError, match="'bias' is on cpu but 'input' is on cuda:0"):
-        linear(a, randn(5, 4), torch.ones(5))
+    with pytest.raises(RuntimeError, match=f"'input' is on {a.device} but 'other' is on meta; expected the same device"):
+        matmul(a, torch.ones(4, 5, device="meta"))
+    with pytest.raises(RuntimeError, match=f"'input' is on {a.device} but 'weight' is on meta"):
+        linear(a, torch.ones(5, 4, device="meta"))
+    with pytest.raises(RuntimeError, match=f"'bias' is on meta but 'input' is on {a.device}"):
+        linear(a, randn(5, 4), torch.ones(5, device="meta"))
+    with pytest.raises(RuntimeError, match=f"'residual' is on meta but 'input' is on {a.device}"):
+        linear(a, randn(5, 4), None, None, torch.ones(3, 5, device="meta"))
+
+
+@gpu_only
+def test_cpu_tensor_rejected_on_gpu_machine():
+    with pytest.raises(RuntimeError, match="'other' is on device 'cpu'"):
+        matmul(randn(3, 4), torch.ones(4, 5))
     with pytest.raises(RuntimeError, match="'input' is on device 'cpu'"):
-        matmul(torch.ones(3, 4), torch.ones(4, 5))
+        matmul(torch.ones(3, 4), randn(4, 5))
+    with pytest.raises(RuntimeError, match="'bias' is on device 'cpu'"):
+        linear(randn(3, 4), randn(5, 4), torch.ones(5))
 
 
 # ----------------------------------------------------------------------------------------------
