@@ -64,7 +64,7 @@ from ..runtime import interpreting, new_empty, tuning
 from ..runtime.checks import check_device
 from ..runtime.device import sm_count
 from ..runtime.heuristics import MatmulConfig, matmul_candidates, matmul_config
-from ..runtime.launch import LaunchCache, aligned
+from ..runtime.launch import Desc, LaunchCache, aligned, launch
 from ..runtime.registry import Op
 from .activations import _act, _act_and_grad
 
@@ -430,6 +430,53 @@ def _launch_tma(a, b, out, ep: _Epilogue, cfg: MatmulConfig, plan=None) -> None:
         num_stages=cfg.num_stages, num_warps=cfg.num_warps)
 
 
+def _fast_tiled(a, b, out, ep: _Epilogue, cfg: MatmulConfig, recorded):
+    """A closure that relaunches the pointer kernel for this plan with only the tensors looked up
+    per call (every integer argument and the grid are fixed by the plan key)."""
+    compiled, tail = recorded
+    a3, s_ab = _batched(a)
+    b3, s_bb = _batched(b)
+    c3, s_cb = _batched(out)
+    batch, m, k = a3.shape
+    n = b3.shape[-1]
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    split = cfg.split_k if batch == 1 else 1
+    grid = (tiles, split, batch)
+    ints = (m, n, k, s_ab, a3.stride(1), a3.stride(2), s_bb, b3.stride(1), b3.stride(2),
+            s_cb, c3.stride(1), c3.stride(2), *ep.strides())
+    ws_numel = tiles * split * cfg.block_m * cfg.block_n
+
+    def fire(a, b, out, ep):
+        if split > 1:
+            ws = torch.empty(ws_numel, dtype=torch.float32, device=out.device)
+            locks = _split_locks(out.device, tiles)
+        else:
+            ws = locks = out
+        launch(compiled, grid, (a, b, out, *ep.pointers(out), ws, locks, *ints, *tail))
+
+    return fire
+
+
+def _fast_tma(a, b, out, ep: _Epilogue, cfg: MatmulConfig, recorded):
+    """The same for the persistent TMA kernel: descriptors rebuilt per call around the new base
+    pointers (shape, strides and box are the plan's)."""
+    compiled, tail = recorded
+    m, k = a.shape
+    n = b.shape[1]
+    a_t, a_shape, a_strides = _tma_view(a, m, k)
+    b_t, b_shape, b_strides = _tma_view(b, k, n)
+    a_box = [cfg.block_k, cfg.block_m] if a_t else [cfg.block_m, cfg.block_k]
+    b_box = [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n]
+    programs = min(triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), sm_count())
+    ints = (m, n, k, out.stride(0), out.stride(1), *ep.strides())
+
+    def fire(a, b, out, ep):
+        launch(compiled, (programs,), (Desc(a, a_shape, a_strides, a_box), Desc(b, b_shape, b_strides, b_box),
+                                       out, *ep.pointers(out), *ints, *tail))
+
+    return fire
+
+
 def _layout(t: torch.Tensor) -> str:
     return "t" if t.stride(-1) != 1 and t.stride(-2) == 1 else "n"
 
@@ -450,6 +497,7 @@ def _launcher(cfg: MatmulConfig, family: str):
 
 
 _PLANS: dict = {}
+_MAX_PLANS = 4096
 
 
 def _run(a, b, out, ep: _Epilogue, variant: str) -> None:
@@ -460,10 +508,17 @@ def _run(a, b, out, ep: _Epilogue, variant: str) -> None:
            a.shape, a.stride(), b.shape, b.stride(), out.stride(), ep.signature(), aligned(a, b, out))
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _plan(a, b, out, ep, variant)
-        _PLANS[key] = plan
-    tma, cfg = plan
+        if len(_PLANS) >= _MAX_PLANS:      # many distinct shapes (a serving loop's varying M): start over
+            _PLANS.clear()
+        plan = _PLANS[key] = [*_plan(a, b, out, ep, variant), None]
+    tma, cfg, fire = plan
+    if fire is not None:
+        fire(a, b, out, ep)
+        return
     (_launch_tma if tma else _launch_tiled)(a, b, out, ep, cfg, key)
+    recorded = (_TMA if tma else _TILED).get(key)
+    if recorded is not None:          # None under the interpreter: every call takes the JIT
+        plan[2] = (_fast_tma if tma else _fast_tiled)(a, b, out, ep, cfg, recorded)
 
 
 def _plan(a, b, out, ep: _Epilogue, variant: str):

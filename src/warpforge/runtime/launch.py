@@ -45,12 +45,31 @@ class LaunchCache:
             self.plans[key] = plan
             return
         compiled, tail = plan
-        values = (*args, *tail)
-        g0, g1, g2 = (*grid, 1, 1)[:3]
-        stream = torch.cuda.current_stream().cuda_stream
-        compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata,
-                     compiled.launch_metadata(grid, stream, *values),
-                     knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *values)
+        launch(compiled, grid, (*args, *tail))
+
+    def get(self, key):
+        """(compiled kernel, constexpr values) recorded for ``key``, or None."""
+        return self.plans.get(key)
+
+
+def launch(compiled, grid: tuple, values: tuple) -> None:
+    """What the JIT does last: run a compiled kernel on the current stream (``values``: every
+    parameter in signature order, constexprs included)."""
+    g0, g1, g2 = (*grid, 1, 1)[:3]
+    stream = torch.cuda.current_stream().cuda_stream
+    compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata,
+                 compiled.launch_metadata(grid, stream, *values),
+                 knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *values)
+
+
+class Desc:
+    """A host-side TMA descriptor as the launcher reads it (base tensor, shape, strides, box),
+    without ``TensorDescriptor``'s per-construction validation: the plan that builds these
+    checked alignment and strides once, and pins them in its key."""
+    __slots__ = ("base", "shape", "strides", "block_shape", "padding")
+
+    def __init__(self, base, shape, strides, block_shape) -> None:
+        self.base, self.shape, self.strides, self.block_shape, self.padding = base, shape, strides, block_shape, "zero"
 
 
 def aligned(*tensors) -> tuple[bool, ...]:
