@@ -241,11 +241,11 @@ def run_bench(workloads: list[Workload], modes: list[str], dtypes: list[torch.dt
         import torch._dynamo as dynamo   # binds only `dynamo`: `torch` stays the module global
         dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 64)
 
-    total = sum(len(wl.cases(quick)) * len(dtypes) for wl, *_ in plan)
+    total = sum(len(wl.cases(quick)) * len(wl.dtypes_of(dtypes)) for wl, *_ in plan)
     progress.start(total)
     try:
         for wl, ours, liger, wl_modes in plan:
-            for dtype in dtypes:
+            for dtype in wl.dtypes_of(dtypes):
                 for case in wl.cases(quick):
                     progress.advance(f"{wl.name} {DTYPE_NAMES[dtype]} {case.label}")
                     result.rows.extend(_bench_case(wl, case, dtype, device, ours, liger, wl_modes,
@@ -312,10 +312,10 @@ def run_check(workloads: list[Workload], dtypes: list[torch.dtype], *, device: s
             result.notes.append(f"{wl.name}: not available ({e}); skipped")
     for note in result.notes:
         progress.log(note)
-    progress.start(sum(len(wl.check_cases()) * len(dtypes) for wl, _ in plan))
+    progress.start(sum(len(wl.check_cases()) * len(wl.dtypes_of(dtypes)) for wl, _ in plan))
     try:
         for wl, ours in plan:
-            for dtype in dtypes:
+            for dtype in wl.dtypes_of(dtypes):
                 for case in wl.check_cases():
                     progress.advance(f"{wl.name} {DTYPE_NAMES[dtype]} {case.label}")
                     for name, fn in ours.items():

@@ -74,6 +74,11 @@ class Workload:
     modes: tuple[str, ...] = MODES
     notes: str = ""
     variant_cases: Callable[[Case], bool] | None = None   # where named variants run (default: every case)
+    only_dtypes: tuple[torch.dtype, ...] | None = None     # an op with fixed dtypes (fp8: bf16 output)
+
+    def dtypes_of(self, dtypes) -> list[torch.dtype]:
+        """The requested dtypes this workload runs in."""
+        return [d for d in dtypes if self.only_dtypes is None or d in self.only_dtypes]
 
     def variants_on(self, case: Case) -> bool:
         """Whether rows other than "warpforge" (the ladder's named variants) are timed on ``case``."""
@@ -381,13 +386,15 @@ FP8_MAX = 448.0   # largest finite float8_e4m3fn
 
 
 def _fp8_make(case, dtype, device):
-    """Per-tensor-scaled e4m3 operands made from bf16 ones (and the bf16 ones, for our bf16 row)."""
+    """Per-tensor-scaled e4m3 operands made from bf16 ones, and their dequantised values in bf16
+    (the same problem for our bf16 row, and the same answer up to bf16 rounding)."""
     a, w = _gemm_make(case, torch.bfloat16, device)
     sa = (a.abs().amax().float() / FP8_MAX).reshape(())
     sw = (w.abs().amax().float() / FP8_MAX).reshape(())
     a8 = (a.float() / sa).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     w8 = (w.float() / sw).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return a8, w8, sa, sw, a, w
+    del a, w
+    return a8, w8, sa, sw, (a8.float() * sa).bfloat16(), (w8.float() * sw).bfloat16()
 
 
 def _fp8_reference(a8, w8, sa, sw, a, w):
@@ -558,7 +565,7 @@ _register(Workload(
     reference=_fp8_reference,
     bytes_fn=lambda c, m, s: (c.dims["M"] * c.dims["K"] + c.dims["N"] * c.dims["K"]) + 2 * c.dims["M"] * c.dims["N"],
     flops_fn=lambda c, m: 2 * c.dims["M"] * c.dims["N"] * c.dims["K"],
-    modes=("fwd",),
+    modes=("fwd",), only_dtypes=(torch.bfloat16,),
     notes="e4m3 operands with per-tensor scales, bf16 out; eager = torch._scaled_mm (cuBLASLt fp8); "
           "warpforge[bf16] is our bf16 matmul on the same problem; % roof is against the bf16 GEMM rate",
 ))
