@@ -492,6 +492,21 @@ def _resolve(a, b, variant: str) -> tuple[str, bool]:
     return variant, variant == "autotuned" or (tuning.enabled() and variant in ("persistent", "splitk"))
 
 
+SMEM_BYTES = 232_448        # shared memory one block may use on Hopper (227 KB)
+
+
+def _fit_stages(cfg: MatmulConfig, in_bytes: int, out_bytes: int) -> MatmulConfig:
+    """Fewer pipeline stages when the ring of A/B tiles plus the epilogue's staging of the output
+    tile would not fit in shared memory. The staging was read off compiled kernels (sm_90, Triton
+    3.6): 128x256 with a 16-bit output takes 32 KB (so 4 stages of 48 KB fit: 229,376 B), with an
+    fp32 output 128 KB (so fp8's 128x256x128 tiles fit 2 stages, not 4: the fp8 helper's H200
+    failures, benchmarks/NOTES.md)."""
+    per_stage = (cfg.block_m + cfg.block_n) * cfg.block_k * in_bytes
+    staging = cfg.block_m * cfg.block_n * (4 if out_bytes >= 4 else 1)
+    stages = max(1, min(cfg.num_stages, (SMEM_BYTES - staging) // per_stage))
+    return cfg if stages == cfg.num_stages else dataclasses.replace(cfg, num_stages=stages)
+
+
 def _launcher(cfg: MatmulConfig, family: str):
     return _launch_tma if (family == "persistent" or cfg.persistent) else _launch_tiled
 
@@ -533,8 +548,8 @@ def _plan(a, b, out, ep: _Epilogue, variant: str):
 
     def usable(c: MatmulConfig) -> MatmulConfig:
         if c.persistent and not tma:
-            return dataclasses.replace(c, persistent=False)
-        return c
+            c = dataclasses.replace(c, persistent=False)
+        return _fit_stages(c, a.element_size(), out.element_size())
 
     cached = None if interpreting() else tuning.lookup(key)
     if cached is not None:
