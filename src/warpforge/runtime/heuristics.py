@@ -256,7 +256,10 @@ def _matmul_config(m: int, n: int, k: int, elem_bytes: int, variant: str) -> Mat
     if variant == "pipelined":      # naive's loop with 4 stages in flight and a wgmma-sized tile
         return MatmulConfig(128, 128, 64, group_m=1, num_stages=4, num_warps=8)
     wide = elem_bytes == 4
-    if wide:
+    if wide:     # fp32 (TF32 or exact): K slices of 32 keep a stage at 32 KB
+        if m <= 256 and variant in ("splitk", "auto"):
+            return _with_split(m, n, k, MatmulConfig(16 if m <= 16 else 64, 64, 32, group_m=1, num_stages=4,
+                                                     num_warps=4))
         return MatmulConfig(128, 128, 32, num_stages=3, num_warps=8)
     if m <= 256 and variant in ("splitk", "auto"):
         # short M: stream the weight; H200 sweep winners (benchmarks/NOTES.md)

@@ -57,7 +57,13 @@ def bucket(x: int, lo: int = 16) -> int:
 
 
 def cache_path() -> Path:
-    return cache_dir() / f"tuned-{device_info().key}-triton{triton.__version__}.json"
+    """The user's table for the current device (a "cpu" table where there is no CUDA device: the
+    interpreter never tunes, but direct callers get a path rather than an error)."""
+    try:
+        dev = device_info().key
+    except RuntimeError:
+        dev = "cpu"
+    return cache_dir() / f"tuned-{dev}-triton{triton.__version__}.json"
 
 
 def shipped_path() -> Path:
