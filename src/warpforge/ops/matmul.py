@@ -12,33 +12,38 @@ roof is the tensor cores and the bar is cuBLAS (~690-790 TFLOP/s at 8192^3 on th
 At M = 16 (decode) the same layer is 2*16*N*K FLOPs over a K*N weight read once: ~16 FLOP/B,
 memory-bound: the roof is then the copy bandwidth, and the whole game is streaming the weight.
 
-The ladder (``variant=``), each rung one idea, each measured in ``warpforge bench matmul``:
+The ladder (``variant=``), each rung one idea. Measured in ``warpforge bench matmul`` on an H200,
+bf16, 4096^3 (cuBLAS 733-775 TFLOP/s in the same run; benchmarks/results/NVIDIA-H200-2026-11-22):
 
-``naive``       one program per 64 x 64 output tile, row-major launch order, a K loop of 32-deep
-                slices with no overlap: load, wait ~1 us for memory, multiply, repeat. The tensor
-                cores wait on every load.
-``pipelined``   the same loop with ``num_stages=4``: Triton keeps the next three K-slices' loads
-                in flight (asynchronous copies into a ring of shared-memory buffers) while the
-                current one is multiplied, and the tile grows to 128 x 128 x 64 (8 warps, two
-                warpgroups of ``wgmma`` on Hopper): 4x the FLOPs per byte loaded.
-``grouped``     launch order for L2 reuse: consecutive programs walk GROUP_M = 8 tile-rows
-                down a column of tiles before moving right, so the A rows and B columns a wave of
-                132 programs needs are ~8x fewer distinct bytes and stay in the 50 MB L2.
-``autotuned``   the grouped kernel with its tile, stages and warps searched per shape bucket on
-                the device and cached on disk (``runtime/tuning.py``).
-``persistent``  one program per SM looping over tiles (no launch tail, no per-tile prologue),
-                operands fetched by the Hopper tensor-memory accelerator (TMA): one thread issues
-                a bulk copy of a whole [BLOCK, BLOCK_K] box described by a tensor descriptor, the
-                hardware computes addresses and zero-fills the edges, and the warps' registers stay
-                free for accumulators.
-``splitk``      for short M or long K: SPLIT_K programs share one output tile's K range, each
-                storing an fp32 partial; the last to finish (a per-tile arrival counter) sums the
-                partials in a fixed order -- deterministic -- and runs the epilogue. A 16 x 4096 x
-                4096 problem has only 64 tiles of 16 x 64 for 132 SMs; split 8 ways, 512 programs
-                stream the weight.
-``auto``        (default) the fastest correct choice for the shape: split-K for M <= 256,
-                persistent TMA where the operands allow it, grouped otherwise; tuned when tuning is
-                on (``WARPFORGE_AUTOTUNE=1``, ``warpforge bench``), heuristic otherwise.
+``naive``       179 TFLOP/s (0.23x cuBLAS). One program per 64 x 64 output tile, row-major launch
+                order, a K loop of 32-deep slices with no overlap: load, wait ~1 us for memory,
+                multiply, repeat. The tensor cores wait on every load.
+``pipelined``   475 TFLOP/s (2.7x naive). The same loop with ``num_stages=4``: Triton keeps the
+                next three K-slices' loads in flight (asynchronous copies into a ring of shared-
+                memory buffers) while the current one is multiplied, and the tile grows to
+                128 x 128 x 64 (8 warps, two warpgroups of ``wgmma``): 4x the FLOPs per byte loaded.
+``grouped``     566 TFLOP/s (+19%). Launch order for L2 reuse: consecutive programs walk GROUP_M = 8
+                tile-rows down a column of tiles before moving right, so the A rows and B columns a
+                wave of 132 programs needs are ~8x fewer distinct bytes and stay in the 50 MB L2.
+``autotuned``   588 TFLOP/s (+4%). The grouped kernel with its tile, stages and warps searched per
+                shape bucket on the device and cached on disk (``runtime/tuning.py``). The pointer
+                kernel stops here: its warps both issue the loads and run the tensor cores.
+``persistent``  734-780 TFLOP/s (+25-33%, 0.95-1.01x cuBLAS). One program per SM looping over
+                tiles (no launch tail, no per-tile prologue); operands fetched by the Hopper tensor-
+                memory accelerator (TMA): one thread issues a bulk copy of a whole [BLOCK, BLOCK_K]
+                box described by a tensor descriptor, the hardware computes addresses and
+                zero-fills the edges, and the warps' registers stay free for accumulators.
+                (Triton 3.6's automatic warp specialisation, ``warp_specialize=True``, compiles on
+                Hopper but measured within noise of the plain kernel: kept as a tuning option.)
+``splitk``      for short M or long K. At 16 x 4096 x 4096 there are 64 output tiles of 16 x 64 for
+                132 SMs: SPLIT_K programs share one tile's K range, each storing an fp32 partial;
+                the last to finish (a per-tile arrival counter) sums the partials in a fixed order
+                -- deterministic -- and runs the epilogue. 17.5 us there (1.01x cuBLAS) against
+                20.0 us unsplit and 32.5 us for the persistent kernel.
+``auto``        (default) the fastest correct choice per shape: tuned over split-K pointer configs
+                and persistent TMA configs when tuning is on (``WARPFORGE_AUTOTUNE=1``, ``warpforge
+                bench``), else the winners shipped for the device (``runtime/tuned/``), else the
+                heuristic defaults.
 
 Every variant takes A and B with any strides (row- or column-major: ``x.T`` is not copied), so the
 backward's ``dz^T @ x`` and ``dz @ W`` run on the same kernels with no transposes. The TMA kernel
