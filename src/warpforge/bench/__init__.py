@@ -101,16 +101,20 @@ def bench(ops: list[str] | None = None, *, modes: list[str] | None = None, dtype
 
 def merge(inputs: list[str | Path], out: str | Path) -> int:
     """One report (JSON, markdown, roofline) from the results.json of several runs on one device:
-    metadata from the first run plus each run's command; for an op timed in several runs, the rows
-    of the last run that timed it (pass the runs oldest first)."""
+    metadata from the first run plus each run's command; for an (op, dtype, mode) timed in several
+    runs, the rows of the last run that timed it (pass the runs oldest first): a later fp16 run of
+    an op does not displace an earlier bf16 one."""
     runs = [json.loads((Path(d) / "results.json").read_text()) for d in inputs]
     names = {r["device"]["name"] for r in runs}
     if len(names) != 1:
         raise SystemExit(f"warpforge report: the runs come from different devices ({', '.join(sorted(names))})")
     meta = {k: v for k, v in runs[0].items() if k not in ("rows", "notes", "summary")}
     meta["merged_from"] = [r.get("command") for r in runs]
-    latest = {row["op"]: i for i, r in enumerate(runs) for row in r["rows"]}
-    rows = [row for i, r in enumerate(runs) for row in r["rows"] if latest[row["op"]] == i]
+    def group(row):
+        return row["op"], row["dtype"], row["mode"]
+
+    latest = {group(row): i for i, r in enumerate(runs) for row in r["rows"]}
+    rows = [row for i, r in enumerate(runs) for row in r["rows"] if latest[group(row)] == i]
     notes = list(dict.fromkeys(n for r in runs for n in r.get("notes", [])))
     report.print_table(report.summary(rows), report.SUMMARY_COLUMNS,
                        title=f"summary ({report.summary_dtype(rows)}, headline shapes; % of the measured roof)")
