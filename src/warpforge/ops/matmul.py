@@ -389,7 +389,9 @@ _TILED = LaunchCache(_matmul_kernel)
 _TMA = LaunchCache(_matmul_tma_kernel)
 
 
-def _launch_tiled(a, b, out, ep: _Epilogue, cfg: MatmulConfig, plan=None) -> None:
+def _tiled_geometry(a, b, out, ep: _Epilogue, cfg: MatmulConfig):
+    """What the pointer kernel's launch for one problem fixes: grid, integer arguments, split and
+    workspace size (all determined by the shapes and strides a plan key pins)."""
     a3, s_ab = _batched(a)
     b3, s_bb = _batched(b)
     c3, s_cb = _batched(out)
@@ -397,87 +399,74 @@ def _launch_tiled(a, b, out, ep: _Epilogue, cfg: MatmulConfig, plan=None) -> Non
     n = b3.shape[-1]
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     split = cfg.split_k if batch == 1 else 1
-    if split > 1:
-        ws = torch.empty(tiles * split * cfg.block_m * cfg.block_n, dtype=torch.float32, device=out.device)
-        locks = _split_locks(out.device, tiles)
-    else:
-        ws = locks = out
-    bias, res, z, sa, sb = ep.pointers(out)
-    _TILED(plan, (tiles, split, batch), (
-        a3, b3, c3, bias, res, z, sa, sb, ws, locks,
-        m, n, k,
-        s_ab, a3.stride(1), a3.stride(2), s_bb, b3.stride(1), b3.stride(2),
-        s_cb, c3.stride(1), c3.stride(2), *ep.strides()),
-        dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-             SPLIT_K=split, EVEN_K=(k % cfg.block_k == 0), PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype),
-             **ep.flags()),
-        num_stages=cfg.num_stages, num_warps=cfg.num_warps)
+    ints = (m, n, k, s_ab, a3.stride(1), a3.stride(2), s_bb, b3.stride(1), b3.stride(2),
+            s_cb, c3.stride(1), c3.stride(2), *ep.strides())
+    return (tiles, split, batch), ints, tiles * split * cfg.block_m * cfg.block_n
 
 
-def _launch_tma(a, b, out, ep: _Epilogue, cfg: MatmulConfig, plan=None) -> None:
-    from triton.tools.tensor_descriptor import TensorDescriptor
+def _split_buffers(out, grid, ws_numel):
+    """(fp32 partials, arrival counters) of a split-K launch; the output stands in for both
+    (never touched) when K is not split."""
+    tiles, split, _ = grid
+    if split == 1:
+        return out, out
+    return torch.empty(ws_numel, dtype=torch.float32, device=out.device), _split_locks(out.device, tiles)
 
-    m, k = a.shape
-    n = b.shape[1]
-    a_t, a_shape, a_strides = _tma_view(a, m, k)
-    b_t, b_shape, b_strides = _tma_view(b, k, n)
-    a_desc = TensorDescriptor(a, a_shape, a_strides, [cfg.block_k, cfg.block_m] if a_t else [cfg.block_m, cfg.block_k])
-    b_desc = TensorDescriptor(b, b_shape, b_strides, [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n])
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    programs = min(tiles, sm_count())
-    bias, res, z, sa, sb = ep.pointers(out)
-    _TMA(plan, (programs,), (
-        a_desc, b_desc, out, bias, res, z, sa, sb,
-        m, n, k, out.stride(0), out.stride(1), *ep.strides()),
-        dict(A_T=a_t, B_T=b_t, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-             GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, WARP_SPECIALIZE=cfg.warp_specialize,
-             PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype), **ep.flags()),
-        num_stages=cfg.num_stages, num_warps=cfg.num_warps)
+
+def _launch_tiled(a, b, out, ep: _Epilogue, cfg: MatmulConfig, plan=None) -> None:
+    grid, ints, ws_numel = _tiled_geometry(a, b, out, ep, cfg)
+    k = ints[2]
+    _TILED(plan, grid, (a, b, out, *ep.pointers(out), *_split_buffers(out, grid, ws_numel), *ints),
+           dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+                SPLIT_K=grid[1], EVEN_K=(k % cfg.block_k == 0), PRECISION=_precision(a.dtype),
+                UPCAST=_upcast(a.dtype), **ep.flags()),
+           num_stages=cfg.num_stages, num_warps=cfg.num_warps)
 
 
 def _fast_tiled(a, b, out, ep: _Epilogue, cfg: MatmulConfig, recorded):
     """A closure that relaunches the pointer kernel for this plan with only the tensors looked up
     per call (every integer argument and the grid are fixed by the plan key)."""
     compiled, tail = recorded
-    a3, s_ab = _batched(a)
-    b3, s_bb = _batched(b)
-    c3, s_cb = _batched(out)
-    batch, m, k = a3.shape
-    n = b3.shape[-1]
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    split = cfg.split_k if batch == 1 else 1
-    grid = (tiles, split, batch)
-    ints = (m, n, k, s_ab, a3.stride(1), a3.stride(2), s_bb, b3.stride(1), b3.stride(2),
-            s_cb, c3.stride(1), c3.stride(2), *ep.strides())
-    ws_numel = tiles * split * cfg.block_m * cfg.block_n
+    grid, ints, ws_numel = _tiled_geometry(a, b, out, ep, cfg)
 
     def fire(a, b, out, ep):
-        if split > 1:
-            ws = torch.empty(ws_numel, dtype=torch.float32, device=out.device)
-            locks = _split_locks(out.device, tiles)
-        else:
-            ws = locks = out
-        launch(compiled, grid, (a, b, out, *ep.pointers(out), ws, locks, *ints, *tail))
+        launch(compiled, grid, (a, b, out, *ep.pointers(out), *_split_buffers(out, grid, ws_numel), *ints, *tail))
 
     return fire
 
 
-def _fast_tma(a, b, out, ep: _Epilogue, cfg: MatmulConfig, recorded):
-    """The same for the persistent TMA kernel: descriptors rebuilt per call around the new base
-    pointers (shape, strides and box are the plan's)."""
-    compiled, tail = recorded
+def _tma_geometry(a, b, out, ep: _Epilogue, cfg: MatmulConfig):
+    """The persistent kernel's fixed launch facts: each operand's row-major description and box
+    (transposed or not), the grid and the integer arguments."""
     m, k = a.shape
     n = b.shape[1]
     a_t, a_shape, a_strides = _tma_view(a, m, k)
     b_t, b_shape, b_strides = _tma_view(b, k, n)
-    a_box = [cfg.block_k, cfg.block_m] if a_t else [cfg.block_m, cfg.block_k]
-    b_box = [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n]
+    a_desc = (a_shape, a_strides, [cfg.block_k, cfg.block_m] if a_t else [cfg.block_m, cfg.block_k])
+    b_desc = (b_shape, b_strides, [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n])
     programs = min(triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), sm_count())
-    ints = (m, n, k, out.stride(0), out.stride(1), *ep.strides())
+    return a_t, b_t, a_desc, b_desc, programs, (m, n, k, out.stride(0), out.stride(1), *ep.strides())
+
+
+def _launch_tma(a, b, out, ep: _Epilogue, cfg: MatmulConfig, plan=None) -> None:
+    from triton.tools.tensor_descriptor import TensorDescriptor    # validates what Desc takes on trust
+
+    a_t, b_t, a_desc, b_desc, programs, ints = _tma_geometry(a, b, out, ep, cfg)
+    _TMA(plan, (programs,), (TensorDescriptor(a, *a_desc), TensorDescriptor(b, *b_desc), out, *ep.pointers(out), *ints),
+         dict(A_T=a_t, B_T=b_t, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+              GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, WARP_SPECIALIZE=cfg.warp_specialize,
+              PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype), **ep.flags()),
+         num_stages=cfg.num_stages, num_warps=cfg.num_warps)
+
+
+def _fast_tma(a, b, out, ep: _Epilogue, cfg: MatmulConfig, recorded):
+    """The same for the persistent TMA kernel: descriptors rebuilt per call around the new base
+    pointers (shape, strides and box are the plan's, validated on its first launch)."""
+    compiled, tail = recorded
+    _, _, a_desc, b_desc, programs, ints = _tma_geometry(a, b, out, ep, cfg)
 
     def fire(a, b, out, ep):
-        launch(compiled, (programs,), (Desc(a, a_shape, a_strides, a_box), Desc(b, b_shape, b_strides, b_box),
-                                       out, *ep.pointers(out), *ints, *tail))
+        launch(compiled, (programs,), (Desc(a, *a_desc), Desc(b, *b_desc), out, *ep.pointers(out), *ints, *tail))
 
     return fire
 
