@@ -701,3 +701,52 @@ def test_references():
     yr = linear_reference(x, w, bias, "silu", res)
     assert_close(yr, F.silu(F.linear(x.double(), w.double(), bias.double())) + res.double(), torch.float32)
     assert warpforge.matmul is matmul and warpforge.linear is linear
+
+
+# ----------------------------------------------------------------------------------------------
+# The planned relaunch (runtime/launch.py) passes what the first, JIT-launched call passed
+# ----------------------------------------------------------------------------------------------
+def _as_key(v):
+    if isinstance(v, torch.Tensor):
+        return ("tensor", v.data_ptr(), v.dtype)
+    if hasattr(v, "block_shape"):        # TensorDescriptor (first launch) or Desc (relaunch)
+        return ("desc", v.base.data_ptr(), tuple(v.shape), tuple(v.strides), tuple(v.block_shape), v.padding)
+    return v
+
+
+@pytest.mark.parametrize("kind", ["tiled", "tiled-split", "tma"])
+def test_relaunch_passes_the_first_launch_arguments(kind, monkeypatch):
+    """On a GPU the second call of a problem skips the JIT and hands the compiled kernel the
+    arguments directly; here both paths' arguments are captured and compared one by one (the
+    interpreter itself always takes the JIT path)."""
+    a, w = randn(40, 96, dtype=torch.bfloat16), randn(72, 96, dtype=torch.bfloat16)
+    b = w.T
+    out = torch.empty(40, 72, dtype=torch.bfloat16, device=a.device)
+    bias, res = randn(72, dtype=torch.bfloat16), randn(40, 72, dtype=torch.bfloat16)
+    ep = mm._Epilogue(out, bias, res, None, 2)
+    cfg = MatmulConfig(16, 32, 32, group_m=1, num_stages=2, num_warps=4, split_k=3 if kind == "tiled-split" else 1)
+    first = {}
+
+    def record(self, key, grid, args, constexprs, *, num_warps, num_stages):
+        first.update(grid=grid, args=args, constexprs=constexprs)
+
+    monkeypatch.setattr(mm.LaunchCache, "__call__", record)
+    tail_names = None
+    if kind == "tma":
+        mm._launch_tma(a, b, out, ep, cfg)
+        tail_names = mm._matmul_tma_kernel.arg_names[len(first["args"]):]
+    else:
+        mm._launch_tiled(a, b, out, ep, cfg)
+        tail_names = mm._matmul_kernel.arg_names[len(first["args"]):]
+    tail = tuple(first["constexprs"][n] for n in tail_names)
+    again = {}
+    monkeypatch.setattr(mm, "launch", lambda compiled, grid, values: again.update(grid=grid, values=values))
+    fire = (mm._fast_tma if kind == "tma" else mm._fast_tiled)(a, b, out, ep, cfg, (object(), tail))
+    fire(a, b, out, ep)
+    assert again["grid"] == first["grid"]
+    got, want = [_as_key(v) for v in again["values"]], [_as_key(v) for v in (*first["args"], *tail)]
+    if kind == "tiled-split":      # a fresh fp32 workspace each call: compare its size, not its address
+        i = mm._matmul_kernel.arg_names.index("ws_ptr")
+        assert again["values"][i].numel() == first["args"][i].numel()
+        got[i] = want[i] = "ws"
+    assert got == want
