@@ -501,8 +501,8 @@ def _fit_stages(cfg: MatmulConfig, in_bytes: int, out_bytes: int) -> MatmulConfi
     return cfg if stages == cfg.num_stages else dataclasses.replace(cfg, num_stages=stages)
 
 
-def _launcher(cfg: MatmulConfig, family: str):
-    return _launch_tma if (family == "persistent" or cfg.persistent) else _launch_tiled
+def _uses_tma(cfg: MatmulConfig, family: str) -> bool:
+    return family == "persistent" or cfg.persistent
 
 
 _PLANS: dict = {}
@@ -519,7 +519,7 @@ def _run(a, b, out, ep: _Epilogue, variant: str) -> None:
     if plan is None:
         if len(_PLANS) >= _MAX_PLANS:      # many distinct shapes (a serving loop's varying M): start over
             _PLANS.clear()
-        plan = _PLANS[key] = [*_plan(a, b, out, ep, variant), None]
+        plan = _PLANS[key] = [*_plan(a, b, out, ep, variant, key), None]
     tma, cfg, fire = plan
     if fire is not None:
         fire(a, b, out, ep)
@@ -530,8 +530,9 @@ def _run(a, b, out, ep: _Epilogue, variant: str) -> None:
         plan[2] = (_fast_tma if tma else _fast_tiled)(a, b, out, ep, cfg, recorded)
 
 
-def _plan(a, b, out, ep: _Epilogue, variant: str):
-    """(TMA kernel?, configuration) for one problem: tuned (and stored), cached, or the default."""
+def _plan(a, b, out, ep: _Epilogue, variant: str, problem: tuple):
+    """(TMA kernel?, configuration) for one problem (``problem``: its plan key in :func:`_run`):
+    tuned (and stored), cached, or the default."""
     family, tune = _resolve(a, b, variant)
     m, k = a.shape[-2:]
     n = b.shape[-1]
@@ -550,15 +551,19 @@ def _plan(a, b, out, ep: _Epilogue, variant: str):
         cfg = usable(MatmulConfig(**cached))
     elif tune and not interpreting():
         cands = list(dict.fromkeys(usable(c) for c in matmul_candidates(m, n, k, a.element_size(), cand_family)))
-        # each candidate timed through its own launch plan: the JIT's ~60 us of per-call Python would
-        # otherwise outlast a short-M kernel and the search would rank host time
-        cfg, _ = tuning.search(cands, lambda c: _launcher(c, cand_family)(a, b, out, ep, c, ("tune", key, c)))
+        # each candidate timed through its own launch plan, keyed on this exact problem: the JIT's
+        # ~60 us of per-call Python would otherwise outlast a short-M kernel and the search would
+        # rank host time
+        def run(c):
+            (_launch_tma if _uses_tma(c, cand_family) else _launch_tiled)(a, b, out, ep, c, ("tune", problem, c))
+
+        cfg, _ = tuning.search(cands, run)
         tuning.store(key, cfg.as_dict())
     else:
         cfg = usable(matmul_config(m, n, k, a.element_size(), cand_family))
         if cand_family == "auto" and not cfg.persistent and m > 256 and a.dim() == 2 and tma:
             cfg = dataclasses.replace(cfg, persistent=True)
-    return _launcher(cfg, cand_family) is _launch_tma, cfg
+    return _uses_tma(cfg, cand_family), cfg
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor, *, variant: str = "auto", bias=None, residual=None,
