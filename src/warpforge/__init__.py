@@ -10,6 +10,7 @@ setup_interpreter()
 
 from .ops.activations import geglu, swiglu  # noqa: E402
 from .ops.add import add  # noqa: E402
+from .ops.cross_entropy import cross_entropy, linear_cross_entropy  # noqa: E402
 from .ops.fp8 import linear_fp8, quantize_fp8, scaled_matmul  # noqa: E402
 from .ops.matmul import linear, matmul  # noqa: E402
 from .ops.norms import add_rms_norm, layer_norm, rms_norm  # noqa: E402
@@ -22,5 +23,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "add", "sum", "amax", "softmax", "log_softmax", "layer_norm", "rms_norm", "add_rms_norm",
-    "swiglu", "geglu", "apply_rope", "matmul", "linear", "quantize_fp8", "scaled_matmul", "linear_fp8", "nn", "interpreting",
+    "swiglu", "geglu", "apply_rope", "matmul", "linear", "cross_entropy", "linear_cross_entropy", "quantize_fp8", "scaled_matmul", "linear_fp8", "nn", "interpreting",
 ]

@@ -78,7 +78,8 @@ def split_launch(kernel, m: int, cfg: RowConfig, device: torch.device, args, **c
     cp = triton.next_power_of_2(c)
     stats = torch.full((m, c, 2), SENTINEL.value, device=device, dtype=torch.int32)
     probe = make(1)
-    key = (kernel, tuple(sorted(constexprs.items())), tuple(a.dtype if isinstance(a, torch.Tensor) else None for a in probe))
+    key = (kernel, cfg.num_warps, tuple(sorted(constexprs.items())),
+           tuple(a.dtype if isinstance(a, torch.Tensor) else None for a in probe))
     resident = 1 if interpreting() else _RESIDENT.get(key)
     if resident is None:
         compiled = kernel.warmup(*probe, stats, c, 1, CP=cp, grid=(1,), num_warps=cfg.num_warps, **constexprs)

@@ -64,6 +64,29 @@ def row_config(n: int, split_ok: bool = True) -> RowConfig:
     return RowConfig("loop", CHUNK, 1, warps_for(CHUNK))
 
 
+# Cross-entropy (ops/cross_entropy.py): a vocabulary row of V logits. On the GPU the split path
+# (C = V / CE_CHUNK co-resident programs a row, one read and one write); in the interpreter, which
+# runs programs one at a time, one program a row walking it in CE_LOOP_BLOCK pieces.
+CE_CHUNK = 4096
+CE_SPLIT_WARPS = 4
+CE_LOOP_BLOCK = 1024
+
+
+@functools.lru_cache(maxsize=4096)
+def ce_config(v: int) -> RowConfig:
+    """How the cross-entropy forward covers rows of ``v`` logits."""
+    if not interpreting():
+        chunk = min(CE_CHUNK, triton.next_power_of_2(v))
+        chunks = triton.cdiv(v, chunk)
+        if chunks <= SPLIT_MAX_CHUNKS:
+            return RowConfig("split", chunk, 1, CE_SPLIT_WARPS, chunks)
+        return RowConfig("loop", CE_CHUNK, 1, 8)
+    block = min(CE_LOOP_BLOCK, triton.next_power_of_2(v))
+    if block >= v:       # one program holds the row: the split kernel with C = 1 (nothing to wait for)
+        return RowConfig("split", block, 1, 4, 1)
+    return RowConfig("loop", block, 1, 4)
+
+
 def resident_programs(compiled, num_warps: int) -> int:
     """How many programs of a compiled kernel the whole device holds at once, from its register
     and shared-memory use (the occupancy calculation, kept conservative)."""
