@@ -13,7 +13,8 @@ from warpforge import bench as wbench
 from warpforge.bench import report, runner, timing, workloads as W
 
 EXPECTED_OPS = {"add", "sum", "amax", "softmax", "log_softmax", "layer_norm", "rms_norm", "add_rms_norm",
-                "swiglu", "geglu", "rope", "matmul", "matmul_bwd", "linear_gelu", "fp8_matmul"}
+                "swiglu", "geglu", "rope", "matmul", "matmul_bwd", "linear_gelu", "fp8_matmul", "cross_entropy",
+                "linear_cross_entropy"}
 
 
 def _case(name: str, label: str) -> W.Case:
@@ -66,6 +67,27 @@ def test_byte_models_exact():
         assert all(wl.flops(c, m) > 0 for c in wl.cases(True) for m in wl.modes)
 
 
+def test_cross_entropy_workloads():
+    ce, lce = W.WORKLOADS["cross_entropy"], W.WORKLOADS["linear_cross_entropy"]
+    T, V, H = 8192, 128256, 4096
+    assert [c.label for c in ce.cases(False) if c.headline] == [f"{T}x{V}"]
+    assert len(ce.cases(False)) == 9 and {c.label for c in ce.cases(True)} == {f"{T}x{V}", "4096x32000"}
+    assert [c.dims for c in lce.cases(True)] == [{"T": T, "V": V, "H": H}] and len(lce.cases(False)) == 9
+    c, lc = _case("cross_entropy", f"{T}x{V}"), next(c for c in lce.cases(False) if c.headline)
+    assert ce.bytes(c, "fwd", 2) == T * V * 2 + 8 * T
+    assert ce.bytes(c, "fwd+bwd", 2) == 2 * T * V * 2 + 8 * T      # PERF.md's floor: read logits, write dlogits
+    assert lce.bytes(lc, "fwd+bwd", 2) == 2 * (T * H + V * H) * 2 + 8 * T
+    assert lce.flops(lc, "fwd") == 2 * T * V * H and lce.flops(lc, "fwd+bwd") == 6 * T * V * H
+    for wl in (ce, lce):   # one graph, one backward: the gradient is formed in the forward
+        assert wl.modes == ("fwd", "fwd+bwd") and "retain_graph" in wl.notes and wl.measure_memory
+    assert ce.liger_writes_inputs and not lce.liger_writes_inputs
+    assert [r.name for r in lce.references] == ["cublas_gemms"] and not ce.references
+    h, w, t = lce.make(W.Case("5x7 H=3", {"T": 5, "V": 7, "H": 3}), torch.float32, "cpu")
+    assert t.dtype == torch.int64 and 0 <= t.min() and t.max() < 7
+    assert W._cublas_gemms("fwd", (h, w, t))().shape == (5, 7)
+    assert [tuple(o.shape) for o in W._cublas_gemms("fwd+bwd", (h, w, t))()] == [(5, 7), (5, 3), (7, 3)]
+
+
 def test_unknown_op_names_the_known_ones():
     with pytest.raises(ValueError, match="unknown op: nope.*known: add, sum"):
         W.get(["softmax", "nope"])
@@ -96,6 +118,21 @@ def test_check_run_softmax_end_to_end(monkeypatch, capsys, tmp_path):
     assert [(r["direction"], r["ok"]) for r in rows] == [("fwd", True), ("bwd", True)]
     assert rows[0]["rel_err"] < 2e-5 and rows[0]["wall_ms"] > 0
     assert (tmp_path / "correctness.md").exists()
+
+
+def test_check_run_cross_entropy_workloads(monkeypatch):
+    """The workloads' inputs, our calls and the float64 references wired up (bf16: eager's upcast
+    is not the reference; the targets stay int64), forward and backward."""
+    wls = [W.WORKLOADS["cross_entropy"], W.WORKLOADS["linear_cross_entropy"]]
+    def first_of(wl):
+        first = wl.check_cases()[0]
+        return lambda: [first]
+
+    for wl in wls:
+        monkeypatch.setattr(wl, "check_cases", first_of(wl))
+    res = runner.run_check(wls, [torch.bfloat16])
+    assert [(r["op"], r["direction"], r["status"]) for r in res.rows] == [
+        (op, d, "ok") for op in ("cross_entropy", "linear_cross_entropy") for d in ("fwd", "bwd")]
 
 
 def test_check_run_fails_on_wrong_results(monkeypatch, capsys):
@@ -173,6 +210,118 @@ def test_bench_runner_plumbing_with_fake_timers(monkeypatch):
     assert fwd["err_vs_eager"] < 1e-5
     assert ("warpforge[dispatch]", False) in doors and ("warpforge", True) in doors
     assert any("peer absent -- compile" in n for n in res.notes)
+
+
+def test_bench_runner_refs_memory_private_inputs_oom(monkeypatch):
+    """The runner's workload features on the CPU with the timers and the CUDA memory counters
+    replaced: reference rows (timed, never a peer, vs_ref on the others), extra_gib, Liger's private
+    inputs (its in-place writes never reach the others), an out-of-memory peer as a failed row that
+    frees memory and does not stop the run (nor cost our row, whose eager check needs that peer)."""
+    import torch.nn.functional as F
+
+    times = {"warpforge": 1.0, "eager": 2.0, "liger": 1.5, "cublas_gemms": 0.5}
+    gib = {"warpforge": 0.25, "eager": 3.0, "liger": 1.0, "cublas_gemms": 2.0}
+    current, events, made, seen, dys = {}, [], [], [], []
+
+    def fake_ms(fn, cfg):
+        fn()
+        events.append(current["impl"])
+        return times[current["impl"]]
+
+    real_measure = runner._measure
+
+    def measure(wl, case, dtype, mode, impl, *a):
+        current["impl"], current["mode"] = impl.name, mode
+        return real_measure(wl, case, dtype, mode, impl, *a)
+
+    monkeypatch.setattr(runner, "_measure", measure)
+    monkeypatch.setattr(timing, "warm", lambda fn, n: fn())
+    monkeypatch.setattr(timing, "device_ms", fake_ms)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: events.append("reset"))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 2**30)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: int(2**30 * (1 + gib[current["impl"]])))
+
+    ce, lce = W.WORKLOADS["cross_entropy"], W.WORKLOADS["linear_cross_entropy"]
+    monkeypatch.setattr(ce, "cases", lambda quick: [W.Case("6x37", {"T": 6, "V": 37}, headline=True)])
+    monkeypatch.setattr(lce, "cases", lambda quick: [W.Case("6x37 H=8", {"T": 6, "V": 37, "H": 8}, headline=True)])
+    real_make = ce.make
+    monkeypatch.setattr(ce, "make", lambda *a: made.append(real_make(*a)) or made[-1])
+
+    def oom(x, t):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 100.00 GiB")
+
+    def liger_like(x, t):   # as Liger: the gradient lands in the logits' storage
+        seen.append((current["mode"], x.detach().clone(), x.data_ptr()))
+        loss = F.cross_entropy(x.float(), t)
+        x.detach().fill_(float("nan"))
+        if loss.requires_grad:
+            loss.register_hook(lambda g: dys.append(g.item()))
+        return loss
+
+    # ours in plain PyTorch: this is the runner's plumbing (the interpreter runs the real ops in
+    # test_check_run_cross_entropy_workloads)
+    monkeypatch.setattr(ce, "ours_fn", lambda get: {"warpforge": lambda x, t: F.cross_entropy(x, t)})
+    monkeypatch.setattr(lce, "ours_fn", lambda get: {"warpforge": lambda h, w, t: F.cross_entropy(h @ w.T, t)})
+    monkeypatch.setattr(ce, "eager", oom)
+    monkeypatch.setattr(ce, "liger_fn", lambda: liger_like)
+    monkeypatch.setattr(lce, "liger_fn", lambda: lambda h, w, t: F.cross_entropy((h @ w.T).float(), t))
+    res = runner.run_bench([ce, lce], list(W.MODES), [torch.float32], use_compile=False, copy_gbps=1.0,
+                           device=DEVICE)
+    assert any(n.startswith("cross_entropy: modes fwd and fwd+bwd only") for n in res.notes)
+    rows = {(r["op"], r["mode"], r["impl"]): r for r in res.rows}
+    assert {m for _, m, _ in rows} == {"fwd", "fwd+bwd"}
+
+    # cross_entropy: eager out of memory -> failed rows; the run goes on; ours keeps its row
+    for mode in ("fwd", "fwd+bwd"):
+        assert rows["cross_entropy", mode, "eager"]["status"].startswith("failed: OutOfMemoryError")
+        ours, liger = rows["cross_entropy", mode, "warpforge"], rows["cross_entropy", mode, "liger"]
+        assert ours["status"] == liger["status"] == "ok"
+        assert ours["best_peer"] == "liger" and ours["ratio"] == pytest.approx(1.5)
+        assert ours["extra_gib"] == pytest.approx(0.25) and liger["extra_gib"] == pytest.approx(1.0)
+        assert rows["cross_entropy", mode, "eager"]["extra_gib"] is None
+        assert "vs_ref" not in ours
+    assert rows["cross_entropy", "fwd", "warpforge"]["err_vs_eager"] is None   # eager's OOM cost only the check
+    assert dys and set(dys) == {1.0}, "a loss's backward is timed with dy = 1, as loss.backward() passes"
+    assert events[:5] == ["warpforge", "reset", "empty_cache", "empty_cache", "liger"], \
+        "memory freed after the failed check and after the failed eager row, before liger runs"
+    # Liger got a private copy in each mode, made once (its later calls see its own writes): equal
+    # to the inputs, never their storage; its in-place writes stayed in it
+    (x, _t), = made
+    assert torch.isfinite(x).all()
+    assert all(ptr != x.data_ptr() for _m, _v, ptr in seen)
+    for mode in ("fwd", "fwd+bwd"):
+        calls = [v for m, v, _p in seen if m == mode]
+        assert len(calls) >= 3 and torch.equal(calls[0], x) and all(v.isnan().all() for v in calls[1:])
+
+    # linear_cross_entropy: the reference row is timed, never a peer, and the others' yardstick
+    for mode in ("fwd", "fwd+bwd"):
+        ref = rows["linear_cross_entropy", mode, "cublas_gemms"]
+        assert ref["kind"] == "ref" and ref["status"] == "ok" and ref["ms"] == 0.5
+        assert ref["ratio"] is None and ref["best_peer"] is None and ref["vs_ref"] is None
+        assert ref["extra_gib"] == pytest.approx(2.0)
+        for impl in ("warpforge", "eager", "liger"):
+            r = rows["linear_cross_entropy", mode, impl]
+            assert r["status"] == "ok" and r["best_peer"] == "liger", r
+            assert r["vs_ref"] == {"cublas_gemms": pytest.approx(times[impl] / 0.5)}
+            assert r["extra_gib"] == pytest.approx(gib[impl])
+    assert rows["linear_cross_entropy", "fwd", "warpforge"]["err_vs_eager"] < 1e-5
+
+    # the report: the optional columns for these ops only; the summary reads the bars
+    md = report.results_markdown(res.rows + _rows(), {"date": "2026-01-01"}, res.notes)
+    sections = {s.split("\n", 1)[0]: s for s in md.split("## ")[1:]}
+    assert "time / ref" in sections["linear_cross_entropy"] and "extra GiB" in sections["linear_cross_entropy"]
+    assert "2.00x cublas_gemms" in sections["linear_cross_entropy"] and "0.25" in sections["cross_entropy"]
+    assert "extra GiB" in sections["cross_entropy"] and "time / ref" not in sections["cross_entropy"]
+    assert "extra GiB" not in sections["softmax"] and "time / ref" not in sections["softmax"]
+    summ = {(e["op"], e["mode"]): e for e in report.summary(res.rows)}
+    e = summ["linear_cross_entropy", "fwd+bwd"]
+    assert e["vs_ref"] == {"cublas_gemms": pytest.approx(2.0)} and e["extra_gib"] == pytest.approx(0.25)
+    assert e["ours_ms"] == 1.0 and e["floor_ms"] == pytest.approx(e["ours_pct"] / 100)
+    heads = [h for _, h in report.summary_columns(list(summ.values()))]
+    assert heads[-2:] == ["time / ref", "extra GiB"] and "roof ms" in heads
+    assert not {"time / ref", "extra GiB"} & {h for _, h in report.summary_columns(report.summary(_rows()))}
 
 
 # ---------------------------------------------------------------------------------------------- reports

@@ -90,8 +90,10 @@ def bench(ops: list[str] | None = None, *, modes: list[str] | None = None, dtype
                                             torch.float16: ceil.get("fp16_tflops")},
                                progress=report.Progress("bench"))
     for op in dict.fromkeys(r["op"] for r in res.rows):
-        report.print_table([r for r in res.rows if r["op"] == op], report.BENCH_COLUMNS, title=op)
-    report.print_table(report.summary(res.rows), report.SUMMARY_COLUMNS,
+        group = [r for r in res.rows if r["op"] == op]
+        report.print_table(group, report.bench_columns(group), title=op)
+    s = report.summary(res.rows)
+    report.print_table(s, report.summary_columns(s),
                        title=f"summary ({report.summary_dtype(res.rows)}, headline shapes; % of the measured roof)")
     out_dir = Path(out) if out else report.default_out_dir(info.name)
     for p in report.write_results(out_dir, res.rows, meta, res.notes):
@@ -116,7 +118,8 @@ def merge(inputs: list[str | Path], out: str | Path) -> int:
     latest = {group(row): i for i, r in enumerate(runs) for row in r["rows"]}
     rows = [row for i, r in enumerate(runs) for row in r["rows"] if latest[group(row)] == i]
     notes = list(dict.fromkeys(n for r in runs for n in r.get("notes", [])))
-    report.print_table(report.summary(rows), report.SUMMARY_COLUMNS,
+    s = report.summary(rows)
+    report.print_table(s, report.summary_columns(s),
                        title=f"summary ({report.summary_dtype(rows)}, headline shapes; % of the measured roof)")
     for p in report.write_results(out, rows, meta, notes):
         print(f"wrote {p}")

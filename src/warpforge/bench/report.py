@@ -83,8 +83,31 @@ CHECK_COLUMNS = [("op", "op"), ("dtype", "dtype"), ("shape", "shape"), ("impl", 
                  ("rel_err", "rel err"), ("tol", "tol"), ("ok", "pass"), ("wall_ms", "interp ms"),
                  ("status", "status")]
 SUMMARY_COLUMNS = [("op", "op"), ("mode", "mode"), ("dtype", "dtype"), ("shape", "headline shape"),
+                   ("ours_ms", "warpforge ms"), ("floor_ms", "roof ms"),
                    ("ours_pct", "warpforge % roof"), ("best_peer", "best peer"), ("peer_pct", "peer % roof"),
                    ("ratio", "ratio (peer ms / ours)"), ("geomean_ratio", "geomean ratio, large shapes")]
+# Columns only some workloads fill (references, memory): shown where a row of the table has them.
+OPTIONAL_COLUMNS = [("vs_ref", "time / ref"), ("extra_gib", "extra GiB")]
+
+
+def _with_optional(rows: list[dict], columns) -> list:
+    """``columns`` plus each optional column some row of ``rows`` carries (before "status")."""
+    extra = [c for c in OPTIONAL_COLUMNS if any(c[0] in r for r in rows)]
+    if not extra:
+        return list(columns)
+    cols = list(columns)
+    at = next((i for i, (k, _) in enumerate(cols) if k == "status"), len(cols))
+    return cols[:at] + extra + cols[at:]
+
+
+def bench_columns(rows: list[dict]) -> list:
+    """The per-op table's columns: the time to the reference rows and the extra peak memory appear
+    for the workloads that measure them (the rows carry ``vs_ref`` / ``extra_gib``) only."""
+    return _with_optional(rows, BENCH_COLUMNS)
+
+
+def summary_columns(entries: list[dict]) -> list:
+    return _with_optional([{k: v for k, v in e.items() if v is not None} for e in entries], SUMMARY_COLUMNS)
 
 
 def _cells(row: dict, columns) -> list[str]:
@@ -93,6 +116,10 @@ def _cells(row: dict, columns) -> list[str]:
         v = row.get(key)
         if key == "ratio" and isinstance(v, float):
             out.append(f"{v:.2f}x")
+        elif key == "vs_ref" and isinstance(v, dict):
+            out.append(", ".join(f"{x:.2f}x {name}" for name, x in v.items()) or "-")
+        elif key == "extra_gib" and isinstance(v, float):
+            out.append(f"{v:.2f}")
         elif key in ("pct_copy", "pct_roof") or key.endswith("_pct"):
             out.append("-" if v is None else f"{v:.1f}")
         else:
@@ -131,6 +158,8 @@ def print_table(rows: list[dict], columns, title: str = "", file=None) -> None:
                 style = "red"
             elif r.get("kind") == "ours":
                 style = "bold"
+            elif r.get("kind") == "ref":
+                style = "italic"
             t.add_row(*(Text(c) for c in _cells(r, columns)), style=style)   # Text: "[naive]" is no markup
         Console(file=file, width=200).print(t)
     else:
@@ -160,9 +189,13 @@ def _pct(r: dict):
 
 
 def summary(rows: list[dict]) -> list[dict]:
-    """Per op and mode, at the headline large shape of the summary dtype: warpforge's % of the
-    roofline (copy bandwidth x intensity, capped by the measured GEMM rate), the best peer's, their
-    ratio; and the geometric mean of the ratio over all large shapes."""
+    """Per op and mode, at the headline large shape of the summary dtype: warpforge's time and the
+    roofline's (the time at 100% of the roof: the byte floor at the measured copy bandwidth for a
+    memory-bound op, the FLOPs at the measured GEMM rate for a compute-bound one), warpforge's % of
+    the roofline (copy bandwidth x intensity, capped by the measured GEMM rate), the best peer's,
+    their ratio; the geometric mean of the ratio over all large shapes; and where the workload
+    measures them, warpforge's time over each reference row's (``vs_ref``) and its extra peak
+    memory (``extra_gib``)."""
     dt = summary_dtype(rows)
     out = []
     keys = list(dict.fromkeys((r["op"], r["mode"]) for r in rows if r["dtype"] == dt))
@@ -171,9 +204,15 @@ def summary(rows: list[dict]) -> list[dict]:
         head = [r for r in group if r.get("headline")]
         ours = next((r for r in head if r["impl"] == "warpforge"), None)
         entry = {"op": op, "mode": mode, "dtype": dt, "shape": head[0]["shape"] if head else None,
-                 "ours_pct": None, "best_peer": None, "peer_pct": None, "ratio": None, "geomean_ratio": None}
+                 "ours_ms": None, "floor_ms": None, "ours_pct": None, "best_peer": None, "peer_pct": None,
+                 "ratio": None, "geomean_ratio": None, "vs_ref": None, "extra_gib": None}
         if ours is not None:
             entry["ours_pct"] = _pct(ours) if _ok(ours) else None
+            if _ok(ours):
+                entry["ours_ms"] = ours["ms"]
+                entry["floor_ms"] = ours["ms"] * entry["ours_pct"] / 100 if entry["ours_pct"] else None
+                entry["vs_ref"] = ours.get("vs_ref")
+                entry["extra_gib"] = ours.get("extra_gib")
             entry["best_peer"] = ours.get("best_peer")
             entry["ratio"] = ours.get("ratio")
             peer = next((r for r in head if r["impl"] == ours.get("best_peer")), None)
@@ -205,12 +244,20 @@ def results_markdown(rows: list[dict], meta: dict, notes: list[str]) -> str:
               "measured roofline at the op's FLOP/byte (copy bandwidth x intensity, capped by the cuBLAS "
               "GEMM rate of the dtype). "
               "Ratio = best peer's time / this row's time (> 1: faster than every peer). "
-              "host µs (decode shapes): wall clock per call of 200 back-to-back calls and one synchronize.", ""]
+              "host µs (decode shapes): wall clock per call of 200 back-to-back calls and one synchronize. "
+              "roof ms (summary): the time at 100% of the roof, i.e. the byte floor at the measured copy "
+              "bandwidth (memory-bound ops) or the FLOPs at the measured GEMM rate (compute-bound). "
+              "Where an op has reference rows (kind ref, e.g. cublas_gemms: the GEMMs the op cannot avoid, "
+              "timed in the same run; never a peer), time / ref = this row's time / the reference's "
+              "(< 1: faster than the reference). extra GiB (ops that measure it): peak device memory one "
+              "call adds above the inputs, its outputs and gradients included.", ""]
     if notes:
         lines += ["Notes:", ""] + [f"- {n}" for n in notes] + [""]
-    lines += ["## Summary", "", markdown_table(summary(rows), SUMMARY_COLUMNS), ""]
+    s = summary(rows)
+    lines += ["## Summary", "", markdown_table(s, summary_columns(s)), ""]
     for op in dict.fromkeys(r["op"] for r in rows):
-        lines += [f"## {op}", "", markdown_table([r for r in rows if r["op"] == op], BENCH_COLUMNS), ""]
+        group = [r for r in rows if r["op"] == op]
+        lines += [f"## {op}", "", markdown_table(group, bench_columns(group)), ""]
     return "\n".join(lines)
 
 

@@ -4,14 +4,19 @@ Two entry points:
 
 - :func:`run_bench` (CUDA): for each op, dtype and shape, makes the inputs once, then for each mode
   times every implementation -- ours (``warpforge``, named variants, and on decode shapes the
-  dispatcher door ``warpforge[dispatch]``) and the peers (``eager``, ``compile``, ``liger``). A
-  failing implementation becomes a row marked "failed: <reason>"; nothing stops the run.
+  dispatcher door ``warpforge[dispatch]``), the peers (``eager``, ``compile``, ``liger``) and the
+  workload's references (kind "ref": yardsticks such as the cuBLAS GEMMs an op must do, never a
+  peer; every other row gets ``vs_ref``, its time over theirs). A failing implementation becomes a
+  row marked "failed: <reason>"; nothing stops the run (an out-of-memory frees what it can first).
+  Workloads with ``measure_memory`` record each row's extra peak memory (``extra_gib``); one with
+  ``liger_writes_inputs`` runs Liger on a private copy of the inputs.
 - :func:`run_check` (any device, the CPU one under the Triton interpreter): every op forward and
   backward on small odd shapes against a float64 reference; relative error, pass/fail, wall time.
 
 Modes. ``fwd``: the forward alone, inputs without ``requires_grad``. ``bwd``: the backward alone, on
 a graph built once outside the timing (``torch.autograd.grad(out, inputs, dy, retain_graph=True)``).
-``fwd+bwd``: both, a fresh graph per call.
+``fwd+bwd``: both, a fresh graph per call. The upstream gradient dy is random, but 1 for a scalar
+output (a loss: what ``loss.backward()`` passes; see :func:`upstream_grad`).
 """
 from __future__ import annotations
 
@@ -98,9 +103,11 @@ class NullProgress:
 @dataclass
 class Impl:
     name: str
-    kind: str                 # "ours" | "peer"
-    fn: Callable
+    kind: str                 # "ours" | "peer" | "ref"
+    fn: Callable              # ours, peer: the op on the workload's args; ref: (mode, args) -> the step
     dispatch: bool = False    # time through the dispatcher door
+    private_inputs: bool = False   # it writes into its inputs: give it its own copy (made before its
+                                   # row in each mode, outside the timing; dropped after)
 
 
 @dataclass
@@ -118,7 +125,7 @@ def _step(fn: Callable, mode: str, base: tuple, grad_args: tuple[int, ...]) -> C
     outs = [o for o in tensors(fn(*args)) if o.requires_grad]
     if not outs:
         raise RuntimeError("output does not require grad (no autograd formula)")
-    dys = [torch.randn_like(o) for o in outs]
+    dys = [upstream_grad(o) for o in outs]
     if mode == "bwd":
         return lambda: torch.autograd.grad(outs, inputs, dys, retain_graph=True, allow_unused=True)
     del outs   # fwd+bwd builds its own graph each call
@@ -127,6 +134,33 @@ def _step(fn: Callable, mode: str, base: tuple, grad_args: tuple[int, ...]) -> C
         o = [t for t in tensors(fn(*args)) if t.requires_grad]
         return torch.autograd.grad(o, inputs, dys, allow_unused=True)
     return fwd_bwd
+
+
+def private_copy(args: tuple) -> tuple:
+    """A copy of every tensor argument (for an implementation that writes into its inputs)."""
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+def free_memory() -> None:
+    """Give cached device memory back after a failure (an out-of-memory above all), so the next
+    implementation starts from the inputs alone."""
+    gc.collect()
+    with contextlib.suppress(Exception):
+        torch.cuda.synchronize()
+    with contextlib.suppress(Exception):
+        torch.cuda.empty_cache()
+
+
+def upstream_grad(out: torch.Tensor) -> torch.Tensor:
+    """The dy a timed backward gets: random, except 1 for a scalar output -- a loss, whose
+    ``loss.backward()`` passes exactly 1, and the fused-gradient losses (ours, Liger's) skip their
+    rescaling pass over the gradient exactly then; a random scalar would time a pass no training
+    step makes. (The correctness run keeps a random one: it checks that scaling.)"""
+    return torch.ones_like(out) if out.dim() == 0 else torch.randn_like(out)
 
 
 def attainable_tflops(flops: int, nbytes: int, copy_gbps: float | None, flat_tflops: float | None) -> float | None:
@@ -149,20 +183,25 @@ def _measure(wl: Workload, case: Case, dtype: torch.dtype, mode: str, impl: Impl
         "gbps": None, "tflops": None, "pct_copy": None, "pct_roof": None, "best_peer": None, "best_peer_ms": None, "ratio": None,
         "err_vs_eager": None,
     }
+    if wl.references:
+        row["vs_ref"] = None
+    if wl.measure_memory:
+        row["extra_gib"] = None
+    failed = False
+    step = args = None
     try:
+        args = private_copy(base) if impl.private_inputs else base
         with dispatcher_door(impl.dispatch):
-            step = _step(impl.fn, mode, base, wl.grad_args)
+            step = impl.fn(mode, args) if impl.kind == "ref" else _step(impl.fn, mode, args, wl.grad_args)
             timing.warm(step, cfg.warm_calls)
             ms = timing.device_ms(step, cfg)
             if case.small:
                 row["host_us"] = timing.host_us(step, cfg.host_calls)
+            if wl.measure_memory:
+                row["extra_gib"] = timing.extra_gib(step)
+            step = None   # its graph and outputs go before the check below
             if impl.kind == "ours" and mode == "fwd":
-                with torch.no_grad():
-                    ours = tensors(impl.fn(*base))
-                    ref = tensors(wl.eager(*base))
-                row["err_vs_eager"] = max((rel_err(o, r) for o, r in zip(ours, ref)), default=None)
-                del ours, ref
-            del step
+                row["err_vs_eager"] = _err_vs_eager(wl, impl, args)
         row["ms"] = ms
         row["gbps"] = nbytes / ms / 1e6
         row["tflops"] = nflops / ms / 1e9
@@ -172,19 +211,47 @@ def _measure(wl: Workload, case: Case, dtype: torch.dtype, mode: str, impl: Impl
             row["pct_roof"] = 100.0 * row["tflops"] / roof if roof else None
     except Exception as e:  # noqa: BLE001 -- any failure of one implementation is a row, not a crash
         row["status"] = failure(e)
-        with contextlib.suppress(Exception):
-            torch.cuda.synchronize()
+        failed = True
+    if failed:
+        # out of the except block: the traceback (and the tensors its frames hold) is gone now
+        del step, args
+        free_memory()
     return row
 
 
+def _err_vs_eager(wl: Workload, impl: Impl, args: tuple) -> float | None:
+    """Relative difference of our forward from eager's on the timed inputs. None where eager runs
+    out of memory (it may need several times the inputs: an fp32 upcast of (T, V) logits, say):
+    that costs the check, never our row."""
+    ours = ref = None
+    try:
+        with torch.no_grad():
+            ours = tensors(impl.fn(*args))
+            ref = tensors(wl.eager(*args))
+            return max((rel_err(o, r) for o, r in zip(ours, ref)), default=None)
+    except Exception as e:
+        if not is_oom(e):
+            raise
+    ours = ref = None
+    free_memory()
+    return None
+
+
 def _fill_ratios(rows: list[dict]) -> None:
-    """Best peer (fastest of eager/compile/liger) of one (op, mode, dtype, shape) group, and
-    every row's ratio best_peer_ms / ms (> 1: that row beats the best peer)."""
+    """Best peer (fastest of eager/compile/liger) of one (op, mode, dtype, shape) group, and every
+    row's ratio best_peer_ms / ms (> 1: that row beats the best peer). References (kind "ref") are
+    never a peer; every other row gets ``vs_ref``: {reference: ms / reference ms} (< 1: faster)."""
+    refs = [r for r in rows if r["kind"] == "ref" and r["status"] == "ok"]
+    for r in rows:
+        if refs and r["kind"] != "ref" and r["status"] == "ok":
+            r["vs_ref"] = {f["impl"]: r["ms"] / f["ms"] for f in refs}
     peers = [r for r in rows if r["kind"] == "peer" and r["status"] == "ok"]
     if not peers:
         return
     best = min(peers, key=lambda r: r["ms"])
     for r in rows:
+        if r["kind"] == "ref":
+            continue
         r["best_peer"], r["best_peer_ms"] = best["impl"], best["ms"]
         if r["status"] == "ok":
             r["ratio"] = best["ms"] / r["ms"]
@@ -263,9 +330,12 @@ def _bench_case(wl, case, dtype, device, ours, liger, modes, use_compile, cfg, c
     try:
         base = wl.make(case, dtype, device)
     except Exception as e:  # noqa: BLE001 -- e.g. out of memory for this dtype
-        return [{"op": wl.name, "mode": m, "dtype": DTYPE_NAMES[dtype], "shape": case.label, "dims": dict(case.dims),
+        rows = [{"op": wl.name, "mode": m, "dtype": DTYPE_NAMES[dtype], "shape": case.label, "dims": dict(case.dims),
                  "small": case.small, "headline": case.headline, "impl": "inputs", "kind": "inputs",
                  "status": failure(e)} for m in modes]
+    if rows:
+        free_memory()   # what the inputs made before failing
+        return rows
     impls = [Impl(name, "ours", fn) for name, fn in ours.items() if name == "warpforge" or wl.variants_on(case)]
     if case.small and "warpforge" in ours:
         impls.append(Impl("warpforge[dispatch]", "ours", ours["warpforge"], dispatch=True))
@@ -274,9 +344,12 @@ def _bench_case(wl, case, dtype, device, ours, liger, modes, use_compile, cfg, c
         torch._dynamo.reset()   # one compiled graph per shape; never hit the recompile limit
         impls.append(Impl("compile", "peer", torch.compile(wl.eager, dynamic=False)))
     if liger is not None:
-        impls.append(Impl("liger", "peer", liger))
+        impls.append(Impl("liger", "peer", liger, private_inputs=wl.liger_writes_inputs))
+    refs = {ref.name: ref for ref in wl.references}
+    impls += [Impl(name, "ref", ref.step) for name, ref in refs.items()]
     for mode in modes:
-        group = [_measure(wl, case, dtype, mode, impl, base, cfg, copy_gbps, flat) for impl in impls]
+        group = [_measure(wl, case, dtype, mode, impl, base, cfg, copy_gbps, flat) for impl in impls
+                 if impl.kind != "ref" or refs[impl.name].applies(mode)]
         _fill_ratios(group)
         rows.extend(group)
     del base, impls

@@ -8,6 +8,9 @@
   call. Below ~20 us of GPU work per call, Python and dispatcher overhead is the cost, and this is
   the number that shows it; ``device_ms`` hides it because events bracket only the GPU work.
 
+- ``extra_gib``: the peak device memory one call adds above what is allocated before it (its
+  outputs, gradients and workspace count; the inputs, already there, do not).
+
 Nothing here runs without CUDA; the correctness run on CPU times with :func:`wall_ms` only.
 """
 from __future__ import annotations
@@ -61,6 +64,19 @@ def host_us(fn: Callable[[], object], calls: int = 200, warmup: int = 1, include
     dt = time.perf_counter() - t0
     torch.cuda.synchronize()
     return dt / calls * 1e6
+
+
+def extra_gib(fn: Callable[[], object]) -> float:
+    """GiB of device memory one call of ``fn`` adds at its peak over what was allocated before it,
+    with everything it returns still held (the outputs and gradients a caller would keep)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    del out
+    return (peak - base) / 2**30
 
 
 def wall_ms(fn: Callable[[], object]) -> tuple[object, float]:

@@ -17,9 +17,22 @@ element of the benchmark dtype; weight vectors of N elements are counted too:
     sum, amax                 M*N*s + M*s
     swiglu, geglu             fwd 3*M*N*s, bwd 5*M*N*s   (fwd+bwd: 8 tensors)
     rope                      fwd 2*(|q|+|k|)*s, bwd the same again (cos/sin tables not counted)
+    cross_entropy             fwd T*V*s + 8*T            (read the logits, the int64 targets)
+                              fwd+bwd 2*T*V*s + 8*T      (read the logits once, write dlogits once)
+    linear_cross_entropy      fwd (T*H + V*H)*s + 8*T    (read hidden and W; the logits never exist)
+                              fwd+bwd 2*(T*H + V*H)*s + 8*T   (and write dhidden and dW once)
 
 ``fwd+bwd`` is always the sum of the two. FLOP models are a few FLOPs per element: every op here
-is memory-bound by two orders of magnitude, the FLOPs only place points on the roofline.
+is memory-bound by two orders of magnitude, the FLOPs only place points on the roofline. (The
+cross-entropy ops have no separate "bwd": their gradient is formed in the forward, so fwd+bwd is
+the floor itself, not a sum.) The GEMMs count 2*M*N*K; linear_cross_entropy 2*T*V*H forward and
+6*T*V*H forward+backward (its three GEMMs).
+
+Beyond the peers, a workload may declare *references* (:class:`Reference`): named callables timed
+in the same run that are not a competitor but a yardstick -- e.g. the cuBLAS GEMMs that
+linear_cross_entropy cannot avoid. Their rows have kind "ref", are never the best peer, and every
+other row records its time over theirs (``vs_ref``). ``measure_memory`` adds each row's extra peak
+memory (``extra_gib``); ``liger_writes_inputs`` gives Liger's callable its own copy of the inputs.
 
 Our functions are imported lazily, inside :meth:`Workload.ours`, so an op whose module does not
 exist yet is reported as "not available" and skipped.
@@ -57,6 +70,23 @@ class Case:
     headline: bool = False
 
 
+@dataclass(frozen=True)
+class Reference:
+    """A yardstick timed in the same run as the rows it measures, never counted as a peer.
+
+    ``step(mode, args)`` returns the zero-argument call to time in ``mode`` on the case's inputs;
+    whatever else it needs (a gradient to multiply by, say) it allocates there, once per case and
+    mode, outside the timing (the runner drops it after the row). ``modes``: where it applies
+    (None: every mode of the workload)."""
+    name: str
+    step: Callable[[str, tuple], Callable[[], object]]
+    modes: tuple[str, ...] | None = None
+    notes: str = ""
+
+    def applies(self, mode: str) -> bool:
+        return self.modes is None or mode in self.modes
+
+
 @dataclass
 class Workload:
     name: str
@@ -75,6 +105,11 @@ class Workload:
     notes: str = ""
     variant_cases: Callable[[Case], bool] | None = None   # where named variants run (default: every case)
     only_dtypes: tuple[torch.dtype, ...] | None = None     # an op with fixed dtypes (fp8: bf16 output)
+    # Liger's callable writes into its inputs (its cross-entropy stores dlogits over the logits): the
+    # runner hands it a private copy of the inputs, so the rows after it see the data they were made with
+    liger_writes_inputs: bool = False
+    references: tuple[Reference, ...] = ()                  # rows of kind "ref" (see Reference)
+    measure_memory: bool = False                           # CUDA: each row's extra peak memory, extra_gib
 
     def dtypes_of(self, dtypes) -> list[torch.dtype]:
         """The requested dtypes this workload runs in."""
@@ -408,6 +443,85 @@ def fp8_cases(quick: bool) -> list[Case]:
 
 
 # ----------------------------------------------------------------------------------------------
+# Cross-entropy over a vocabulary: logits (T, V), int64 targets (T,); and fused with the LM head,
+# hidden (T, H) @ W^T with W (V, H)
+# ----------------------------------------------------------------------------------------------
+CE_TOKENS = (4096, 8192, 32768)
+CE_VOCABS = (32000, 128256, 262144)       # Llama 2, Llama 3, Gemma 3
+CE_HIDDEN = 4096
+CE_HEADLINE = (8192, 128256)
+
+
+def ce_cases(quick: bool) -> list[Case]:
+    shapes = [CE_HEADLINE, (4096, 32000)] if quick else [(t, v) for t in CE_TOKENS for v in CE_VOCABS]
+    return [Case(f"{t}x{v}", {"T": t, "V": v}, headline=(t, v) == CE_HEADLINE) for t, v in shapes]
+
+
+def ce_check_cases() -> list[Case]:
+    return [Case(f"{t}x{v}", {"T": t, "V": v}) for t, v in ((5, 7), (17, 600), (9, 129))]
+
+
+def _ce_make(case, dtype, device):
+    t, v = case.dims["T"], case.dims["V"]
+    return randn((t, v), dtype, device, 2.0), torch.randint(0, v, (t,), device=device)
+
+
+def ce_bytes(case: Case, mode: str, s: int) -> int:
+    t, v = case.dims["T"], case.dims["V"]
+    return {"fwd": t * v * s, "fwd+bwd": 2 * t * v * s}[mode] + 8 * t
+
+
+def ce_flops(case: Case, mode: str) -> int:
+    return case.dims["T"] * case.dims["V"] * {"fwd": 4, "fwd+bwd": 8}[mode]
+
+
+def lce_cases(quick: bool) -> list[Case]:
+    shapes = [CE_HEADLINE] if quick else [(t, v) for t in CE_TOKENS for v in CE_VOCABS]
+    return [Case(f"{t}x{v} H={CE_HIDDEN}", {"T": t, "V": v, "H": CE_HIDDEN}, headline=(t, v) == CE_HEADLINE)
+            for t, v in shapes]
+
+
+def lce_check_cases() -> list[Case]:
+    return [Case(f"{t}x{v} H={h}", {"T": t, "V": v, "H": h}) for t, v, h in ((9, 50, 8), (20, 600, 32), (13, 257, 24))]
+
+
+def _lce_make(case, dtype, device):
+    d = case.dims
+    return (randn((d["T"], d["H"]), dtype, device, 0.5), randn((d["V"], d["H"]), dtype, device, 0.02),
+            torch.randint(0, d["V"], (d["T"],), device=device))
+
+
+def lce_bytes(case: Case, mode: str, s: int) -> int:
+    d = case.dims
+    once = (d["T"] * d["H"] + d["V"] * d["H"]) * s            # hidden and W read (fwd+bwd: dh and dW written)
+    return {"fwd": once, "fwd+bwd": 2 * once}[mode] + 8 * d["T"]
+
+
+def lce_flops(case: Case, mode: str) -> int:
+    d = case.dims
+    return 2 * d["T"] * d["V"] * d["H"] * {"fwd": 1, "fwd+bwd": 3}[mode]
+
+
+def _cublas_gemms(mode: str, args: tuple) -> Callable[[], object]:
+    """The GEMMs linear + cross-entropy cannot avoid, alone: the logits h @ W^T (fwd); and with the
+    backward's dh = dlogits @ W and dW = dlogits^T @ h, on a dlogits made here, outside the timing."""
+    h, w, _t = args
+    if mode == "fwd":
+        return lambda: torch.mm(h, w.t())
+    dlogits = torch.randn((h.shape[0], w.shape[0]), dtype=h.dtype, device=h.device)   # (T, V)
+
+    def three():
+        return torch.mm(h, w.t()), torch.mm(dlogits, w), torch.mm(dlogits.t(), h)
+    return three
+
+
+CE_NOTES = ("modes fwd and fwd+bwd only: with a scalar loss the gradient is formed in the forward and "
+            "scaled in place by the backward, so a second backward through one graph (the 'bwd' mode's "
+            "retain_graph=True) raises by design; fwd+bwd (a fresh graph each call) is the training step, "
+            "with dy = 1 as loss.backward() passes (a loss's rescaling pass is skipped then)")
+
+
+# ----------------------------------------------------------------------------------------------
 # The registry
 # ----------------------------------------------------------------------------------------------
 def _one(fname: str, call: Callable[[Callable], Callable]):
@@ -568,6 +682,39 @@ _register(Workload(
     modes=("fwd",), only_dtypes=(torch.bfloat16,),
     notes="e4m3 operands with per-tensor scales, bf16 out; eager = torch._scaled_mm (cuBLASLt fp8); "
           "warpforge[bf16] is our bf16 matmul on the same problem; % roof is against the bf16 GEMM rate",
+))
+
+
+_register(Workload(
+    name="cross_entropy", module="warpforge.ops.cross_entropy",
+    cases=ce_cases, check_cases=ce_check_cases, make=_ce_make, grad_args=(0,),
+    ours_fn=_one("cross_entropy", lambda f: lambda x, t: f(x, t)),
+    eager=lambda x, t: F.cross_entropy(x.float(), t),
+    reference=lambda x, t: F.cross_entropy(x, t),
+    liger=("liger_kernel.ops.cross_entropy", "LigerCrossEntropyFunction",
+           lambda cls: lambda x, t: cls.apply(x, t, None)[0]),
+    liger_writes_inputs=True, measure_memory=True,
+    bytes_fn=ce_bytes, flops_fn=ce_flops, modes=("fwd", "fwd+bwd"),
+    notes=CE_NOTES + "; eager upcasts the logits to fp32 first (the Hugging Face convention), so its "
+          "time and memory include that copy; Liger writes dlogits over its input logits, so it runs on "
+          "a private copy of them (after its first fwd+bwd call it computes on that gradient: its time "
+          "does not depend on the values)",
+))
+_register(Workload(
+    name="linear_cross_entropy", module="warpforge.ops.cross_entropy",
+    cases=lce_cases, check_cases=lce_check_cases, make=_lce_make, grad_args=(0, 1),
+    ours_fn=_one("linear_cross_entropy", lambda f: lambda h, w, t: f(h, w, t)),
+    eager=lambda h, w, t: F.cross_entropy((h @ w.T).float(), t),
+    reference=lambda h, w, t: F.cross_entropy(h @ w.T, t),
+    liger=("liger_kernel.ops.fused_linear_cross_entropy", "LigerFusedLinearCrossEntropyFunction",
+           lambda cls: lambda h, w, t: cls.apply(h, w, t)[0]),
+    references=(Reference("cublas_gemms", _cublas_gemms,
+                          notes="fwd: h @ W^T; fwd+bwd: that and dh = dlogits @ W, dW = dlogits^T @ h"),),
+    measure_memory=True,
+    bytes_fn=lce_bytes, flops_fn=lce_flops, modes=("fwd", "fwd+bwd"),
+    notes=CE_NOTES + "; LM head hidden (T, H) @ W^T, W (V, H); eager materialises the logits and upcasts "
+          "them to fp32 (Hugging Face); reference row cublas_gemms: the GEMMs alone (fwd: the logits; "
+          "fwd+bwd: also dh and dW), the bar is time / ref <= 1.1 and extra peak memory <= 1.5 GiB",
 ))
 
 

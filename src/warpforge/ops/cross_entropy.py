@@ -197,59 +197,101 @@ def _row_terms(tgt, wy, g, inv_a, inv_b, wsum, V, ignore_index, eps):
 
 
 @triton.jit
-def _target_lane(tgt, start, BLOCK_N: tl.constexpr):
-    """The target's lane in the chunk starting at column ``start``, or -1: an int32 to compare with
-    ``tl.arange`` (an int64 compare per element would cost registers and instructions)."""
-    inside = (tgt >= start) & (tgt < start + BLOCK_N)
-    return tl.where(inside, tgt - start, -1).to(tl.int32)
+def _owns(tgt, start, BLOCK_N: tl.constexpr):
+    """Whether the chunk of columns [start, start + BLOCK_N) holds the target."""
+    return (tgt >= start) & (tgt < start + BLOCK_N)
 
 
 @triton.jit
-def _chunk_loss(xs, offs, lane, cols, mask, wy, w_ptr, V, eps, HAS_W: tl.constexpr, SMOOTH: tl.constexpr):
-    """The chunk's lse-free share of the CE terms: -(1 - eps) w_y x'_y - (eps / V) sum_j w_j x'_j.
-    Only the chunk holding the target pays for extracting x'_y."""
-    part = wy * 0.0
-    if lane >= 0:
-        part = -(1.0 - eps) * wy * tl.sum(tl.where(offs == lane, xs, 0.0), axis=0)
-    if SMOOTH:
-        xm = tl.where(mask, xs, 0.0)
-        if HAS_W:
-            xm = xm * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        part -= (eps / V) * tl.sum(xm, axis=0)
-    return part
+def _smooth_sum(xs, cols, mask, w_ptr, HAS_W: tl.constexpr):
+    """sum_j w_j x'_j over a chunk (w = 1 without class weights)."""
+    xm = tl.where(mask, xs, 0.0)
+    if HAS_W:
+        xm = xm * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    return tl.sum(xm, axis=0)
 
 
 @triton.jit
-def _lse_loss(part, lse, wy, ok, bad, inv_a, inv_b, wsum, V, eps, zc, FIRST, ZLOSS: tl.constexpr):
-    """Add the lse terms (chunk 0 only) and apply the divisors; 0 for ignored tokens, NaN for a
-    bad target."""
+def _row_loss(xys, ssum, lse, wy, ok, bad, inv_a, inv_b, wsum, V, eps, zc, ZLOSS: tl.constexpr):
+    """The token's loss from x'_y, sum_j w_j x'_j and lse, divided by the mean's divisors; 0 for an
+    ignored token, NaN for a bad target."""
+    ce = (1.0 - eps) * wy * (lse - xys) + (eps / V) * (wsum * lse - ssum)
     zt = lse * 0.0
-    if FIRST:
-        part += ((1.0 - eps) * wy + (eps / V) * wsum) * lse
-        if ZLOSS:
-            zt = zc * lse * lse
-    return tl.where(bad, float("nan"), tl.where(ok, part * inv_a + zt * inv_b, 0.0))
+    if ZLOSS:
+        zt = zc * lse * lse
+    return tl.where(bad, float("nan"), tl.where(ok, ce * inv_a + zt * inv_b, 0.0))
 
 
 @triton.jit
-def _grad(p, xs, offs, lane, cols, mask, lse, a, b, kappa, wy, w_ptr, V, eps, zc, cap,
-          HAS_W: tl.constexpr, SMOOTH: tl.constexpr, ZLOSS: tl.constexpr, SOFTCAP: tl.constexpr):
-    """dloss/dx on a chunk from p = softmax(x') (see the header), the scalar parts folded first so
-    that an element costs a multiply-add, a compare and a select (and the cap's derivative)."""
+def _grad(p, xs, wj, lse, a, b, kappa, wy, V, eps, zc, cap,
+          SMOOTH: tl.constexpr, ZLOSS: tl.constexpr, SOFTCAP: tl.constexpr, TARGET: tl.constexpr):
+    """dloss/dx from p = softmax(x') (see the header), elementwise on a chunk (TARGET=False) or on
+    the target's single logit (TARGET=True). The scalar parts are folded first so that an element
+    costs a multiply-add (and the cap's derivative); the target's -1 is a separate scalar store,
+    so no per-element index compare (and no index vector held in registers) is needed."""
     c1 = a * kappa
     if ZLOSS:
         c1 += 2.0 * zc * b * lse
     g = c1 * p
     if SMOOTH:
-        if HAS_W:
-            g -= (a * eps / V) * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        else:
-            g -= a * eps / V
-    g = tl.where(offs == lane, g - a * (1.0 - eps) * wy, g)
+        g -= (a * eps / V) * wj
+    if TARGET:
+        g -= a * (1.0 - eps) * wy
     if SOFTCAP:
-        t = tl.where(mask, xs / cap, 0.0)
+        t = tl.minimum(tl.abs(xs) / cap, 1.0)     # |x'| <= cap; masked lanes (-inf) give 0
         g = g * (1.0 - t * t)
     return g
+
+
+@triton.jit
+def _class_weights(w_ptr, cols, mask, HAS_W: tl.constexpr, SMOOTH: tl.constexpr):
+    """w_j for the smoothing term of the gradient (1 without class weights; unused without smoothing)."""
+    if SMOOTH and HAS_W:
+        return tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    else:
+        return 1.0
+
+
+@triton.jit
+def _store_target_grad(dx_row, tgt, xy, own, lse, a, b, kappa, wy, w_ptr, V, eps, zc, cap,
+                       HAS_W: tl.constexpr, SMOOTH: tl.constexpr, ZLOSS: tl.constexpr, SOFTCAP: tl.constexpr):
+    """Overwrite the target's gradient (the chunk store wrote it without the -1 term). Called after
+    a barrier, so the chunk's vector store of that element is ordered before this one."""
+    if own:
+        xys = _capped(xy, own, cap, SOFTCAP)
+        gt = _grad(tl.exp(xys - lse), xys, wy, lse, a, b, kappa, wy, V, eps, zc, cap, SMOOTH, ZLOSS, SOFTCAP, True)
+        tl.store(dx_row + tgt, gt.to(dx_row.dtype.element_ty))
+
+
+@triton.jit
+def _finish_row(row, e, xs, m_c, tgt, xy, ssum, chunk, start, cols, mask, C,
+                dx_ptr, w_ptr, lse_ptr, part_ptr, stats_ptr, stride_dx, g_up, inv_a, inv_b, wsum,
+                V, ignore_index, eps, zc, cap,
+                HAS_W: tl.constexpr, SMOOTH: tl.constexpr, ZLOSS: tl.constexpr, SOFTCAP: tl.constexpr,
+                WRITE_GRAD: tl.constexpr, BLOCK_N: tl.constexpr, CP: tl.constexpr):
+    """The second half of a row's chunk: wait for the row's other chunks' (max, sum of exp),
+    combine them into lse, write this chunk's loss share, lse (chunk 0) and gradient."""
+    own = _owns(tgt, start, BLOCK_N)
+    wy = _class_weight(w_ptr, tgt, V, ignore_index, HAS_W)
+    ok, bad, a, b, kappa = _row_terms(tgt, wy, g_up, inv_a, inv_b, wsum, V, ignore_index, eps)
+    ms, ss, valid = gather_row_stats(stats_ptr, row, C, CP)
+    m = tl.max(tl.where(valid, ms, -float("inf")), axis=0)
+    lse = m + tl.log(tl.sum(tl.where(valid, ss * tl.exp(ms - m), 0.0), axis=0))
+    # this chunk's share of the loss: the target term where it lives, the lse terms in chunk 0
+    xys = tl.where(own, _capped(xy, own, cap, SOFTCAP), 0.0)
+    part = _row_loss(xys, ssum, tl.where(chunk == 0, lse, 0.0), wy, ok, bad, inv_a, inv_b, wsum, V, eps, zc, ZLOSS)
+    tl.store(part_ptr + tl.cast(row, tl.int64) * C + chunk, part)
+    if chunk == 0:
+        tl.store(lse_ptr + row, lse)
+    if WRITE_GRAD:
+        dx_row = dx_ptr + tl.cast(row, tl.int64) * stride_dx
+        g = _grad(e * tl.exp(m_c - lse), xs, _class_weights(w_ptr, cols, mask, HAS_W, SMOOTH), lse, a, b, kappa,
+                  wy, V, eps, zc, cap, SMOOTH, ZLOSS, SOFTCAP, False)
+        tl.store(dx_row + cols, g.to(dx_row.dtype.element_ty), mask=mask)
+        if own:
+            tl.debug_barrier()
+        _store_target_grad(dx_row, tgt, xy, own, lse, a, b, kappa, wy, w_ptr, V, eps, zc, cap,
+                           HAS_W, SMOOTH, ZLOSS, SOFTCAP)
 
 
 @triton.jit
@@ -267,8 +309,7 @@ def _ce_split_kernel(
     pid = tl.program_id(0)
     chunk = pid % C
     start = chunk * BLOCK_N
-    offs = tl.arange(0, BLOCK_N)
-    cols = start + offs
+    cols = start + tl.arange(0, BLOCK_N)
     mask = cols < V
     inv_a, inv_b, wsum = _divisors(norm_ptr, MEAN)
     g_up = tl.load(g_ptr).to(tl.float32)
@@ -281,25 +322,20 @@ def _ce_split_kernel(
         nxt = row + n_groups      # the next row's loads first: their latency hides this row's exchange
         x = tl.load(x_ptr + tl.cast(nxt, tl.int64) * stride_x + cols, mask=mask & (nxt < T), other=-float("inf"))
         t_next = tl.load(t_ptr + tl.cast(nxt, tl.int64) * stride_t, mask=nxt < T, other=ignore_index)
-        wy = _class_weight(w_ptr, tgt, V, ignore_index, HAS_W)
-        ok, bad, a, b, kappa = _row_terms(tgt, wy, g_up, inv_a, inv_b, wsum, V, ignore_index, eps)
-        lane = _target_lane(tgt, start, BLOCK_N)
-        part = _chunk_loss(xs, offs, lane, cols, mask, wy, w_ptr, V, eps, HAS_W, SMOOTH)
+        own = _owns(tgt, start, BLOCK_N)
+        xy = tl.load(x_ptr + tl.cast(row, tl.int64) * stride_x + tl.where(own, tgt, 0), mask=own,
+                     other=0.0).to(tl.float32)                        # from L1: just loaded
         m_c = tl.max(xs, axis=0)
         m_c = tl.where(m_c == -float("inf"), 0.0, m_c)
         e = tl.exp(xs - m_c)
+        if SMOOTH:
+            ssum = _smooth_sum(xs, cols, mask, w_ptr, HAS_W)
+        else:
+            ssum = m_c * 0.0
         publish_row_stats(stats_ptr, row, chunk, C, m_c, tl.sum(e, axis=0))
-        ms, ss, valid = gather_row_stats(stats_ptr, row, C, CP)
-        m = tl.max(tl.where(valid, ms, -float("inf")), axis=0)
-        lse = m + tl.log(tl.sum(tl.where(valid, ss * tl.exp(ms - m), 0.0), axis=0))
-        tl.store(part_ptr + tl.cast(row, tl.int64) * C + chunk,
-                 _lse_loss(part, lse, wy, ok, bad, inv_a, inv_b, wsum, V, eps, zc, chunk == 0, ZLOSS))
-        if chunk == 0:
-            tl.store(lse_ptr + row, lse)
-        if WRITE_GRAD:
-            g = _grad(e * tl.exp(m_c - lse), xs, offs, lane, cols, mask, lse, a, b, kappa, wy, w_ptr, V, eps, zc,
-                      cap, HAS_W, SMOOTH, ZLOSS, SOFTCAP)
-            tl.store(dx_ptr + tl.cast(row, tl.int64) * stride_dx + cols, g.to(dx_ptr.dtype.element_ty), mask=mask)
+        _finish_row(row, e, xs, m_c, tgt, xy, ssum, chunk, start, cols, mask, C,
+                    dx_ptr, w_ptr, lse_ptr, part_ptr, stats_ptr, stride_dx, g_up, inv_a, inv_b, wsum,
+                    V, ignore_index, eps, zc, cap, HAS_W, SMOOTH, ZLOSS, SOFTCAP, WRITE_GRAD, BLOCK_N, CP)
 
 
 @triton.jit
@@ -317,17 +353,20 @@ def _ce_loop_kernel(
     offs = tl.arange(0, BLOCK_N)
     inv_a, inv_b, wsum = _divisors(norm_ptr, MEAN)
     tgt = tl.load(t_ptr + tl.cast(row, tl.int64) * stride_t)
+    own = (tgt >= 0) & (tgt < V)
+    xy = tl.load(base + tl.where(own, tgt, 0), mask=own, other=0.0).to(tl.float32)
     wy = _class_weight(w_ptr, tgt, V, ignore_index, HAS_W)
     g_up = tl.load(g_ptr + tl.cast(row, tl.int64) * stride_g).to(tl.float32)
     ok, bad, a, b, kappa = _row_terms(tgt, wy, g_up, inv_a, inv_b, wsum, V, ignore_index, eps)
     m_v = tl.full((BLOCK_N,), -float("inf"), tl.float32)
     s_v = tl.zeros((BLOCK_N,), tl.float32)
-    part = tl.sum(s_v, axis=0)
+    ssum = tl.sum(s_v, axis=0)
     for start in range(0, V, BLOCK_N):
         cols = start + offs
         mask = cols < V
         xs = _capped(tl.load(base + cols, mask=mask, other=-float("inf")).to(tl.float32), mask, cap, SOFTCAP)
-        part += _chunk_loss(xs, offs, _target_lane(tgt, start, BLOCK_N), cols, mask, wy, w_ptr, V, eps, HAS_W, SMOOTH)
+        if SMOOTH:
+            ssum += _smooth_sum(xs, cols, mask, w_ptr, HAS_W)
         m_new = tl.maximum(m_v, xs)
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
         s_v = s_v * tl.exp(m_v - m_safe) + tl.exp(xs - m_safe)
@@ -335,16 +374,21 @@ def _ce_loop_kernel(
     m = tl.max(m_v, axis=0)
     m = tl.where(m == -float("inf"), 0.0, m)
     lse = m + tl.log(tl.sum(s_v * tl.exp(m_v - m), axis=0))
-    tl.store(part_ptr + row, _lse_loss(part, lse, wy, ok, bad, inv_a, inv_b, wsum, V, eps, zc, True, ZLOSS))
+    xys = tl.where(own, _capped(xy, own, cap, SOFTCAP), 0.0)
+    tl.store(part_ptr + row, _row_loss(xys, ssum, lse, wy, ok, bad, inv_a, inv_b, wsum, V, eps, zc, ZLOSS))
     tl.store(lse_ptr + row, lse)
     if WRITE_GRAD:
+        dx_row = dx_ptr + tl.cast(row, tl.int64) * stride_dx
         for start in range(0, V, BLOCK_N):
             cols = start + offs
             mask = cols < V
             xs = _capped(tl.load(base + cols, mask=mask, other=-float("inf")).to(tl.float32), mask, cap, SOFTCAP)
-            g = _grad(tl.exp(xs - lse), xs, offs, _target_lane(tgt, start, BLOCK_N), cols, mask, lse, a, b, kappa,
-                      wy, w_ptr, V, eps, zc, cap, HAS_W, SMOOTH, ZLOSS, SOFTCAP)
-            tl.store(dx_ptr + tl.cast(row, tl.int64) * stride_dx + cols, g.to(dx_ptr.dtype.element_ty), mask=mask)
+            g = _grad(tl.exp(xs - lse), xs, _class_weights(w_ptr, cols, mask, HAS_W, SMOOTH), lse, a, b, kappa,
+                      wy, V, eps, zc, cap, SMOOTH, ZLOSS, SOFTCAP, False)
+            tl.store(dx_row + cols, g.to(dx_ptr.dtype.element_ty), mask=mask)
+        tl.debug_barrier()
+        _store_target_grad(dx_row, tgt, xy, own, lse, a, b, kappa, wy, w_ptr, V, eps, zc, cap,
+                           HAS_W, SMOOTH, ZLOSS, SOFTCAP)
 
 
 @triton.jit
@@ -358,20 +402,27 @@ def _ce_bwd_kernel(
     """The gradient from the saved lse, one (row, chunk) a program: one read, one write."""
     row = tl.program_id(0)
     start = tl.program_id(1) * BLOCK_N
-    offs = tl.arange(0, BLOCK_N)
-    cols = start + offs
+    cols = start + tl.arange(0, BLOCK_N)
     mask = cols < V
-    x = tl.load(x_ptr + tl.cast(row, tl.int64) * stride_x + cols, mask=mask, other=-float("inf"))
+    x_row = x_ptr + tl.cast(row, tl.int64) * stride_x
+    x = tl.load(x_row + cols, mask=mask, other=-float("inf"))
     xs = _capped(x.to(tl.float32), mask, cap, SOFTCAP)
     lse = tl.load(lse_ptr + row)
     inv_a, inv_b, wsum = _divisors(norm_ptr, MEAN)
     tgt = tl.load(t_ptr + tl.cast(row, tl.int64) * stride_t)
+    own = _owns(tgt, start, BLOCK_N)
+    xy = tl.load(x_row + tl.where(own, tgt, 0), mask=own, other=0.0).to(tl.float32)
     wy = _class_weight(w_ptr, tgt, V, ignore_index, HAS_W)
     g_up = tl.load(g_ptr + tl.cast(row, tl.int64) * stride_g).to(tl.float32)
     ok, bad, a, b, kappa = _row_terms(tgt, wy, g_up, inv_a, inv_b, wsum, V, ignore_index, eps)
-    g = _grad(tl.exp(xs - lse), xs, offs, _target_lane(tgt, start, BLOCK_N), cols, mask, lse, a, b, kappa, wy,
-              w_ptr, V, eps, zc, cap, HAS_W, SMOOTH, ZLOSS, SOFTCAP)
-    tl.store(dx_ptr + tl.cast(row, tl.int64) * stride_dx + cols, g.to(dx_ptr.dtype.element_ty), mask=mask)
+    dx_row = dx_ptr + tl.cast(row, tl.int64) * stride_dx
+    g = _grad(tl.exp(xs - lse), xs, _class_weights(w_ptr, cols, mask, HAS_W, SMOOTH), lse, a, b, kappa, wy,
+              V, eps, zc, cap, SMOOTH, ZLOSS, SOFTCAP, False)
+    tl.store(dx_row + cols, g.to(dx_ptr.dtype.element_ty), mask=mask)
+    if own:
+        tl.debug_barrier()
+    _store_target_grad(dx_row, tgt, xy, own, lse, a, b, kappa, wy, w_ptr, V, eps, zc, cap,
+                       HAS_W, SMOOTH, ZLOSS, SOFTCAP)
 
 
 @triton.jit
