@@ -84,6 +84,7 @@ def cross_entropy_reference(logits, target, weight=None, ignore_index=-100, redu
     (soft-capped) logits, plus the z term, with this module's conventions for the mean (see the
     header). ``logits`` is (T, V), ``target`` (T,)."""
     x = logits.double() if logits.device.type == "cpu" else logits.float()
+    target = target.long()
     if softcap:
         x = softcap * torch.tanh(x / softcap)
     w = None if weight is None else weight.to(x.dtype)
@@ -682,20 +683,20 @@ def _lce_impl(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, 
     if t == 0 and dw is not None:
         dw.zero_()
     loss = _reduce(torch.cat(parts) if parts else hidden.new_empty((0, 1), dtype=torch.float32), reduction, hidden.dtype)
-    empty = hidden.new_empty((0,))
-    return (loss, lse, empty if dh is None else dh, empty if dw is None else dw,
-            empty if db is None else db.to(bias.dtype))
+    def empty():   # a fresh one per missing gradient: an operator's outputs may not alias each other
+        return hidden.new_empty((0,))
+    return (loss, lse, empty() if dh is None else dh, empty() if dw is None else dw,
+            empty() if db is None else db.to(bias.dtype))
 
 
 def _lce_fake(hidden, weight, target, bias, ce_weight, ignore_index, reduction, label_smoothing, z_loss, softcap,
               chunk_size, need_dh, need_dw, need_db):
     t = hidden.shape[0]
     fused = reduction != 0 and (need_dh or need_dw or need_db)
-    e = hidden.new_empty((0,))
     return (hidden.new_empty((t,) if reduction == 0 else ()), hidden.new_empty((t,), dtype=torch.float32),
-            hidden.new_empty(hidden.shape) if fused and need_dh else e,
-            weight.new_empty(weight.shape) if fused and need_dw else e,
-            bias.new_empty(bias.shape) if fused and need_db else e)
+            hidden.new_empty(hidden.shape if fused and need_dh else (0,)),
+            weight.new_empty(weight.shape) if fused and need_dw else hidden.new_empty((0,)),
+            bias.new_empty(bias.shape) if fused and need_db else hidden.new_empty((0,)))
 
 
 def _lce_bwd_impl(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, bias: Optional[torch.Tensor],
@@ -719,15 +720,16 @@ def _lce_bwd_impl(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tens
         _accumulate(lg, hidden[s:e], weight, s == 0, None if dh is None else dh[s:e], dw, db)
     if t == 0 and dw is not None:
         dw.zero_()
-    empty = hidden.new_empty((0,))
-    return (empty if dh is None else dh, empty if dw is None else dw, empty if db is None else db.to(bias.dtype))
+    def empty():
+        return hidden.new_empty((0,))
+    return (empty() if dh is None else dh, empty() if dw is None else dw, empty() if db is None else db.to(bias.dtype))
 
 
 def _lce_bwd_fake(hidden, weight, target, bias, ce_weight, lse, grad, ignore_index, reduction, label_smoothing,
                   z_loss, softcap, chunk_size, need_dh, need_dw, need_db):
-    e = hidden.new_empty((0,))
-    return (hidden.new_empty(hidden.shape) if need_dh else e, weight.new_empty(weight.shape) if need_dw else e,
-            bias.new_empty(bias.shape) if need_db else e)
+    return (hidden.new_empty(hidden.shape if need_dh else (0,)),
+            weight.new_empty(weight.shape) if need_dw else hidden.new_empty((0,)),
+            bias.new_empty(bias.shape) if need_db else hidden.new_empty((0,)))
 
 
 lce_backward_op = Op("linear_cross_entropy_backward", _lce_bwd_impl, _lce_bwd_fake)
@@ -844,6 +846,8 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[to
     if target.device != input.device:
         raise RuntimeError(f"warpforge: 'target' is on {target.device} but 'input' is on {input.device}")
     _check_class_weight("weight", weight, vocab, input)
+    if weight is not None:
+        weight = weight.contiguous()         # the kernels index it densely (a copy of V floats at most)
     x2 = _rows_of(x2)
     t2 = target.reshape(-1)
     fused = red != 0 and torch.is_grad_enabled() and input.requires_grad
@@ -891,6 +895,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     if target.device != hidden.device:
         raise RuntimeError(f"warpforge: 'target' is on {target.device} but 'hidden' is on {hidden.device}")
     _check_class_weight("ce_weight", ce_weight, vocab, hidden)
+    if ce_weight is not None:
+        ce_weight = ce_weight.contiguous()
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"warpforge: 'chunk_size' is {chunk_size!r}; expected None or a positive int (tokens)")
     h2 = hidden.reshape(-1, hidden.shape[-1])
