@@ -204,6 +204,17 @@ def _owns(tgt, start, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _target_logit(xs, cols, tgt, own):
+    """The target's (soft-capped) logit x'_y, taken from the chunk's registers by the program that
+    holds it (0 elsewhere). Not re-read from memory here: this kernel has no barrier between the
+    read and the gradient store, which in place could land first."""
+    xy = tl.sum(xs * 0.0, axis=0)
+    if own:
+        xy = tl.sum(tl.where(cols == tgt, xs, 0.0), axis=0)
+    return xy
+
+
+@triton.jit
 def _smooth_sum(xs, cols, mask, w_ptr, HAS_W: tl.constexpr):
     """sum_j w_j x'_j over a chunk (w = 1 without class weights)."""
     xm = tl.where(mask, xs, 0.0)
@@ -256,11 +267,11 @@ def _class_weights(w_ptr, cols, mask, HAS_W: tl.constexpr, SMOOTH: tl.constexpr)
 @triton.jit
 def _store_target_grad(dx_row, tgt, xy, own, lse, a, b, kappa, wy, w_ptr, V, eps, zc, cap,
                        HAS_W: tl.constexpr, SMOOTH: tl.constexpr, ZLOSS: tl.constexpr, SOFTCAP: tl.constexpr):
-    """Overwrite the target's gradient (the chunk store wrote it without the -1 term). Called after
-    a barrier, so the chunk's vector store of that element is ordered before this one."""
+    """Overwrite the target's gradient (the chunk store wrote it without the -1 term); ``xy`` is
+    the target's soft-capped logit. Called after a barrier, so the chunk's vector store of that
+    element is ordered before this one."""
     if own:
-        xys = _capped(xy, own, cap, SOFTCAP)
-        gt = _grad(tl.exp(xys - lse), xys, wy, lse, a, b, kappa, wy, V, eps, zc, cap, SMOOTH, ZLOSS, SOFTCAP, True)
+        gt = _grad(tl.exp(xy - lse), xy, wy, lse, a, b, kappa, wy, V, eps, zc, cap, SMOOTH, ZLOSS, SOFTCAP, True)
         tl.store(dx_row + tgt, gt.to(dx_row.dtype.element_ty))
 
 
@@ -279,7 +290,7 @@ def _finish_row(row, e, xs, m_c, tgt, xy, ssum, chunk, start, cols, mask, C,
     m = tl.max(tl.where(valid, ms, -float("inf")), axis=0)
     lse = m + tl.log(tl.sum(tl.where(valid, ss * tl.exp(ms - m), 0.0), axis=0))
     # this chunk's share of the loss: the target term where it lives, the lse terms in chunk 0
-    xys = tl.where(own, _capped(xy, own, cap, SOFTCAP), 0.0)
+    xys = tl.where(own, xy, 0.0)
     part = _row_loss(xys, ssum, tl.where(chunk == 0, lse, 0.0), wy, ok, bad, inv_a, inv_b, wsum, V, eps, zc, ZLOSS)
     tl.store(part_ptr + tl.cast(row, tl.int64) * C + chunk, part)
     if chunk == 0:
@@ -324,8 +335,13 @@ def _ce_split_kernel(
         x = tl.load(x_ptr + tl.cast(nxt, tl.int64) * stride_x + cols, mask=mask & (nxt < T), other=-float("inf"))
         t_next = tl.load(t_ptr + tl.cast(nxt, tl.int64) * stride_t, mask=nxt < T, other=ignore_index)
         own = _owns(tgt, start, BLOCK_N)
-        xy = tl.load(x_ptr + tl.cast(row, tl.int64) * stride_x + tl.where(own, tgt, 0), mask=own,
-                     other=0.0).to(tl.float32)                        # from L1: just loaded
+        # the target's logit by a scalar load (an L1 hit: the chunk was just loaded) rather than a
+        # compare over the chunk, which keeps a column vector live across the exchange (80 -> 128
+        # registers). In place (dx == x) it is still race-free: the load precedes the bar.sync of
+        # the max reduction below in program order, and a CTA barrier completes it before any
+        # thread passes, while every store of this row comes after the exchange (num_warps > 1).
+        xy = _capped(tl.load(x_ptr + tl.cast(row, tl.int64) * stride_x + tl.where(own, tgt, 0), mask=own,
+                             other=0.0).to(tl.float32), own, cap, SOFTCAP)
         m_c = tl.max(xs, axis=0)
         m_c = tl.where(m_c == -float("inf"), 0.0, m_c)
         e = tl.exp(xs - m_c)
@@ -355,17 +371,18 @@ def _ce_loop_kernel(
     inv_a, inv_b, wsum = _divisors(norm_ptr, MEAN)
     tgt = tl.load(t_ptr + tl.cast(row, tl.int64) * stride_t)
     own = (tgt >= 0) & (tgt < V)
-    xy = tl.load(base + tl.where(own, tgt, 0), mask=own, other=0.0).to(tl.float32)
     wy = _class_weight(w_ptr, tgt, V, ignore_index, HAS_W)
     g_up = tl.load(g_ptr + tl.cast(row, tl.int64) * stride_g).to(tl.float32)
     ok, bad, a, b, kappa = _row_terms(tgt, wy, g_up, inv_a, inv_b, wsum, V, ignore_index, eps)
     m_v = tl.full((BLOCK_N,), -float("inf"), tl.float32)
     s_v = tl.zeros((BLOCK_N,), tl.float32)
     ssum = tl.sum(s_v, axis=0)
+    xy = ssum
     for start in range(0, V, BLOCK_N):
         cols = start + offs
         mask = cols < V
         xs = _capped(tl.load(base + cols, mask=mask, other=-float("inf")).to(tl.float32), mask, cap, SOFTCAP)
+        xy += tl.sum(tl.where(cols == tgt, xs, 0.0), axis=0)
         if SMOOTH:
             ssum += _smooth_sum(xs, cols, mask, w_ptr, HAS_W)
         m_new = tl.maximum(m_v, xs)
@@ -375,8 +392,7 @@ def _ce_loop_kernel(
     m = tl.max(m_v, axis=0)
     m = tl.where(m == -float("inf"), 0.0, m)
     lse = m + tl.log(tl.sum(s_v * tl.exp(m_v - m), axis=0))
-    xys = tl.where(own, _capped(xy, own, cap, SOFTCAP), 0.0)
-    tl.store(part_ptr + row, _row_loss(xys, ssum, lse, wy, ok, bad, inv_a, inv_b, wsum, V, eps, zc, ZLOSS))
+    tl.store(part_ptr + row, _row_loss(xy, ssum, lse, wy, ok, bad, inv_a, inv_b, wsum, V, eps, zc, ZLOSS))
     tl.store(lse_ptr + row, lse)
     if WRITE_GRAD:
         dx_row = dx_ptr + tl.cast(row, tl.int64) * stride_dx
@@ -412,7 +428,7 @@ def _ce_bwd_kernel(
     inv_a, inv_b, wsum = _divisors(norm_ptr, MEAN)
     tgt = tl.load(t_ptr + tl.cast(row, tl.int64) * stride_t)
     own = _owns(tgt, start, BLOCK_N)
-    xy = tl.load(x_row + tl.where(own, tgt, 0), mask=own, other=0.0).to(tl.float32)
+    xy = _target_logit(xs, cols, tgt, own)
     wy = _class_weight(w_ptr, tgt, V, ignore_index, HAS_W)
     g_up = tl.load(g_ptr + tl.cast(row, tl.int64) * stride_g).to(tl.float32)
     ok, bad, a, b, kappa = _row_terms(tgt, wy, g_up, inv_a, inv_b, wsum, V, ignore_index, eps)
