@@ -130,7 +130,7 @@ def test_check_run_cross_entropy_workloads(monkeypatch):
 
     for wl in wls:
         monkeypatch.setattr(wl, "check_cases", first_of(wl))
-    res = runner.run_check(wls, [torch.bfloat16])
+    res = runner.run_check(wls, [torch.bfloat16], device="cuda" if torch.cuda.is_available() else "cpu")
     assert [(r["op"], r["direction"], r["status"]) for r in res.rows] == [
         (op, d, "ok") for op in ("cross_entropy", "linear_cross_entropy") for d in ("fwd", "bwd")]
 
