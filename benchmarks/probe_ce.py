@@ -55,8 +55,7 @@ def check(table):
                                   "%.1e" % rel(dx, dxr), bool(torch.isfinite(dx).all())))
 
 
-def time_ce(table, copy):
-    T, V = 8192, 128256
+def time_ce(table, copy, T=8192, V=128256, configs=None):
     torch.manual_seed(0)
     x = (torch.randn(T, V, device="cuda") * 2).bfloat16()
     t = torch.randint(0, V, (T,), device="cuda")
@@ -69,14 +68,17 @@ def time_ce(table, copy):
     def fwd_only():
         with torch.no_grad():
             return warpforge.cross_entropy(x, t)
-    configs = [None, ("split", 2048, 2), ("split", 2048, 4), ("split", 1024, 1), ("split", 8192, 8), ("split", 16384, 16)]
+    configs = configs or [None]
 
     def fwd_grad():
         return ce._ce_impl(x, t, None, -100, 1, 0.0, 0.0, 0.0, True)
     ref = None
     for c in configs:
-        ce.CONFIG_OVERRIDE = None if c is None else RowConfig(c[0], c[1], 1, c[2], -(-V // c[1]))
-        if c is not None and -(-V // c[1]) > 128:
+        if c is not None and c[0] == "stream":
+            ce.CONFIG_OVERRIDE = RowConfig("stream", c[1], c[3], c[2], c[4])
+        else:
+            ce.CONFIG_OVERRIDE = None if c is None else RowConfig(c[0], c[1], 1, c[2], -(-V // c[1]))
+        if c is not None and c[0] == "split" and -(-V // c[1]) > 128:
             continue
         try:
             (dx,) = ours()
@@ -85,7 +87,7 @@ def time_ce(table, copy):
             err = rel(dx, ref)
             ms = bench(ours)
             ms_f = bench(fwd_grad)
-            table.append(("ce fwd+bwd", str(c or "default"), "%.3f ms" % ms, "%.2fx floor" % (ms / floor), "err %.1e" % err,
+            table.append(("ce fwd+bwd %dx%d" % (T, V), str(c or "default"), "%.3f ms" % ms, "%.2fx floor" % (ms / floor), "err %.1e" % err,
                           "fwd-with-grad op %.3f ms" % ms_f))
         except Exception as e:  # noqa: BLE001
             table.append(("ce fwd+bwd", str(c), "failed", str(e)[:100]))
@@ -105,7 +107,7 @@ def time_ce(table, copy):
     xe = x.clone().requires_grad_()
     eager = lambda: torch.autograd.grad(torch.nn.functional.cross_entropy(xe.float(), t), xe)  # noqa: E731
     sm = lambda: warpforge.softmax(x)  # noqa: E731
-    table.append(("softmax fwd same shape", "%.3f ms" % bench(sm)))
+    table.append(("softmax fwd same shape", "%.3f ms" % bench(sm), "floor %.3f" % floor))
     if SKIP_PEERS:
         return
     table.append(("ce fwd+bwd", "eager", "%.3f ms" % bench(eager), "%.2fx floor" % (bench(eager) / floor)))
@@ -238,7 +240,10 @@ def main():
     a = ap.parse_args()
     copy = dev.ceilings()["copy_gbps"]
     table = []
-    for step in (check, lambda tb: time_ce(tb, copy), None if a.skip_linear else time_linear):
+    sweep = [(8192, 262144, [None, ("split", 8192, 4), ("split", 8192, 8), ("split", 16384, 16), ("split", 2048, 2)]),
+             (8192, 32000, [None, ("split", 2048, 4), ("split", 8192, 8), ("split", 2048, 2)]),
+             (4096, 32000, [None, ("split", 2048, 4), ("split", 1024, 2)])]
+    for step in [lambda tb, a=a: time_ce(tb, copy, *a) for a in sweep]:
         if step is None:
             continue
         try:

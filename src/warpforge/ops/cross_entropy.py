@@ -208,10 +208,7 @@ def _target_logit(xs, cols, tgt, own):
     """The target's (soft-capped) logit x'_y, taken from the chunk's registers by the program that
     holds it (0 elsewhere). Not re-read from memory here: this kernel has no barrier between the
     read and the gradient store, which in place could land first."""
-    xy = tl.sum(xs * 0.0, axis=0)
-    if own:
-        xy = tl.sum(tl.where(cols == tgt, xs, 0.0), axis=0)
-    return xy
+    return tl.sum(tl.where((cols == tgt) & own, xs, 0.0), axis=0)
 
 
 @triton.jit
@@ -353,6 +350,81 @@ def _ce_split_kernel(
         _finish_row(row, e, xs, m_c, tgt, xy, ssum, chunk, start, cols, mask, C,
                     dx_ptr, w_ptr, lse_ptr, part_ptr, stats_ptr, stride_dx, g_up, inv_a, inv_b, wsum,
                     V, ignore_index, eps, zc, cap, HAS_W, SMOOTH, ZLOSS, SOFTCAP, WRITE_GRAD, BLOCK_N, CP)
+
+
+@triton.jit
+def _ce_stats_kernel(
+    x_ptr, t_ptr, w_ptr, stat_ptr, part_ptr, norm_ptr,   # stat: (T, C, 2) fp32 (max, sum of exp) out
+    T, V, C, stride_x, stride_t, ignore_index, eps, cap,
+    HAS_W: tl.constexpr, SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr, MEAN: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Forward without a gradient, one (row, chunk) a program: the chunk's (max, sum of exp) and
+    its lse-free share of the loss, written out with no wait on the row's other chunks (nothing
+    is written after lse is known); ``_ce_combine_kernel`` finishes the rows. One read of the
+    logits at streaming speed."""
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    start = chunk * BLOCK_N
+    cols = start + tl.arange(0, BLOCK_N)
+    mask = cols < V
+    x_row = x_ptr + tl.cast(row, tl.int64) * stride_x
+    xs = _capped(tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32), mask, cap, SOFTCAP)
+    tgt = tl.load(t_ptr + tl.cast(row, tl.int64) * stride_t)
+    own = _owns(tgt, start, BLOCK_N)
+    xy = _target_logit(xs, cols, tgt, own)
+    m_c = tl.max(xs, axis=0)
+    m_c = tl.where(m_c == -float("inf"), 0.0, m_c)
+    s_c = tl.sum(tl.exp(xs - m_c), axis=0)
+    if SMOOTH:
+        ssum = _smooth_sum(xs, cols, mask, w_ptr, HAS_W)
+    else:
+        ssum = m_c * 0.0
+    inv_a, inv_b, wsum = _divisors(norm_ptr, MEAN)
+    wy = _class_weight(w_ptr, tgt, V, ignore_index, HAS_W)
+    ok = (tgt != ignore_index) & (tgt >= 0) & (tgt < V)
+    share = -(1.0 - eps) * wy * tl.where(own, xy, 0.0) - (eps / V) * ssum
+    base = tl.cast(row, tl.int64) * C + chunk
+    tl.store(part_ptr + base, tl.where(ok, share * inv_a, 0.0))
+    tl.store(stat_ptr + base * 2, m_c)
+    tl.store(stat_ptr + base * 2 + 1, s_c)
+
+
+@triton.jit
+def _ce_combine_kernel(
+    stat_ptr, part_ptr, lse_ptr, t_ptr, w_ptr, norm_ptr,
+    T, V, C, stride_t, ignore_index, eps, zc,
+    HAS_W: tl.constexpr, ZLOSS: tl.constexpr, MEAN: tl.constexpr, ROWS: tl.constexpr, CP: tl.constexpr,
+):
+    """lse of ROWS rows from their chunks' (max, sum of exp); adds each row's lse terms to its
+    chunk-0 loss share (NaN for a bad target) and writes lse."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    live = rows < T
+    cs = tl.arange(0, CP)
+    valid = live[:, None] & (cs[None, :] < C)
+    base = rows.to(tl.int64)[:, None] * C + cs[None, :]
+    ms = tl.load(stat_ptr + base * 2, mask=valid, other=-float("inf"))
+    ss = tl.load(stat_ptr + base * 2 + 1, mask=valid, other=0.0)
+    m = tl.max(ms, axis=1)
+    m = tl.where(m == -float("inf"), 0.0, m)
+    lse = m + tl.log(tl.where(live, tl.sum(ss * tl.exp(ms - m[:, None]), axis=1), 1.0))
+    tgt = tl.load(t_ptr + rows.to(tl.int64) * stride_t, mask=live, other=ignore_index)
+    counted = tgt != ignore_index
+    inside = (tgt >= 0) & (tgt < V)
+    ok = counted & inside
+    if HAS_W:
+        wy = tl.load(w_ptr + tl.where(ok, tgt, 0), mask=ok, other=0.0).to(tl.float32)
+    else:
+        wy = ok.to(tl.float32)
+    inv_a, inv_b, wsum = _divisors(norm_ptr, MEAN)
+    add = ((1.0 - eps) * wy + (eps / V) * wsum) * lse * inv_a
+    if ZLOSS:
+        add += zc * lse * lse * inv_b
+    p0 = part_ptr + rows.to(tl.int64) * C
+    first = tl.load(p0, mask=live, other=0.0)
+    out = tl.where(ok, first + add, 0.0)
+    out = tl.where(counted & (~inside), float("nan"), out)
+    tl.store(p0, out, mask=live)
+    tl.store(lse_ptr + rows, lse, mask=live)
 
 
 @triton.jit
@@ -499,7 +571,20 @@ def _ce_rows(x: torch.Tensor, target: torch.Tensor, weight, norm: torch.Tensor, 
     args = (x, out, target, weight if weight is not None else norm, _one(x.device), lse, parts, norm,
             t, v, x.stride(0), out.stride(0), target.stride(0), 0, ignore_index, eps, z, cap)
     flags = _flags(weight, eps, z, cap, mean)
-    if cfg.mode == "split":
+    if dx is None and cfg.mode == "split":
+        # no gradient: chunk statistics with no exchange, then a small combine over rows
+        stat = torch.empty((t, c, 2), dtype=torch.float32, device=x.device)
+        _ce_stats_kernel[(t, c)](x, target, weight if weight is not None else norm, stat, parts, norm,
+                                 t, v, c, x.stride(0), target.stride(0), ignore_index, eps, cap,
+                                 HAS_W=weight is not None, SMOOTH=eps > 0, SOFTCAP=cap > 0, MEAN=mean,
+                                 BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+        cp = triton.next_power_of_2(c)
+        rows = max(1, min(64, 2048 // cp))
+        _ce_combine_kernel[(triton.cdiv(t, rows),)](stat, parts, lse, target, weight if weight is not None else norm,
+                                                   norm, t, v, c, target.stride(0), ignore_index, eps, z,
+                                                   HAS_W=weight is not None, ZLOSS=z != 0, MEAN=mean, ROWS=rows,
+                                                   CP=cp, num_warps=4)
+    elif cfg.mode == "split":
         split_launch(_ce_split_kernel, t, cfg, x.device, args, WRITE_GRAD=dx is not None, BLOCK_N=cfg.block_n, **flags)
     else:
         _ce_loop_kernel[(t,)](*args, WRITE_GRAD=dx is not None, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **flags)
