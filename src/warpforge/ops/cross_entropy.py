@@ -68,6 +68,7 @@ import triton.language as tl
 
 from ..runtime import interpreting, new_empty
 from ..runtime.checks import check_device, check_tensor
+from ..runtime.device import sm_count
 from ..runtime.heuristics import ce_config, persistent_grid
 from ..runtime.registry import FAST_EAGER, Op
 from ._rows import gather_row_stats, publish_row_stats, split_launch
@@ -273,6 +274,20 @@ def _store_target_grad(dx_row, tgt, xy, own, lse, a, b, kappa, wy, w_ptr, V, eps
 
 
 @triton.jit
+def _store_chunk_grad(dx_row, cols, mask, p, xs, tgt, xy, own, lse, a, b, kappa, wy, w_ptr, V, eps, zc, cap,
+                      HAS_W: tl.constexpr, SMOOTH: tl.constexpr, ZLOSS: tl.constexpr, SOFTCAP: tl.constexpr):
+    """Write a chunk's gradient from its softmax p, then (in the program holding the target, after
+    a barrier that orders the two stores) the target's own."""
+    g = _grad(p, xs, _class_weights(w_ptr, cols, mask, HAS_W, SMOOTH), lse, a, b, kappa, wy, V, eps, zc, cap,
+              SMOOTH, ZLOSS, SOFTCAP, False)
+    tl.store(dx_row + cols, g.to(dx_row.dtype.element_ty), mask=mask)
+    if own:
+        tl.debug_barrier()
+    _store_target_grad(dx_row, tgt, xy, own, lse, a, b, kappa, wy, w_ptr, V, eps, zc, cap,
+                       HAS_W, SMOOTH, ZLOSS, SOFTCAP)
+
+
+@triton.jit
 def _finish_row(row, e, xs, m_c, tgt, xy, ssum, chunk, start, cols, mask, C,
                 dx_ptr, w_ptr, lse_ptr, part_ptr, stats_ptr, stride_dx, g_up, inv_a, inv_b, wsum,
                 V, ignore_index, eps, zc, cap,
@@ -293,14 +308,8 @@ def _finish_row(row, e, xs, m_c, tgt, xy, ssum, chunk, start, cols, mask, C,
     if chunk == 0:
         tl.store(lse_ptr + row, lse)
     if WRITE_GRAD:
-        dx_row = dx_ptr + tl.cast(row, tl.int64) * stride_dx
-        g = _grad(e * tl.exp(m_c - lse), xs, _class_weights(w_ptr, cols, mask, HAS_W, SMOOTH), lse, a, b, kappa,
-                  wy, V, eps, zc, cap, SMOOTH, ZLOSS, SOFTCAP, False)
-        tl.store(dx_row + cols, g.to(dx_row.dtype.element_ty), mask=mask)
-        if own:
-            tl.debug_barrier()
-        _store_target_grad(dx_row, tgt, xy, own, lse, a, b, kappa, wy, w_ptr, V, eps, zc, cap,
-                           HAS_W, SMOOTH, ZLOSS, SOFTCAP)
+        _store_chunk_grad(dx_ptr + tl.cast(row, tl.int64) * stride_dx, cols, mask, e * tl.exp(m_c - lse), xs, tgt,
+                          xy, own, lse, a, b, kappa, wy, w_ptr, V, eps, zc, cap, HAS_W, SMOOTH, ZLOSS, SOFTCAP)
 
 
 @triton.jit
@@ -504,14 +513,8 @@ def _ce_bwd_kernel(
     wy = _class_weight(w_ptr, tgt, V, ignore_index, HAS_W)
     g_up = tl.load(g_ptr + tl.cast(row, tl.int64) * stride_g).to(tl.float32)
     ok, bad, a, b, kappa = _row_terms(tgt, wy, g_up, inv_a, inv_b, wsum, V, ignore_index, eps)
-    dx_row = dx_ptr + tl.cast(row, tl.int64) * stride_dx
-    g = _grad(tl.exp(xs - lse), xs, _class_weights(w_ptr, cols, mask, HAS_W, SMOOTH), lse, a, b, kappa, wy,
-              V, eps, zc, cap, SMOOTH, ZLOSS, SOFTCAP, False)
-    tl.store(dx_row + cols, g.to(dx_ptr.dtype.element_ty), mask=mask)
-    if own:
-        tl.debug_barrier()
-    _store_target_grad(dx_row, tgt, xy, own, lse, a, b, kappa, wy, w_ptr, V, eps, zc, cap,
-                       HAS_W, SMOOTH, ZLOSS, SOFTCAP)
+    _store_chunk_grad(dx_ptr + tl.cast(row, tl.int64) * stride_dx, cols, mask, tl.exp(xs - lse), xs, tgt, xy, own,
+                      lse, a, b, kappa, wy, w_ptr, V, eps, zc, cap, HAS_W, SMOOTH, ZLOSS, SOFTCAP)
 
 
 @triton.jit
@@ -612,15 +615,10 @@ def scale_(x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     n = x.numel()
     if n:
         block = 4096
-        grid = persistent_grid(triton.cdiv(n, block), 1, None if interpreting() else 4 * _sm(x.device))
+        grid = persistent_grid(triton.cdiv(n, block), 1, None if interpreting() else 4 * sm_count())
         _scale_kernel[(grid,)](x, grad.reshape(()).float() if grad.dtype != torch.float32 else grad, n,
                                BLOCK=block, num_warps=4)
     return x
-
-
-def _sm(device) -> int:
-    from ..runtime.device import sm_count
-    return sm_count()
 
 
 def _reduce(parts: torch.Tensor, reduction: int, dtype: torch.dtype) -> torch.Tensor:
