@@ -240,9 +240,7 @@ def main():
     a = ap.parse_args()
     copy = dev.ceilings()["copy_gbps"]
     table = []
-    sweep = [(8192, 262144, [None, ("split", 8192, 4), ("split", 8192, 8), ("split", 16384, 16), ("split", 2048, 2)]),
-             (8192, 32000, [None, ("split", 2048, 4), ("split", 8192, 8), ("split", 2048, 2)]),
-             (4096, 32000, [None, ("split", 2048, 4), ("split", 1024, 2)])]
+    sweep = [(8192, 128256, [None]), (8192, 262144, [None])]
     for step in [lambda tb, a=a: time_ce(tb, copy, *a) for a in sweep]:
         if step is None:
             continue
