@@ -133,11 +133,9 @@ def profile(table):
     T, V = 8192, 128256
     x = (torch.randn(T, V, device="cuda") * 2).bfloat16()
     t = torch.randint(0, V, (T,), device="cuda")
-    calls = {
-        "ce fwd no-grad": lambda: ce._ce_impl(x, t, None, -100, 1, 0.0, 0.0, 0.0, False),
-        "ce fwd grad": lambda: ce._ce_impl(x, t, None, -100, 1, 0.0, 0.0, 0.0, True),
-    }
-    for name, fn in calls.items():
+    for launch in (None, (8192, 8), (16384, 8)):
+        ce.STATS_LAUNCH = launch
+        fn = lambda: ce._ce_impl(x, t, None, -100, 1, 0.0, 0.0, 0.0, False)  # noqa: E731
         fn()
         torch.cuda.synchronize()
         with prof(activities=[ProfilerActivity.CUDA]) as p:
@@ -146,7 +144,9 @@ def profile(table):
             torch.cuda.synchronize()
         ks = sorted(((e.key, e.device_time_total / e.count if e.count else 0, e.count) for e in p.key_averages()
                      if e.device_time_total > 0), key=lambda k: -k[1])
-        table.append(("prof " + name, "; ".join("%s %.1f us x%d" % (k[:40], us, c) for k, us, c in ks[:5])))
+        table.append(("prof fwd no-grad %s" % (launch,), "%.3f ms total" % bench(fn),
+                      "; ".join("%s %.1f us" % (k[:24], us) for k, us, c in ks[:3])))
+    ce.STATS_LAUNCH = None
 
 
 def peak_extra(fn):
@@ -241,7 +241,7 @@ def main():
     copy = dev.ceilings()["copy_gbps"]
     table = []
     sweep = [(8192, 128256, [None]), (8192, 262144, [None])]
-    for step in [lambda tb, a=a: time_ce(tb, copy, *a) for a in sweep]:
+    for step in [profile, check] + [lambda tb, a=a: time_ce(tb, copy, *a) for a in sweep]:
         if step is None:
             continue
         try:
