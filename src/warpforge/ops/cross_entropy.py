@@ -44,6 +44,13 @@ Why the kernels look the way they do:
   is not ``ignore_index`` trips a device-side assertion on the GPU, as PyTorch's own kernel does
   (an error at the next synchronisation, no host round trip per call), and a ValueError under the
   interpreter; the kernels never index with it, and its token's loss is NaN.
+- Instructions, not only bytes: reading and writing bf16 at 4.2 TB/s is 1.05 T elements a second,
+  and an H200 issues ~33.5 T thread-instructions a second, so the whole kernel has ~32 issue slots
+  an element. The first version used ~22 (PTX) and was issue-bound. Now: exp(x - m) as one FMA and
+  an ex2, no mask select where the load already fills -inf, the gradient's scalars multiplied
+  together before the one per-element multiply, and no per-element target compare (the target's
+  gradient is a scalar store after a barrier): ~12-14, and 80 registers a thread (six programs an
+  SM). 1.58 -> 1.46 ms for the fused pass at 8192 x 128,256; the forward alone 1.05 -> 0.57 ms.
 - Offsets into the logits are int64 (row index x row stride), so T*V past 2^31 works.
 
 Non-finite logits follow PyTorch: -inf entries are classes with probability 0 (a -inf target
@@ -71,7 +78,7 @@ from ..runtime.checks import check_device, check_tensor
 from ..runtime.device import sm_count
 from ..runtime.heuristics import ce_config, persistent_grid
 from ..runtime.registry import FAST_EAGER, Op
-from ._rows import gather_row_stats, publish_row_stats, split_launch
+from ._rows import exp_minus, gather_row_stats, publish_row_stats, split_launch
 
 REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 
@@ -152,9 +159,6 @@ def _ce_prep_kernel(
     tl.store(norm_ptr + 3, tl.sum(bad, axis=0).to(tl.float32))
 
 
-LOG2E = tl.constexpr(1.4426950408889634)
-
-
 @triton.jit
 def _capped(x, mask, cap, SOFTCAP: tl.constexpr):
     """x' = cap * tanh(x / cap) in fp32 (tanh u = 2 sigmoid(2u) - 1), -inf in masked lanes. (The
@@ -163,15 +167,6 @@ def _capped(x, mask, cap, SOFTCAP: tl.constexpr):
     if SOFTCAP:
         x = tl.where(mask, cap * (2.0 * tl.sigmoid(x * (2.0 / cap)) - 1.0), -float("inf"))
     return x
-
-
-@triton.jit
-def _exp_minus(x, m):
-    """exp(x - m) as one FMA and one ex2 an element (x * log2 e - m * log2 e), where exp(x - m)
-    costs a subtract, a multiply and the ex2: at ~22 instructions an element the fused kernel was
-    close to the issue rate that 4 bytes an element at 4.2 TB/s allows (33.5 T thread-instructions
-    a second over 1.05 T elements: 32)."""
-    return tl.exp2(tl.fma(x, LOG2E, -m * LOG2E))
 
 
 @triton.jit
@@ -283,7 +278,7 @@ def _store_target_grad(dx_row, tgt, xy, own, lse, a, b, kappa, wy, w_ptr, V, eps
     the target's soft-capped logit. Called after a barrier, so the chunk's vector store of that
     element is ordered before this one."""
     if own:
-        gt = _grad(_exp_minus(xy, lse), 1.0, xy, wy, lse, a, b, kappa, wy, V, eps, zc, cap, SMOOTH, ZLOSS, SOFTCAP, True)
+        gt = _grad(exp_minus(xy, lse), 1.0, xy, wy, lse, a, b, kappa, wy, V, eps, zc, cap, SMOOTH, ZLOSS, SOFTCAP, True)
         tl.store(dx_row + tgt, gt.to(dx_row.dtype.element_ty))
 
 
@@ -364,7 +359,7 @@ def _ce_split_kernel(
                              other=0.0).to(tl.float32), own, cap, SOFTCAP)
         m_c = tl.max(xs, axis=0)
         m_c = tl.where(m_c == -float("inf"), 0.0, m_c)
-        e = _exp_minus(xs, m_c)
+        e = exp_minus(xs, m_c)
         if SMOOTH:
             ssum = _smooth_sum(xs, cols, mask, w_ptr, HAS_W)
         else:
@@ -398,7 +393,7 @@ def _ce_stats_kernel(
     xy = _capped(tl.load(x_row + tl.where(own, tgt, 0), mask=own, other=0.0).to(tl.float32), own, cap, SOFTCAP)
     m_c = tl.max(xs, axis=0)
     m_c = tl.where(m_c == -float("inf"), 0.0, m_c)
-    s_c = tl.sum(_exp_minus(xs, m_c), axis=0)
+    s_c = tl.sum(exp_minus(xs, m_c), axis=0)
     if SMOOTH:
         ssum = _smooth_sum(xs, cols, mask, w_ptr, HAS_W)
     else:
@@ -483,7 +478,7 @@ def _ce_loop_kernel(
             ssum += _smooth_sum(xs, cols, mask, w_ptr, HAS_W)
         m_new = tl.maximum(m_v, xs)
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        s_v = s_v * tl.exp(m_v - m_safe) + _exp_minus(xs, m_safe)
+        s_v = s_v * tl.exp(m_v - m_safe) + exp_minus(xs, m_safe)
         m_v = m_new
     m = tl.max(m_v, axis=0)
     m = tl.where(m == -float("inf"), 0.0, m)
@@ -496,7 +491,7 @@ def _ce_loop_kernel(
             cols = start + offs
             mask = cols < V
             xs = _capped(tl.load(base + cols, mask=mask, other=-float("inf")).to(tl.float32), mask, cap, SOFTCAP)
-            g = _grad(_exp_minus(xs, lse), 1.0, xs, _class_weights(w_ptr, cols, mask, HAS_W, SMOOTH), lse, a, b, kappa,
+            g = _grad(exp_minus(xs, lse), 1.0, xs, _class_weights(w_ptr, cols, mask, HAS_W, SMOOTH), lse, a, b, kappa,
                       wy, V, eps, zc, cap, SMOOTH, ZLOSS, SOFTCAP, False)
             tl.store(dx_row + cols, g.to(dx_ptr.dtype.element_ty), mask=mask)
         tl.debug_barrier()
@@ -528,7 +523,7 @@ def _ce_bwd_kernel(
     wy = _class_weight(w_ptr, tgt, V, ignore_index, HAS_W)
     g_up = tl.load(g_ptr + tl.cast(row, tl.int64) * stride_g).to(tl.float32)
     ok, bad, a, b, kappa = _row_terms(tgt, wy, g_up, inv_a, inv_b, wsum, V, ignore_index, eps)
-    _store_chunk_grad(dx_ptr + tl.cast(row, tl.int64) * stride_dx, cols, mask, _exp_minus(xs, lse), 1.0, xs, tgt, xy, own,
+    _store_chunk_grad(dx_ptr + tl.cast(row, tl.int64) * stride_dx, cols, mask, exp_minus(xs, lse), 1.0, xs, tgt, xy, own,
                       lse, a, b, kappa, wy, w_ptr, V, eps, zc, cap, HAS_W, SMOOTH, ZLOSS, SOFTCAP)
 
 

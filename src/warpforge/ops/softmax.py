@@ -30,7 +30,7 @@ from ..runtime import new_empty
 from ..runtime.checks import check_tensor, normalize_dim
 from ..runtime.heuristics import row_config
 from ..runtime.registry import Op
-from ._rows import as_rows, gather_row_stats, publish_row_stats, split_launch
+from ._rows import as_rows, exp_minus, gather_row_stats, publish_row_stats, split_launch
 
 
 # ----------------------------------------------------------------------------------------------
@@ -89,7 +89,7 @@ def _softmax_fwd_split_kernel(
         x = tl.load(x_ptr + tl.cast(nxt, tl.int64) * stride_x + cols, mask=mask & (nxt < M), other=-float("inf"))
         m_c = tl.max(xf, axis=0)
         m_c = tl.where(m_c == -float("inf"), 0.0, m_c)
-        e = tl.exp(xf - m_c)
+        e = exp_minus(xf, m_c)
         publish_row_stats(stats_ptr, row, chunk, C, m_c, tl.sum(e, axis=0))
         ms, ss, valid = gather_row_stats(stats_ptr, row, C, CP)
         m = tl.max(tl.where(valid, ms, -float("inf")), axis=0)
@@ -115,7 +115,7 @@ def _softmax_fwd_loop_kernel(
         x = tl.load(x_ptr + r * stride_x + start + cols, mask=start + cols < N, other=-float("inf")).to(tl.float32)
         m_new = tl.maximum(m_v, x)
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        s_v = s_v * tl.exp(m_v - m_safe) + tl.exp(x - m_safe)
+        s_v = s_v * tl.exp(m_v - m_safe) + exp_minus(x, m_safe)
         m_v = m_new
     m = tl.max(m_v, axis=0)
     m = tl.where(m == -float("inf"), 0.0, m)
@@ -127,7 +127,7 @@ def _softmax_fwd_loop_kernel(
         if LOG:
             y = x - m - tl.log(s)
         else:
-            y = tl.exp(x - m) * (1.0 / s)
+            y = exp_minus(x, m) * (1.0 / s)
         tl.store(y_ptr + r * stride_y + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
