@@ -240,8 +240,10 @@ def main():
     a = ap.parse_args()
     copy = dev.ceilings()["copy_gbps"]
     table = []
-    sweep = [(8192, 128256, [None]), (8192, 262144, [None])]
-    for step in [profile, check] + [lambda tb, a=a: time_ce(tb, copy, *a) for a in sweep]:
+    sweep = [(8192, 128256, [None, ("split", 8192, 4), ("split", 8192, 8), ("split", 2048, 2), ("split", 2048, 4),
+                             ("split", 16384, 16), ("split", 4096, 8), ("split", 16384, 8)]),
+             (8192, 262144, [None, ("split", 4096, 4), ("split", 16384, 8), ("split", 16384, 16), ("split", 8192, 8)])]
+    for step in [lambda tb, a=a: time_ce(tb, copy, *a) for a in sweep]:
         if step is None:
             continue
         try:

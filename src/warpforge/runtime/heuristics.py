@@ -76,9 +76,10 @@ CE_LOOP_BLOCK = 1024
 def ce_config(v: int) -> RowConfig:
     """How the cross-entropy forward covers rows of ``v`` logits."""
     if not interpreting():
-        # ~32 programs a row: 4,096-column chunks up to V = 131,072, 8,192 past it (H200, V =
-        # 262,144: 3.48 ms against 4.21 ms with 64 chunks of 4,096; benchmarks/NOTES.md)
-        chunk = min(CE_CHUNK * (2 if v > 32 * CE_CHUNK else 1), triton.next_power_of_2(v))
+        # 8,192-column chunks (4 warps, 64 a thread) from V = 65,536: fewer programs to wait on per
+        # row. H200, 8192 rows: V = 128,256 1.33 ms (16 chunks) against 1.46 ms with 32 of 4,096;
+        # V = 262,144 2.99 ms (32 chunks) against 5.6 ms with 64 (benchmarks/NOTES.md)
+        chunk = min(CE_CHUNK * (2 if v >= 16 * CE_CHUNK else 1), triton.next_power_of_2(v))
         chunks = triton.cdiv(v, chunk)
         if chunks <= SPLIT_MAX_CHUNKS:
             return RowConfig("split", chunk, 1, CE_SPLIT_WARPS, chunks)
