@@ -630,8 +630,7 @@ def scale_(x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     if n:
         block = 4096
         grid = persistent_grid(triton.cdiv(n, block), 1, None if interpreting() else 4 * sm_count())
-        _scale_kernel[(grid,)](x, grad.reshape(()).float() if grad.dtype != torch.float32 else grad, n,
-                               BLOCK=block, num_warps=4)
+        _scale_kernel[(grid,)](x, grad, n, BLOCK=block, num_warps=4)   # the kernel reads any float dtype
     return x
 
 
