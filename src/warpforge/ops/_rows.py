@@ -49,6 +49,24 @@ def exp_minus(x, m):
 
 
 @triton.jit
+def online_update(m_v, s_v, x):
+    """One block of the online softmax statistics, per lane: running max and sum of exp(x - max)
+    rescaled as the max grows (an all -inf lane keeps max -inf and sum 0)."""
+    m_new = tl.maximum(m_v, x)
+    m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+    return m_new, s_v * tl.exp(m_v - m_safe) + exp_minus(x, m_safe)
+
+
+@triton.jit
+def online_finish(m_v, s_v):
+    """Combine the lanes of ``online_update``: (max, sum of exp(x - max)) of the row (max 0 for an
+    all -inf row, whose sum is then 0)."""
+    m = tl.max(m_v, axis=0)
+    m = tl.where(m == -float("inf"), 0.0, m)
+    return m, tl.sum(s_v * tl.exp(m_v - m), axis=0)
+
+
+@triton.jit
 def publish_row_stats(stats_ptr, row, chunk, C, s0, s1):
     """Publish (s0, s1), this chunk's fp32 statistics of ``row``, to the int32 workspace."""
     base = stats_ptr + tl.cast(row, tl.int64) * C * 2 + chunk * 2

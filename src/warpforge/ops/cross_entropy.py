@@ -78,7 +78,7 @@ from ..runtime.checks import check_device, check_tensor
 from ..runtime.device import sm_count
 from ..runtime.heuristics import ce_config, persistent_grid
 from ..runtime.registry import FAST_EAGER, Op
-from ._rows import exp_minus, gather_row_stats, publish_row_stats, split_launch
+from ._rows import exp_minus, gather_row_stats, online_finish, online_update, publish_row_stats, split_launch
 
 REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
 
@@ -476,13 +476,9 @@ def _ce_loop_kernel(
         xy += tl.sum(tl.where(cols == tgt, xs, 0.0), axis=0)
         if SMOOTH:
             ssum += _smooth_sum(xs, cols, mask, w_ptr, HAS_W)
-        m_new = tl.maximum(m_v, xs)
-        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        s_v = s_v * tl.exp(m_v - m_safe) + exp_minus(xs, m_safe)
-        m_v = m_new
-    m = tl.max(m_v, axis=0)
-    m = tl.where(m == -float("inf"), 0.0, m)
-    lse = m + tl.log(tl.sum(s_v * tl.exp(m_v - m), axis=0))
+        m_v, s_v = online_update(m_v, s_v, xs)
+    m, s_row = online_finish(m_v, s_v)
+    lse = m + tl.log(s_row)
     tl.store(part_ptr + row, _row_loss(xy, ssum, lse, wy, ok, bad, inv_a, inv_b, wsum, V, eps, zc, ZLOSS))
     tl.store(lse_ptr + row, lse)
     if WRITE_GRAD:

@@ -30,7 +30,7 @@ from ..runtime import new_empty
 from ..runtime.checks import check_tensor, normalize_dim
 from ..runtime.heuristics import row_config
 from ..runtime.registry import Op
-from ._rows import as_rows, exp_minus, gather_row_stats, publish_row_stats, split_launch
+from ._rows import as_rows, exp_minus, gather_row_stats, online_finish, online_update, publish_row_stats, split_launch
 
 
 # ----------------------------------------------------------------------------------------------
@@ -113,13 +113,8 @@ def _softmax_fwd_loop_kernel(
     s_v = tl.zeros((BLOCK_N,), tl.float32)
     for start in range(0, N, BLOCK_N):
         x = tl.load(x_ptr + r * stride_x + start + cols, mask=start + cols < N, other=-float("inf")).to(tl.float32)
-        m_new = tl.maximum(m_v, x)
-        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        s_v = s_v * tl.exp(m_v - m_safe) + exp_minus(x, m_safe)
-        m_v = m_new
-    m = tl.max(m_v, axis=0)
-    m = tl.where(m == -float("inf"), 0.0, m)
-    s = tl.sum(s_v * tl.exp(m_v - m), axis=0)
+        m_v, s_v = online_update(m_v, s_v, x)
+    m, s = online_finish(m_v, s_v)
     # pass 2: re-read and write
     for start in range(0, N, BLOCK_N):
         mask = start + cols < N
