@@ -573,31 +573,32 @@ def _ce_rows(x: torch.Tensor, target: torch.Tensor, weight, norm: torch.Tensor, 
     when given (``dx`` may be ``x``: in place). Returns the (T, C) fp32 loss parts."""
     t, v = x.shape
     cfg = CONFIG_OVERRIDE or ce_config(v)
-    c = cfg.chunks if cfg.mode == "split" else 1
-    parts = torch.empty((t, c), dtype=torch.float32, device=x.device)
-    if t == 0:
-        return parts
-    out = dx if dx is not None else x
-    args = (x, out, target, weight if weight is not None else norm, _one(x.device), lse, parts, norm,
-            t, v, x.stride(0), out.stride(0), target.stride(0), 0, ignore_index, eps, z, cap)
-    flags = _flags(weight, eps, z, cap, mean)
+    w = weight if weight is not None else norm          # any pointer: unread without class weights
     if dx is None and cfg.mode == "split":
         # no gradient: chunk statistics with no exchange, then a small combine over rows
         block, warps = STATS_LAUNCH or (cfg.block_n, cfg.num_warps)
         c = triton.cdiv(v, block)
         parts = torch.empty((t, c), dtype=torch.float32, device=x.device)
+        if t == 0:
+            return parts
         stat = torch.empty((t, c, 2), dtype=torch.float32, device=x.device)
-        _ce_stats_kernel[(t, c)](x, target, weight if weight is not None else norm, stat, parts, norm,
-                                 t, v, c, x.stride(0), target.stride(0), ignore_index, eps, cap,
-                                 HAS_W=weight is not None, SMOOTH=eps > 0, SOFTCAP=cap > 0, MEAN=mean,
-                                 BLOCK_N=block, num_warps=warps)
+        _ce_stats_kernel[(t, c)](x, target, w, stat, parts, norm, t, v, c, x.stride(0), target.stride(0),
+                                 ignore_index, eps, cap, HAS_W=weight is not None, SMOOTH=eps > 0, SOFTCAP=cap > 0,
+                                 MEAN=mean, BLOCK_N=block, num_warps=warps)
         cp = triton.next_power_of_2(c)
         rows = max(1, min(64, 2048 // cp))
-        _ce_combine_kernel[(triton.cdiv(t, rows),)](stat, parts, lse, target, weight if weight is not None else norm,
-                                                   norm, t, v, c, target.stride(0), ignore_index, eps, z,
-                                                   HAS_W=weight is not None, ZLOSS=z != 0, MEAN=mean, ROWS=rows,
-                                                   CP=cp, num_warps=4)
-    elif cfg.mode == "split":
+        _ce_combine_kernel[(triton.cdiv(t, rows),)](stat, parts, lse, target, w, norm, t, v, c, target.stride(0),
+                                                   ignore_index, eps, z, HAS_W=weight is not None, ZLOSS=z != 0,
+                                                   MEAN=mean, ROWS=rows, CP=cp, num_warps=4)
+        return parts
+    parts = torch.empty((t, cfg.chunks if cfg.mode == "split" else 1), dtype=torch.float32, device=x.device)
+    if t == 0:
+        return parts
+    out = dx if dx is not None else x
+    args = (x, out, target, w, _one(x.device), lse, parts, norm,
+            t, v, x.stride(0), out.stride(0), target.stride(0), 0, ignore_index, eps, z, cap)
+    flags = _flags(weight, eps, z, cap, mean)
+    if cfg.mode == "split":
         split_launch(_ce_split_kernel, t, cfg, x.device, args, WRITE_GRAD=dx is not None, BLOCK_N=cfg.block_n, **flags)
     else:
         _ce_loop_kernel[(t,)](*args, WRITE_GRAD=dx is not None, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **flags)
