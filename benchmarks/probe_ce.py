@@ -74,11 +74,8 @@ def time_ce(table, copy, T=8192, V=128256, configs=None):
         return ce._ce_impl(x, t, None, -100, 1, 0.0, 0.0, 0.0, True)
     ref = None
     for c in configs:
-        if c is not None and c[0] == "stream":
-            ce.CONFIG_OVERRIDE = RowConfig("stream", c[1], c[3], c[2], c[4])
-        else:
-            ce.CONFIG_OVERRIDE = None if c is None else RowConfig(c[0], c[1], 1, c[2], -(-V // c[1]))
-        if c is not None and c[0] == "split" and -(-V // c[1]) > 128:
+        ce.CONFIG_OVERRIDE = None if c is None else RowConfig(c[0], c[1], 1, c[2], -(-V // c[1]))
+        if c is not None and -(-V // c[1]) > 128:
             continue
         try:
             (dx,) = ours()
@@ -237,15 +234,16 @@ def assert_check(table):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--skip-linear", action="store_true")
-    a = ap.parse_args()
+    args = ap.parse_args()
     copy = dev.ceilings()["copy_gbps"]
     table = []
-    sweep = [(8192, 128256, [None, ("split", 8192, 4), ("split", 8192, 8), ("split", 2048, 2), ("split", 2048, 4),
-                             ("split", 16384, 16), ("split", 4096, 8), ("split", 16384, 8)]),
-             (8192, 262144, [None, ("split", 4096, 4), ("split", 16384, 8), ("split", 16384, 16), ("split", 8192, 8)])]
-    for step in [lambda tb, a=a: time_ce(tb, copy, *a) for a in sweep]:
-        if step is None:
-            continue
+    sweep = [(8192, 128256, [None, ("split", 8192, 4), ("split", 4096, 4), ("split", 8192, 8), ("split", 16384, 8)]),
+             (8192, 262144, [None, ("split", 4096, 4), ("split", 16384, 8)])]
+    steps = [check, profile] + [lambda tb, s=s: time_ce(tb, copy, *s) for s in sweep]
+    if not args.skip_linear:
+        steps.append(time_linear)
+    steps.append(assert_check)
+    for step in steps:
         try:
             step(table)
         except Exception as e:  # noqa: BLE001
