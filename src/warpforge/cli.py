@@ -52,7 +52,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("info", help="versions, where kernels run, device facts and measured ceilings")
     i.add_argument("--refresh", action="store_true", help="re-measure the ceilings instead of reading the cache")
+    c = sub.add_parser("build-cuda", help="build the CUDA C++ backend now (else it builds on first use)")
+    c.add_argument("--verbose", action="store_true", help="show the compiler's output")
     return p
+
+
+def _cuda_status() -> str:
+    from . import cuda
+
+    why = cuda.unavailable_reason()
+    if why is not None:
+        return f"unavailable: {why}"
+    return f"available (builds on first use, cached in {cuda.cache_dir()}; `warpforge build-cuda` builds now)"
+
+
+def _build_cuda(args) -> int:
+    import time
+
+    from . import cuda
+
+    t = time.time()
+    try:
+        cuda.load(verbose=args.verbose)
+    except cuda.CudaBackendUnavailable as e:
+        print(e, file=sys.stderr)
+        return 1
+    print(f"CUDA backend built and loaded in {time.time() - t:.1f} s ({cuda.cache_dir()})")
+    return 0
 
 
 def _bench(args, parser) -> int:
@@ -89,11 +115,13 @@ def _info(args) -> int:
         if not warpforge.interpreting():
             how = "nowhere: no CUDA device and TRITON_INTERPRET is off"
         print(f"kernels   run under {how}; no CUDA device")
+        print(f"cuda C++  {_cuda_status()}")
         return 0
     from .runtime.device import ceilings, device_info
 
     d = device_info()
     print(f"kernels   run on the GPU{' (but TRITON_INTERPRET=1 is set: interpreted)' if warpforge.interpreting() else ''}")
+    print(f"cuda C++  {_cuda_status()}")
     print(f"device    {d.name}")
     print(f"  SMs                 {d.sm_count}")
     print(f"  L2                  {d.l2_bytes / 2**20:.0f} MiB")
@@ -124,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import merge
 
         return merge(args.inputs, args.out)
+    if args.command == "build-cuda":
+        return _build_cuda(args)
     return _info(args)
 
 

@@ -181,6 +181,14 @@ def row_check_cases() -> list[Case]:
     return [Case("3x123", {"M": 3, "N": 123}), Case("2x4097", {"M": 2, "N": 4097})]
 
 
+def softmax_cases(quick: bool) -> list[Case]:
+    """The row sweep plus the CUDA-path bar's shapes, 16384 x {4096, 8192, 32768} (issue 3)."""
+    cases = row_cases(quick)
+    have = {c.label for c in cases}
+    extra = [Case(f"16384x{n}", {"M": 16384, "N": n}) for n in (4096, 8192, 32768)]
+    return cases + [c for c in extra if c.label not in have]
+
+
 def _mn(case: Case) -> tuple[int, int]:
     return case.dims["M"], case.dims["N"]
 
@@ -355,6 +363,21 @@ def rope_flops(case: Case, mode: str) -> int:
 LLAMA_NK = ((4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096))   # q/o, gate/up, down, lm_head
 LLAMA_M = (16, 128, 4096, 16384)                                        # decode ... long prefill
 MATMUL_LADDER = ("naive", "pipelined", "grouped", "autotuned", "persistent", "splitk")
+CUDA_MATMUL_LADDER = ("naive", "tiled", "regblock", "mma")                # backend="cuda"
+
+
+_T_CACHE: dict = {}
+
+
+def _row_major_t(w: torch.Tensor) -> torch.Tensor:
+    """W^T as a row-major (K, N) tensor, made once per weight and kept: the CUDA ladder reads B
+    row-major, so its rows time the kernels on that layout, not a transpose per call."""
+    key = (w.data_ptr(), tuple(w.shape), w.dtype)
+    if key not in _T_CACHE:
+        _T_CACHE.clear()   # one weight at a time: the previous case's is garbage
+        # a leaf of its own (its gradient, in bwd mode, is the same work as W's)
+        _T_CACHE[key] = w.detach().T.contiguous().requires_grad_(w.requires_grad)
+    return _T_CACHE[key]
 
 
 def gemm_cases(quick: bool) -> list[Case]:
@@ -529,6 +552,29 @@ def _one(fname: str, call: Callable[[Callable], Callable]):
     return lambda get: {"warpforge": call(get(fname))}
 
 
+def cuda_backend_available() -> bool:
+    """Whether the CUDA C++ backend (warpforge.cuda) can run here: its rows are timed only then."""
+    try:
+        from warpforge import cuda
+    except Exception:  # noqa: BLE001
+        return False
+    return cuda.available()
+
+
+def _with_cuda(fname: str, call: Callable[[Callable], Callable], variants: tuple[str, ...] = ()):
+    """ours_fn: "warpforge" (Triton) plus, where the CUDA backend can run, "warpforge[cuda]" (and
+    "warpforge[cuda:<variant>]" for each named variant), the same public function with backend="cuda"."""
+    def ours(get):
+        f = get(fname)
+        rows = {"warpforge": call(f)}
+        if cuda_backend_available():
+            rows["warpforge[cuda]"] = call(lambda *a, **k: f(*a, **k, backend="cuda"))
+            for v in variants:
+                rows[f"warpforge[cuda:{v}]"] = call(lambda *a, _v=v, **k: f(*a, **k, variant=_v, backend="cuda"))
+        return rows
+    return ours
+
+
 WORKLOADS: dict[str, Workload] = {}
 
 
@@ -541,7 +587,7 @@ _register(Workload(
     cases=add_cases, check_cases=add_check_cases, make=_add_make, grad_args=(0, 1),
     ours_fn=lambda get: {
         "warpforge[naive]": (lambda f: lambda a, b: f(a, b, variant="naive"))(get("add")),
-        "warpforge": (lambda f: lambda a, b: f(a, b))(get("add")),
+        **_with_cuda("add", lambda f: lambda a, b: f(a, b), variants=("naive",))(get),
     },
     eager=lambda a, b: torch.add(a, b),
     bytes_fn=lambda c, m, s: 3 * c.dims["n"] * s,
@@ -551,7 +597,7 @@ _register(Workload(
 _register(Workload(
     name="sum", module="warpforge.ops.reduce",
     cases=row_cases, check_cases=row_check_cases, make=_row_x, grad_args=(0,),
-    ours_fn=_one("sum", lambda f: lambda x: f(x, -1)),
+    ours_fn=_with_cuda("sum", lambda f: lambda x: f(x, -1)),
     eager=lambda x: torch.sum(x, -1),
     bytes_fn=reduce_bytes, flops_fn=per_element_flops(1, 0),
     modes=("fwd",), notes="timed forward only: its backward is an expand of dy",
@@ -559,14 +605,14 @@ _register(Workload(
 _register(Workload(
     name="amax", module="warpforge.ops.reduce",
     cases=row_cases, check_cases=row_check_cases, make=_row_x, grad_args=(0,),
-    ours_fn=_one("amax", lambda f: lambda x: f(x, -1)),
+    ours_fn=_with_cuda("amax", lambda f: lambda x: f(x, -1)),
     eager=lambda x: torch.amax(x, -1),
     bytes_fn=reduce_bytes, flops_fn=per_element_flops(1, 2),
 ))
 _register(Workload(
     name="softmax", module="warpforge.ops.softmax",
-    cases=row_cases, check_cases=row_check_cases, make=_row_x, grad_args=(0,),
-    ours_fn=_one("softmax", lambda f: lambda x: f(x, -1)),
+    cases=softmax_cases, check_cases=row_check_cases, make=_row_x, grad_args=(0,),
+    ours_fn=_with_cuda("softmax", lambda f: lambda x: f(x, -1)),
     eager=lambda x: F.softmax(x, -1),
     liger=("liger_kernel.ops.softmax", "LigerSoftmaxFunction", lambda cls: lambda x: cls.apply(x)),
     bytes_fn=row_bytes(), flops_fn=per_element_flops(5, 4),
@@ -575,7 +621,7 @@ _register(Workload(
 _register(Workload(
     name="log_softmax", module="warpforge.ops.softmax",
     cases=row_cases, check_cases=row_check_cases, make=_row_x, grad_args=(0,),
-    ours_fn=_one("log_softmax", lambda f: lambda x: f(x, -1)),
+    ours_fn=_with_cuda("log_softmax", lambda f: lambda x: f(x, -1)),
     eager=lambda x: F.log_softmax(x, -1),
     bytes_fn=row_bytes(), flops_fn=per_element_flops(5, 3),
     reference=_softmax_reference(True),
@@ -642,12 +688,15 @@ _register(Workload(
         "warpforge": (lambda f: lambda a, w: f(a, w.T))(get("matmul")),
         **{f"warpforge[{v}]": (lambda f, v: lambda a, w: f(a, w.T, variant=v))(get("matmul"), v)
            for v in MATMUL_LADDER},
+        **{k: v for k, v in _with_cuda("matmul", lambda f: lambda a, w: f(a, _row_major_t(w)),
+                                       variants=CUDA_MATMUL_LADDER)(get).items() if k != "warpforge"},
     },
     eager=lambda a, w: torch.matmul(a, w.T),
     bytes_fn=gemm_bytes, flops_fn=gemm_flops, modes=("fwd", "bwd"),
     variant_cases=lambda c: c.dims.get("ladder", False),
     notes="A (M, K) @ W^T with W (N, K) row-major, a linear layer's layout; bwd = dA and dW; "
-          "the named variants (the ladder) run on 4096^3 and 16x4096x4096 only",
+          "the named variants (the ladder) run on 4096^3 and 16x4096x4096 only; the CUDA C++ rows "
+          "(warpforge[cuda:*]) read B = W^T row-major, transposed once outside the timing",
 ))
 _register(Workload(
     name="matmul_bwd", module="warpforge.ops.matmul",

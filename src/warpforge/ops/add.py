@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from ..runtime import new_empty
-from ..runtime.checks import check_same, check_tensor
+from ..runtime.checks import check_backend, check_same, check_tensor
 from ..runtime.heuristics import FLAT_BLOCK, FLAT_WARPS
 from ..runtime.registry import Op
 
@@ -154,12 +154,14 @@ ADD_VARIANTS = {"naive": add_naive_op, "vectorized": add_vectorized_op}
 # ----------------------------------------------------------------------------------------------
 # Public function
 # ----------------------------------------------------------------------------------------------
-def add(input: torch.Tensor, other: torch.Tensor, *, alpha: float = 1.0, variant: str = "vectorized") -> torch.Tensor:
+def add(input: torch.Tensor, other: torch.Tensor, *, alpha: float = 1.0, variant: str = "vectorized",
+        backend: str = "triton") -> torch.Tensor:
     """``torch.add(input, other, alpha=alpha)`` for two tensors of the same shape and dtype.
 
     No broadcasting and no type promotion: both raise. Non-contiguous inputs are copied to
     contiguous ones first (an extra read and write); the result is contiguous. ``variant`` picks
     the kernel: ``"vectorized"`` (default, the fast one) or ``"naive"`` (the textbook version).
+    ``backend="cuda"`` runs the CUDA C++ kernels of the same two variants (warpforge.cuda).
     """
     check_tensor("input", input, min_dim=0)
     check_tensor("other", other, min_dim=0)
@@ -172,4 +174,8 @@ def add(input: torch.Tensor, other: torch.Tensor, *, alpha: float = 1.0, variant
         raise ValueError(f"warpforge: 'variant' is {variant!r}; expected one of {', '.join(map(repr, ADD_VARIANTS))}")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         raise TypeError(f"warpforge: 'alpha' must be a real number, got {type(alpha).__name__}")
+    if check_backend(backend) == "cuda":
+        from ..cuda import functional as cuda_fn
+
+        return cuda_fn.add(input, other, float(alpha), variant)
     return ADD_VARIANTS[variant](input, other, float(alpha))

@@ -66,7 +66,7 @@ import triton
 import triton.language as tl
 
 from ..runtime import interpreting, new_empty, tuning
-from ..runtime.checks import check_device
+from ..runtime.checks import check_backend, check_device
 from ..runtime.device import sm_count
 from ..runtime.heuristics import MatmulConfig, matmul_candidates, matmul_config
 from ..runtime.launch import Desc, LaunchCache, aligned, launch
@@ -714,16 +714,22 @@ def _check_pair(a_name, a, b_name, b) -> None:
                            f"expected the same device")
 
 
-def matmul(input: torch.Tensor, other: torch.Tensor, *, variant: str = "auto") -> torch.Tensor:
+def matmul(input: torch.Tensor, other: torch.Tensor, *, variant: str = "auto", backend: str = "triton") -> torch.Tensor:
     """``torch.matmul(input, other)`` for operands of rank >= 2: (..., M, K) @ (..., K, N).
 
     Batch dims broadcast as in torch. A 2-D ``other`` folds ``input``'s batch dims into M (a view
     when they are contiguous, else a copy); otherwise batch dims beyond one are flattened (a copy
     only when the strides do not allow a view). Any row/column-major layout is read in place.
     ``variant`` names a rung of the ladder (module docstring); ``"auto"`` is the fastest.
+
+    ``backend="cuda"``: the CUDA C++ ladder (warpforge.cuda; ``variant`` "naive", "tiled",
+    "regblock", "mma" or "auto" = "mma" for 16-bit types, "regblock" for fp32), with a 2-D
+    ``other``; operands that are not row-major are copied to row-major first.
     """
     _check_operand("input", input)
     _check_operand("other", other)
+    if check_backend(backend) == "cuda":
+        return _matmul_cuda(input, other, variant)
     _check_variant(variant)
     if input.dim() < 2 or other.dim() < 2:
         raise ValueError(f"warpforge: matmul needs 'input' and 'other' of rank >= 2; got shapes "
@@ -747,6 +753,26 @@ def matmul(input: torch.Tensor, other: torch.Tensor, *, variant: str = "auto") -
     a = input.expand(*batch, m, k).reshape(math.prod(batch), m, k)
     b = other.expand(*batch, k, n).reshape(math.prod(batch), k, n)
     return matmul_op(a, b, variant).reshape(*batch, m, n)
+
+
+def _matmul_cuda(input: torch.Tensor, other: torch.Tensor, variant: str) -> torch.Tensor:
+    from ..cuda import functional as cuda_fn
+
+    if variant != "auto" and variant not in cuda_fn.MATMUL_VARIANTS:
+        raise ValueError(f"warpforge: 'variant' is {variant!r}; the CUDA backend has "
+                         f"{', '.join(map(repr, ('auto', *cuda_fn.MATMUL_VARIANTS)))}")
+    if other.dim() != 2 or input.dim() < 2:
+        raise ValueError(f"warpforge: matmul with backend='cuda' needs 'input' of rank >= 2 and a 2-D 'other'; "
+                         f"got shapes {tuple(input.shape)} and {tuple(other.shape)}")
+    _check_pair("input", input, "other", other)
+    if input.shape[-1] != other.shape[0]:
+        raise ValueError(f"warpforge: matmul inner dimensions do not match: 'input' {tuple(input.shape)} "
+                         f"has K={input.shape[-1]} but 'other' {tuple(other.shape)} has K={other.shape[0]}")
+    if variant == "mma" and input.dtype == torch.float32:
+        raise TypeError("warpforge: matmul variant 'mma' (tensor cores, mma.sync) takes float16 or bfloat16; "
+                        "'input' is float32 (use 'regblock' or 'auto')")
+    a = input.reshape(-1, input.shape[-1])
+    return cuda_fn.matmul_2d(a, other, variant).reshape(*input.shape[:-1], other.shape[1])
 
 
 def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

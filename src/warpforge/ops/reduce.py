@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from ..runtime import new_empty
-from ..runtime.checks import FLOAT_DTYPES, check_tensor, normalize_dim
+from ..runtime.checks import FLOAT_DTYPES, check_backend, check_tensor, normalize_dim
 from ..runtime.heuristics import BLOCK_MAX, REDUCE_CHUNK, warps_for, row_config
 from ..runtime.registry import Op
 from ._rows import as_rows
@@ -261,8 +261,10 @@ amax_op = Op("amax", _amax_impl, lambda x: x.new_empty(x.shape[:-1]),
 # ----------------------------------------------------------------------------------------------
 # Public functions
 # ----------------------------------------------------------------------------------------------
-def _reduce_public(op, x: torch.Tensor, dim: int, keepdim: bool, *extra) -> torch.Tensor:
+def _reduce_public(op, x: torch.Tensor, dim: int, keepdim: bool, *extra, cuda=None) -> torch.Tensor:
     check_tensor("input", x, min_dim=0)
+    if cuda is not None:
+        op = cuda
     if x.dim() == 0:
         return op(x.reshape(1), *extra).reshape(())
     d = normalize_dim("dim", dim, x.dim())
@@ -273,20 +275,32 @@ def _reduce_public(op, x: torch.Tensor, dim: int, keepdim: bool, *extra) -> torc
     return y.unsqueeze(d) if keepdim else y
 
 
-def sum(input: torch.Tensor, dim: int = -1, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+def _cuda(name: str, backend: str):
+    """The CUDA backend's last-dim reduction for ``backend="cuda"``, else None."""
+    if check_backend(backend) != "cuda":
+        return None
+    from ..cuda import functional as cuda_fn
+
+    return getattr(cuda_fn, name)
+
+
+def sum(input: torch.Tensor, dim: int = -1, keepdim: bool = False, *, dtype: torch.dtype | None = None,
+        backend: str = "triton") -> torch.Tensor:
     """``torch.sum(input, dim, keepdim, dtype=dtype)`` over one dim, accumulated in fp32.
 
     ``dtype`` (float32, float16 or bfloat16) is the output dtype; the input is read in its own
     dtype (no cast pass). A non-last ``dim`` whose elements are strided costs one contiguous copy.
+    ``backend="cuda"``: the CUDA C++ kernel (warpforge.cuda).
     """
     if dtype is not None and dtype not in FLOAT_DTYPES:
         names = ", ".join(str(t).replace("torch.", "") for t in FLOAT_DTYPES)
         raise TypeError(f"warpforge: 'dtype' is {dtype}; expected None or one of {names}")
     out_dtype = dtype if dtype is not None else getattr(input, "dtype", None)
-    return _reduce_public(sum_op, input, dim, keepdim, out_dtype)
+    return _reduce_public(sum_op, input, dim, keepdim, out_dtype, cuda=_cuda("sum_last", backend))
 
 
-def amax(input: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
+def amax(input: torch.Tensor, dim: int = -1, keepdim: bool = False, *, backend: str = "triton") -> torch.Tensor:
     """``torch.amax(input, dim, keepdim)`` over one dim; NaN in a row gives NaN; the gradient is
-    shared evenly among the elements equal to the max, as in torch."""
-    return _reduce_public(amax_op, input, dim, keepdim)
+    shared evenly among the elements equal to the max, as in torch. ``backend="cuda"``: the CUDA
+    C++ kernel for the forward (the backward is the Triton kernel)."""
+    return _reduce_public(amax_op, input, dim, keepdim, cuda=_cuda("amax_last", backend))

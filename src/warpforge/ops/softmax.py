@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ..runtime import new_empty
-from ..runtime.checks import check_tensor, normalize_dim
+from ..runtime.checks import check_backend, check_tensor, normalize_dim
 from ..runtime.heuristics import row_config
 from ..runtime.registry import Op
 from ._rows import as_rows, exp_minus, gather_row_stats, online_finish, online_update, publish_row_stats, split_launch
@@ -287,26 +287,33 @@ softmax_op = Op("softmax", _softmax_impl, lambda x, log: x.new_empty(x.shape),
 # ----------------------------------------------------------------------------------------------
 # Public functions
 # ----------------------------------------------------------------------------------------------
-def _softmax_public(x: torch.Tensor, dim: int, dtype: torch.dtype | None, log: bool) -> torch.Tensor:
+def _softmax_public(x: torch.Tensor, dim: int, dtype: torch.dtype | None, log: bool, backend: str) -> torch.Tensor:
     check_tensor("input", x, min_dim=0)
+    op = softmax_op
+    if check_backend(backend) == "cuda":
+        from ..cuda.functional import softmax_last as op
     if dtype is not None:
         x = x.to(dtype)
         check_tensor("input", x, min_dim=0)
     if x.dim() == 0:
-        return softmax_op(x.reshape(1), log).reshape(())
+        return op(x.reshape(1), log).reshape(())
     d = normalize_dim("dim", dim, x.dim())
     if x.numel() == 0:
         return torch.empty_like(x)
     if d == x.dim() - 1:
-        return softmax_op(x, log)
-    return softmax_op(x.movedim(d, -1), log).movedim(-1, d)
+        return op(x, log)
+    return op(x.movedim(d, -1), log).movedim(-1, d)
 
 
-def softmax(input: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Drop-in for ``torch.nn.functional.softmax(input, dim, dtype=dtype)``."""
-    return _softmax_public(input, dim, dtype, False)
+def softmax(input: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None, *,
+            backend: str = "triton") -> torch.Tensor:
+    """Drop-in for ``torch.nn.functional.softmax(input, dim, dtype=dtype)``. ``backend="cuda"``:
+    the CUDA C++ kernels (warpforge.cuda)."""
+    return _softmax_public(input, dim, dtype, False, backend)
 
 
-def log_softmax(input: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Drop-in for ``torch.nn.functional.log_softmax(input, dim, dtype=dtype)``."""
-    return _softmax_public(input, dim, dtype, True)
+def log_softmax(input: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None, *,
+                backend: str = "triton") -> torch.Tensor:
+    """Drop-in for ``torch.nn.functional.log_softmax(input, dim, dtype=dtype)``. ``backend="cuda"``:
+    the CUDA C++ kernels (warpforge.cuda)."""
+    return _softmax_public(input, dim, dtype, True, backend)

@@ -76,3 +76,18 @@ def check_normalized_shape(normalized_shape, x: torch.Tensor) -> int:
             f"expected a single size equal to the last dimension ({x.shape[-1] if x.dim() else 'none'})"
         )
     return normalized_shape[0]
+
+
+BACKENDS = ("triton", "cuda")
+
+
+def check_backend(backend) -> str:
+    """``"triton"`` (default) or ``"cuda"`` (the C++ extension, warpforge.cuda); for "cuda", raises
+    warpforge.cuda.CudaBackendUnavailable with the reason where it cannot run."""
+    if backend not in BACKENDS:
+        raise ValueError(f"warpforge: 'backend' is {backend!r}; expected one of {', '.join(map(repr, BACKENDS))}")
+    if backend == "cuda":
+        from .. import cuda
+
+        cuda.ops()   # builds/loads on first use; raises with the reason where unavailable
+    return backend

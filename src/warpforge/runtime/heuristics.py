@@ -347,3 +347,45 @@ def matmul_candidates(m: int, n: int, k: int, elem_bytes: int, variant: str) -> 
                                 ((256, 128, 64), 4, 8), ((128, 128, 64), 4, 8)]:
         add(MatmulConfig(bm, bn, bk, group_m=g, num_stages=st, num_warps=8, persistent=persistent))
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# CUDA C++ backend (warpforge/cuda): launch shapes of the softmax kernels
+# ----------------------------------------------------------------------------------------------
+CUDA_WARP_ROWS = 4          # rows (one warp each) per block of the warp-per-row kernels
+CUDA_ROW_THREADS = 1024     # threads per block before a row is spread over a cluster (H100: one
+                            # 1,024-thread block per 32K-bf16 row 96% of the copy roof, 2-8 block
+                            # clusters 75% before the st.async exchange)
+CUDA_VPT = 4                # 16-byte vectors a thread holds: 32 bf16, the 64-register limit
+CUDA_MAX_CLUSTER = 16       # Hopper's non-portable cluster maximum
+
+
+def _pow2_at_least(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def cuda_softmax_config(n: int, elem_size: int, backward: bool = False) -> list[int]:
+    """``[threads, vectors per thread, cluster, rows per block]`` for warpforge_cuda::softmax(_backward).
+
+    A row of ``n`` elements is ``nv`` 16-byte vectors. Up to 32 x 4 of them a warp holds it (no
+    shared memory, no barrier); up to CUDA_ROW_THREADS x 4 one block; past that a cluster of
+    blocks (2-16) that exchange statistics through distributed shared memory; past 16 blocks the
+    looped kernel (vectors per thread 0), which reads the row twice. The backward holds two arrays,
+    so its 16-bit shape is 512 x 4 or, in a cluster, 1,024 x 2 (see softmax.cu).
+    """
+    nv = triton.cdiv(n, 16 // elem_size)
+    if nv <= 32 * CUDA_VPT:
+        return [32, min(CUDA_VPT, _pow2_at_least(triton.cdiv(nv, 32))), 1, CUDA_WARP_ROWS]
+    vpt = CUDA_VPT
+    if backward and elem_size == 2:
+        # two arrays: 4 vectors a thread cap the block at 512 threads (softmax.cu); a row that
+        # needs a cluster runs 1,024 x 2 instead (H100, bf16: 32K-262K rows 86-94% of the copy
+        # roof against 74-91% at 512 x 4)
+        if nv <= 512 * CUDA_VPT:
+            return [triton.cdiv(triton.cdiv(nv, CUDA_VPT), 32) * 32, CUDA_VPT, 1, 1]
+        vpt = 2
+    cluster = _pow2_at_least(triton.cdiv(nv, CUDA_ROW_THREADS * vpt))
+    if cluster > CUDA_MAX_CLUSTER:
+        return [1024, 0, 1, 1]
+    threads = triton.cdiv(triton.cdiv(nv, vpt * cluster), 32) * 32
+    return [threads, vpt, cluster, 1]

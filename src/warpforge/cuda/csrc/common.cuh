@@ -1,0 +1,148 @@
+// Small device helpers shared by the kernels: dtype dispatch, 16-byte vectors of any element
+// type, fp32 conversion, warp shuffles. CUDA headers only (see launch.h for why).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <mutex>
+
+#include "launch.h"
+
+namespace wf {
+
+// Run `body` with the C++ element type of `dt` as the template argument of a generic lambda:
+//   return dispatch(dt, [&](auto tag) { using T = decltype(tag); ... });
+template <typename F>
+inline cudaError_t dispatch(DType dt, F&& body) {
+  switch (dt) {
+    case DType::f32: return body(float{});
+    case DType::f16: return body(__half{});
+    case DType::bf16: return body(__nv_bfloat16{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// 16 bytes: the widest load or store one thread can issue (LDG.128 / STG.128).
+template <typename T>
+struct Vec {
+  static constexpr int N = 16 / sizeof(T);
+  uint4 raw;
+  __device__ __forceinline__ float get(int i) const { return to_f32(reinterpret_cast<const T*>(&raw)[i]); }
+  __device__ __forceinline__ void set(int i, float v) { reinterpret_cast<T*>(&raw)[i] = from_f32<T>(v); }
+};
+
+template <typename T>
+__device__ __forceinline__ Vec<T> load_vec(const T* p) {
+  Vec<T> v;
+  v.raw = *reinterpret_cast<const uint4*>(p);
+  return v;
+}
+
+// Streaming load (read once: don't keep it in L1).
+template <typename T>
+__device__ __forceinline__ Vec<T> load_vec_stream(const T* p) {
+  Vec<T> v;
+  v.raw = __ldcs(reinterpret_cast<const uint4*>(p));
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T>& v) {
+  *reinterpret_cast<uint4*>(p) = v.raw;
+}
+
+// Elements i0 .. i0+N-1 of a row of n, as one vector: a single 16-byte load when the whole vector
+// is in bounds and the row is 16-byte aligned, else element by element (the row's tail, or rows
+// whose start is not aligned), `fill` past the end.
+template <typename T>
+__device__ __forceinline__ Vec<T> load_vec_guarded(const T* row, int64_t i0, int64_t n, bool aligned, float fill) {
+  constexpr int N = Vec<T>::N;
+  if (aligned && i0 + N <= n) return load_vec_stream(row + i0);
+  Vec<T> v;
+#pragma unroll
+  for (int e = 0; e < N; ++e) v.set(e, i0 + e < n ? to_f32(row[i0 + e]) : fill);
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ void store_vec_guarded(T* row, int64_t i0, int64_t n, bool aligned, const Vec<T>& v) {
+  constexpr int N = Vec<T>::N;
+  if (aligned && i0 + N <= n) {
+    store_vec(row + i0, v);
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < N; ++e)
+    if (i0 + e < n) row[i0 + e] = reinterpret_cast<const T*>(&v.raw)[e];
+}
+
+__host__ __device__ __forceinline__ bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+// max that returns NaN when either operand is NaN (torch.amax semantics; fmaxf drops NaN).
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+template <typename T>
+__device__ __forceinline__ T shfl_xor(T v, int mask) {
+  return __shfl_xor_sync(0xffffffffu, v, mask);
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// How many blocks (cluster > 1: clusters, per `lc`'s cluster attribute) of `kernel` the current
+// device holds at once. Row kernels launch that many and loop over rows (a persistent grid): no
+// block waits for a second wave, and per-block set-up (a cluster's mbarriers) is paid once, not
+// per row. Cached per (device, kernel, threads, cluster, shared memory): the occupancy calls cost
+// microseconds.
+inline int resident(const void* kernel, int threads, int cluster, const cudaLaunchConfig_t& lc) {
+  struct Entry { int device; const void* kernel; int threads, cluster; size_t smem; int value; };
+  static Entry cache[128];
+  static int used = 0;
+  static std::mutex lock;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  std::lock_guard<std::mutex> guard(lock);
+  for (int i = 0; i < used; ++i)
+    if (cache[i].device == device && cache[i].kernel == kernel && cache[i].threads == threads &&
+        cache[i].cluster == cluster && cache[i].smem == lc.dynamicSmemBytes)
+      return cache[i].value;
+  int value = 0;
+  if (cluster > 1) {
+    if (cudaOccupancyMaxActiveClusters(&value, kernel, &lc) != cudaSuccess) value = 0;
+  } else {
+    int per_sm = 0, sms = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess)
+      value = per_sm * sms;
+  }
+  (void)cudaGetLastError();   // an occupancy query that failed must not poison the next launch check
+  if (used < 128) cache[used++] = {device, kernel, threads, cluster, lc.dynamicSmemBytes, value};
+  return value;
+}
+
+inline int resident(const void* kernel, int threads) {
+  cudaLaunchConfig_t lc = {};
+  lc.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
+  return resident(kernel, threads, 1, lc);
+}
+
+}  // namespace wf

@@ -1,0 +1,74 @@
+// The C interface between the operator layer (ops.cpp: PyTorch headers, argument checks, device
+// guard, stream) and the kernel translation units (*.cu: CUDA headers only).
+//
+// Why the split: <torch/library.h> and ATen pull in ~200k lines of C++; a .cu file that includes
+// them spends most of its compile time there, on every edit of a kernel. Here the kernels see only
+// raw pointers, sizes, a dtype tag and a stream, so each .cu compiles in seconds and can be built
+// (and its register use checked) on a machine with nvcc and no PyTorch at all -- which is what CI
+// does. Every launcher returns the launch's cudaError_t; the caller turns it into a TORCH_CHECK.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace wf {
+
+enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
+
+// ---- vector add (add.cu) ------------------------------------------------------------------
+// out = x + alpha * y over n contiguous elements.
+cudaError_t add_naive(DType dt, const void* x, const void* y, void* out, int64_t n, float alpha,
+                      cudaStream_t stream);
+cudaError_t add_vectorized(DType dt, const void* x, const void* y, void* out, int64_t n, float alpha,
+                           int sms, cudaStream_t stream);
+
+// ---- row reductions (reduce.cu) -----------------------------------------------------------
+// y[r] = sum or max of x[r, 0:n] for r < m; rows have unit column stride and row stride sx
+// (elements). y has dtype out_dt. Long rows on few rows are split into chunks whose fp32
+// partials go to `work` (reduce_workspace_floats() of them; may be 0).
+int64_t reduce_workspace_floats(int64_t m, int64_t n, int sms);
+cudaError_t reduce_rows(DType in_dt, DType out_dt, const void* x, void* y, float* work, int64_t m,
+                        int64_t n, int64_t sx, bool is_max, int sms, cudaStream_t stream);
+
+// ---- softmax (softmax.cu) -----------------------------------------------------------------
+// One launch shape for a row length, chosen by the Python heuristics (runtime/heuristics.py):
+// threads per block, 16-byte vectors held per thread, blocks per row (a thread-block cluster).
+// threads == 32 and cluster == 1 with rows_per_block > 1 is the warp-per-row kernel; vpt == 0
+// is the looped kernel for rows longer than any register-resident shape.
+struct RowConfig {
+  int threads;
+  int vpt;
+  int cluster;
+  int rows_per_block;
+};
+// nullptr when `cfg` can run rows of n elements of dt (forward or backward), else why not.
+const char* softmax_config_error(DType dt, int64_t n, RowConfig cfg, bool backward);
+cudaError_t softmax_fwd(DType dt, const void* x, void* y, int64_t m, int64_t n, int64_t sx, int64_t sy,
+                        bool log, RowConfig cfg, cudaStream_t stream);
+cudaError_t softmax_bwd(DType dt, const void* y, const void* dy, void* dx, int64_t m, int64_t n, int64_t sy,
+                        int64_t sdy, int64_t sdx, bool log, RowConfig cfg, cudaStream_t stream);
+
+// ---- matrix multiply (matmul.cu) ----------------------------------------------------------
+// C (m, n) = A (m, k) @ B (k, n), all row-major with leading dimensions lda, ldb, ldc
+// (elements), fp32 accumulation, C written in dt. The ladder of variants; mma runs the default tile
+// configuration, mma_<BM>x<BN>x<BK>_s<STAGES>[_sb] each a named one (matmul.cu, namespace mma).
+enum class MatmulVariant : int {
+  naive = 0,
+  tiled = 1,
+  regblock = 2,
+  mma = 3,
+  mma_128x256x32_s4 = 4,
+  mma_128x256x64_s3 = 5,
+  mma_256x128x32_s4 = 6,
+  mma_128x128x32_s4 = 7,
+  mma_128x128x64_s3 = 8,
+  mma_128x256x32_s4_sb = 9,
+};
+// Whether `v` can run this problem as laid out (dtype, alignment); the operator checks this first
+// and reports the reason.
+const char* matmul_unsupported(MatmulVariant v, DType dt, const void* a, const void* b, const void* c,
+                               int64_t lda, int64_t ldb, int64_t ldc);
+cudaError_t matmul(MatmulVariant v, DType dt, const void* a, const void* b, void* c, int64_t m, int64_t n,
+                   int64_t k, int64_t lda, int64_t ldb, int64_t ldc, cudaStream_t stream);
+
+}  // namespace wf

@@ -1,0 +1,261 @@
+// The operator layer of the CUDA backend: schemas (TORCH_LIBRARY), tensor contracts (TORCH_CHECK
+// messages that name the argument), the device guard, PyTorch's current stream, and a check of
+// every launch. The kernels live in the .cu files behind launch.h; this is the only translation
+// unit that sees PyTorch's headers, and it includes the narrow ones (no torch/extension.h, no
+// pybind11: the library is loaded with torch.ops.load_library).
+//
+// Fake (meta) implementations and autograd formulas are registered from Python
+// (warpforge/cuda/_register.py) when the library is loaded.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <string>
+
+#include "launch.h"
+
+namespace {
+
+using at::Tensor;
+
+// Error messages are built from strings only. Numbers and shapes are formatted here with
+// std::to_string: streaming an integer into an ostream inside this library (TORCH_CHECK's
+// c10::str) crashed in std::num_put on the GPU image -- the extension and the process resolved
+// different libstdc++ locale facets (seen 2026-11-22, H100 image, torch 2.11: SIGSEGV in
+// basic_ostream::_M_insert<long>).
+std::string num(int64_t v) { return std::to_string(v); }
+
+std::string dims(c10::IntArrayRef a) {
+  std::string s = "(";
+  for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + std::to_string(a[i]);
+  return s + (a.size() == 1 ? ",)" : ")");
+}
+
+std::string dev(const Tensor& t) { return t.device().str(); }
+const char* dtype_name(c10::ScalarType st) { return c10::toString(st); }
+
+void check_cuda(const Tensor& t, const char* op, const char* arg) {
+  TORCH_CHECK(t.defined(), "warpforge_cuda::", op, ": '", arg, "' is undefined");
+  TORCH_CHECK(t.is_cuda(), "warpforge_cuda::", op, ": '", arg, "' must be a CUDA tensor; got one on ", dev(t));
+}
+
+void check_same_device(const Tensor& t, const Tensor& ref, const char* op, const char* arg, const char* ref_arg) {
+  TORCH_CHECK(t.device() == ref.device(), "warpforge_cuda::", op, ": '", arg, "' is on ", dev(t), " but '",
+              ref_arg, "' is on ", dev(ref), "; expected the same device");
+}
+
+wf::DType dtype_of(c10::ScalarType st, const char* op, const char* arg) {
+  switch (st) {
+    case at::kFloat: return wf::DType::f32;
+    case at::kHalf: return wf::DType::f16;
+    case at::kBFloat16: return wf::DType::bf16;
+    default:
+      TORCH_CHECK(false, "warpforge_cuda::", op, ": '", arg, "' has dtype ", dtype_name(st),
+                  "; expected float32, float16 or bfloat16");
+  }
+}
+
+// (M, N) rows with unit column stride; any row stride.
+void check_rows(const Tensor& t, const char* op, const char* arg) {
+  TORCH_CHECK(t.dim() == 2, "warpforge_cuda::", op, ": '", arg, "' must be 2-D (rows, columns); got shape ",
+              dims(t.sizes()));
+  TORCH_CHECK(t.size(1) <= 1 || t.stride(1) == 1, "warpforge_cuda::", op, ": '", arg,
+              "' must have unit stride along its last dim; got strides ", dims(t.strides()),
+              " (the Python wrapper copies such inputs: call warpforge's public function)");
+}
+
+int sm_count(c10::DeviceIndex device) {
+  static int cache[64] = {0};
+  if (device < 0 || device >= 64) return 132;
+  if (cache[device] == 0) {
+    int v = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, device));
+    cache[device] = v;
+  }
+  return cache[device];
+}
+
+// ---- add ------------------------------------------------------------------------------------
+Tensor add(const Tensor& input, const Tensor& other, double alpha, c10::string_view variant) {
+  check_cuda(input, "add", "input");
+  check_cuda(other, "add", "other");
+  check_same_device(other, input, "add", "other", "input");
+  const wf::DType dt = dtype_of(input.scalar_type(), "add", "input");
+  TORCH_CHECK(other.scalar_type() == input.scalar_type(), "warpforge_cuda::add: 'other' has dtype ",
+              dtype_name(other.scalar_type()), " but 'input' has ", dtype_name(input.scalar_type()),
+              "; expected the same dtype");
+  TORCH_CHECK(other.sizes() == input.sizes(), "warpforge_cuda::add: 'other' has shape ", dims(other.sizes()),
+              " but 'input' has shape ", dims(input.sizes()), "; expected the same shape");
+  TORCH_CHECK(input.is_contiguous() && other.is_contiguous(),
+              "warpforge_cuda::add: 'input' and 'other' must be contiguous (warpforge.add copies them first)");
+  TORCH_CHECK(variant == "naive" || variant == "vectorized", "warpforge_cuda::add: 'variant' is '",
+              std::string(variant), "'; expected 'naive' or 'vectorized'");
+  const c10::cuda::CUDAGuard guard(input.device());
+  Tensor out = at::empty(input.sizes(), input.options());
+  const int64_t n = input.numel();
+  if (n == 0) return out;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const cudaError_t err = variant == "naive"
+      ? wf::add_naive(dt, input.data_ptr(), other.data_ptr(), out.data_ptr(), n, static_cast<float>(alpha), stream)
+      : wf::add_vectorized(dt, input.data_ptr(), other.data_ptr(), out.data_ptr(), n, static_cast<float>(alpha),
+                           sm_count(input.device().index()), stream);
+  C10_CUDA_CHECK(err);
+  return out;
+}
+
+// ---- row reductions ---------------------------------------------------------------------------
+Tensor reduce(const Tensor& input, c10::ScalarType out_dtype, bool is_max, const char* op) {
+  check_cuda(input, op, "input");
+  check_rows(input, op, "input");
+  const wf::DType in_dt = dtype_of(input.scalar_type(), op, "input");
+  const wf::DType out_dt = dtype_of(out_dtype, op, "dtype");
+  const int64_t m = input.size(0), n = input.size(1);
+  TORCH_CHECK(n > 0 || m == 0, "warpforge_cuda::", op, ": 'input' has 0 columns; expected at least 1 to reduce");
+  const c10::cuda::CUDAGuard guard(input.device());
+  Tensor out = at::empty({m}, input.options().dtype(out_dtype));
+  if (m == 0) return out;
+  const int sms = sm_count(input.device().index());
+  const int64_t work_n = wf::reduce_workspace_floats(m, n, sms);
+  Tensor work = work_n > 0 ? at::empty({work_n}, input.options().dtype(at::kFloat)) : Tensor();
+  C10_CUDA_CHECK(wf::reduce_rows(in_dt, out_dt, input.data_ptr(), out.data_ptr(),
+                                 work_n > 0 ? work.data_ptr<float>() : nullptr, m, n, input.stride(0), is_max, sms,
+                                 c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
+Tensor sum(const Tensor& input, c10::ScalarType dtype) { return reduce(input, dtype, false, "sum"); }
+Tensor amax(const Tensor& input) { return reduce(input, input.scalar_type(), true, "amax"); }
+
+// ---- softmax -----------------------------------------------------------------------------------
+wf::RowConfig row_config(c10::IntArrayRef cfg, const char* op) {
+  TORCH_CHECK(cfg.size() == 4, "warpforge_cuda::", op,
+              ": 'config' must be [threads, vectors per thread, cluster, rows per block]; got ", num(cfg.size()),
+              " values");
+  return {static_cast<int>(cfg[0]), static_cast<int>(cfg[1]), static_cast<int>(cfg[2]), static_cast<int>(cfg[3])};
+}
+
+void check_config(wf::DType dt, int64_t n, const wf::RowConfig& cfg, bool backward, const char* op) {
+  const char* why = wf::softmax_config_error(dt, n, cfg, backward);
+  TORCH_CHECK(why == nullptr, "warpforge_cuda::", op, ": launch shape 'config' [", num(cfg.threads), ", ", num(cfg.vpt),
+              ", ", num(cfg.cluster), ", ", num(cfg.rows_per_block), "] cannot run rows of ", num(n), " elements: ",
+              why ? why : "");
+}
+
+Tensor softmax(const Tensor& input, bool log, c10::IntArrayRef config) {
+  check_cuda(input, "softmax", "input");
+  check_rows(input, "softmax", "input");
+  const wf::DType dt = dtype_of(input.scalar_type(), "softmax", "input");
+  const wf::RowConfig cfg = row_config(config, "softmax");
+  const c10::cuda::CUDAGuard guard(input.device());
+  Tensor out = at::empty(input.sizes(), input.options());
+  const int64_t m = input.size(0), n = input.size(1);
+  if (m == 0 || n == 0) return out;
+  check_config(dt, n, cfg, false, "softmax");
+  C10_CUDA_CHECK(wf::softmax_fwd(dt, input.data_ptr(), out.data_ptr(), m, n, input.stride(0), out.stride(0), log, cfg,
+                                 c10::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
+Tensor softmax_backward(const Tensor& output, const Tensor& grad_output, bool log, c10::IntArrayRef config) {
+  const char* op = "softmax_backward";
+  check_cuda(output, op, "output");
+  check_cuda(grad_output, op, "grad_output");
+  check_same_device(grad_output, output, op, "grad_output", "output");
+  check_rows(output, op, "output");
+  check_rows(grad_output, op, "grad_output");
+  const wf::DType dt = dtype_of(output.scalar_type(), op, "output");
+  TORCH_CHECK(grad_output.scalar_type() == output.scalar_type(), "warpforge_cuda::", op, ": 'grad_output' has dtype ",
+              dtype_name(grad_output.scalar_type()), " but 'output' has ", dtype_name(output.scalar_type()),
+              "; expected the same dtype");
+  TORCH_CHECK(grad_output.sizes() == output.sizes(), "warpforge_cuda::", op, ": 'grad_output' has shape ",
+              dims(grad_output.sizes()), " but 'output' has shape ", dims(output.sizes()), "; expected the same shape");
+  const wf::RowConfig cfg = row_config(config, op);
+  const c10::cuda::CUDAGuard guard(output.device());
+  Tensor dx = at::empty(output.sizes(), output.options());
+  const int64_t m = output.size(0), n = output.size(1);
+  if (m == 0 || n == 0) return dx;
+  check_config(dt, n, cfg, true, op);
+  C10_CUDA_CHECK(wf::softmax_bwd(dt, output.data_ptr(), grad_output.data_ptr(), dx.data_ptr(), m, n, output.stride(0),
+                                 grad_output.stride(0), dx.stride(0), log, cfg, c10::cuda::getCurrentCUDAStream()));
+  return dx;
+}
+
+// ---- matmul ------------------------------------------------------------------------------------
+wf::MatmulVariant matmul_variant(c10::string_view v) {
+  if (v == "naive") return wf::MatmulVariant::naive;
+  if (v == "tiled") return wf::MatmulVariant::tiled;
+  if (v == "regblock") return wf::MatmulVariant::regblock;
+  if (v == "mma") return wf::MatmulVariant::mma;
+  // The tile configurations of the mma rung, timed side by side ("mma" is the default one).
+  if (v == "mma_128x256x32_s4") return wf::MatmulVariant::mma_128x256x32_s4;
+  if (v == "mma_128x256x64_s3") return wf::MatmulVariant::mma_128x256x64_s3;
+  if (v == "mma_256x128x32_s4") return wf::MatmulVariant::mma_256x128x32_s4;
+  if (v == "mma_128x128x32_s4") return wf::MatmulVariant::mma_128x128x32_s4;
+  if (v == "mma_128x128x64_s3") return wf::MatmulVariant::mma_128x128x64_s3;
+  if (v == "mma_128x256x32_s4_sb") return wf::MatmulVariant::mma_128x256x32_s4_sb;
+  TORCH_CHECK(false, "warpforge_cuda::matmul: 'variant' is '", std::string(v),
+              "'; expected 'naive', 'tiled', 'regblock', 'mma' or 'mma_<config>' (see matmul.cu)");
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b, c10::string_view variant) {
+  check_cuda(a, "matmul", "a");
+  check_cuda(b, "matmul", "b");
+  check_same_device(b, a, "matmul", "b", "a");
+  const wf::MatmulVariant v = matmul_variant(variant);
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2, "warpforge_cuda::matmul: 'a' and 'b' must be 2-D; got shapes ",
+              dims(a.sizes()), " and ", dims(b.sizes()));
+  TORCH_CHECK(a.size(1) == b.size(0), "warpforge_cuda::matmul: 'a' is ", dims(a.sizes()), " and 'b' is ", dims(b.sizes()),
+              "; expected a (M, K) and b (K, N)");
+  const wf::DType dt = dtype_of(a.scalar_type(), "matmul", "a");
+  TORCH_CHECK(b.scalar_type() == a.scalar_type(), "warpforge_cuda::matmul: 'b' has dtype ",
+              dtype_name(b.scalar_type()), " but 'a' has ", dtype_name(a.scalar_type()), "; expected the same dtype");
+  TORCH_CHECK((a.size(1) <= 1 || a.stride(1) == 1) && (b.size(1) <= 1 || b.stride(1) == 1),
+              "warpforge_cuda::matmul: 'a' and 'b' must be row-major (unit stride along the last dim); got strides ",
+              dims(a.strides()), " and ", dims(b.strides()), " (warpforge.matmul copies such operands)");
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  const c10::cuda::CUDAGuard guard(a.device());
+  Tensor c = at::empty({m, n}, a.options());
+  if (m == 0 || n == 0) return c;
+  if (k == 0) return c.zero_();
+  const int64_t lda = a.size(0) > 1 ? a.stride(0) : k, ldb = b.size(0) > 1 ? b.stride(0) : n;
+  const char* why = wf::matmul_unsupported(v, dt, a.data_ptr(), b.data_ptr(), c.data_ptr(), lda, ldb, n);
+  TORCH_CHECK(why == nullptr, "warpforge_cuda::matmul: variant '", std::string(variant), "' cannot run this problem: ",
+              why ? why : "");
+  C10_CUDA_CHECK(wf::matmul(v, dt, a.data_ptr(), b.data_ptr(), c.data_ptr(), m, n, k, lda, ldb, n,
+                            c10::cuda::getCurrentCUDAStream()));
+  return c;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(warpforge_cuda, m) {
+  m.def("add(Tensor input, Tensor other, float alpha, str variant) -> Tensor");
+  m.def("sum(Tensor input, ScalarType dtype) -> Tensor");
+  m.def("amax(Tensor input) -> Tensor");
+  m.def("softmax(Tensor input, bool log, int[] config) -> Tensor");
+  m.def("softmax_backward(Tensor output, Tensor grad_output, bool log, int[] config) -> Tensor");
+  m.def("matmul(Tensor a, Tensor b, str variant) -> Tensor");
+}
+
+// The same functions for CPU tensors: their first check says the argument must be a CUDA tensor
+// (without this, the dispatcher answers first with a generic "could not run ... CPU backend").
+TORCH_LIBRARY_IMPL(warpforge_cuda, CPU, m) {
+  m.impl("add", &add);
+  m.impl("sum", &sum);
+  m.impl("amax", &amax);
+  m.impl("softmax", &softmax);
+  m.impl("softmax_backward", &softmax_backward);
+  m.impl("matmul", &matmul);
+}
+
+TORCH_LIBRARY_IMPL(warpforge_cuda, CUDA, m) {
+  m.impl("add", &add);
+  m.impl("sum", &sum);
+  m.impl("amax", &amax);
+  m.impl("softmax", &softmax);
+  m.impl("softmax_backward", &softmax_backward);
+  m.impl("matmul", &matmul);
+}

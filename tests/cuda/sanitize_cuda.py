@@ -1,0 +1,179 @@
+"""Every kernel of warpforge's CUDA backend, once, on small odd shapes: the workload for
+compute-sanitizer (not a pytest module; test_cuda_ops.py::test_compute_sanitizer runs it).
+
+    compute-sanitizer --tool memcheck  --error-exitcode 1 python tests/cuda/sanitize_cuda.py
+    compute-sanitizer --tool racecheck --error-exitcode 1 python tests/cuda/sanitize_cuda.py
+
+Covers, for float32, float16 and bfloat16: add (naive, vectorized; aligned and misaligned
+pointers); sum and amax (warp-per-row, block-per-row, the chunked long-row path with its second
+launch, unaligned row strides); softmax and log-softmax forward and backward through the
+warp-per-row, block, cluster (2, 4, 8, 16 blocks) and looped launch shapes, aligned and not;
+matmul, every variant, on (17, 33, 45) and (130, 136, 72). Sanitizers slow kernels 10-100x, so the
+shapes are small: cluster shapes get few threads per block (e.g. [32, 1, 16, 1]) so that a row of
+a few thousand elements spreads over every block of the cluster. Each op is synchronized and
+checked loosely against a float64 reference (a garbage result fails too); prints
+"sanitize: ok" at the end. Set PYTORCH_NO_CUDA_MEMORY_CACHING=1 so memcheck sees each tensor's
+own bounds (test_compute_sanitizer does).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+try:
+    import warpforge as wf
+except ImportError:   # run from a checkout without an installed package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+    import warpforge as wf
+import warpforge.cuda as wcuda
+from warpforge.runtime.heuristics import cuda_softmax_config
+
+DEV = "cuda"
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}   # loose: this is not the accuracy test
+_count = 0
+
+
+def check(what: str, out: torch.Tensor, ref: torch.Tensor, dtype, scale: float = 1.0) -> None:
+    global _count
+    torch.cuda.synchronize()
+    _count += 1
+    o, r = out.detach().double(), ref.detach().double()
+    assert o.shape == r.shape, f"{what}: shape {tuple(o.shape)} != {tuple(r.shape)}"
+    fin = torch.isfinite(r)
+    assert torch.equal(torch.isfinite(o), fin), f"{what}: NaN/inf where the reference has none (or vice versa)"
+    den = r[fin].norm().item()
+    err = (o[fin] - r[fin]).norm().item() / (den if den > 0 else 1.0)
+    assert err <= TOL[dtype] * scale, f"{what}: relative error {err:.2e} > {TOL[dtype] * scale:.0e}"
+
+
+def rnd(*shape, dtype=torch.float32, scale=1.0, shift=0.0):
+    return (torch.randn(*shape, device=DEV) * scale + shift).to(dtype)
+
+
+def misaligned(t: torch.Tensor) -> torch.Tensor:
+    buf = torch.empty(t.numel() + 1, device=DEV, dtype=t.dtype)
+    v = buf[1:].view(t.shape)
+    v.copy_(t)
+    return v
+
+
+def odd_rows(t: torch.Tensor) -> torch.Tensor:
+    """x[:, :n] of a buffer with an odd row length: rows not 16-byte aligned."""
+    m, n = t.shape
+    buf = torch.zeros(m, n + (1 if n % 2 == 0 else 2), device=DEV, dtype=t.dtype)
+    v = buf[:, :n]
+    v.copy_(t)
+    return v
+
+
+def vec(dtype) -> int:
+    return 16 // torch.empty((), dtype=dtype).element_size()
+
+
+def run_add(ops) -> None:
+    for dtype in DTYPES:
+        for n in (7, 4103):
+            a, b = rnd(n, dtype=dtype), rnd(n, dtype=dtype)
+            for variant in ("naive", "vectorized"):
+                for x, y, tag in ((a, b, "aligned"), (misaligned(a), b, "misaligned")):
+                    check(f"add {variant} {dtype} n={n} {tag}", ops.add(x, y, 0.5, variant),
+                          x.double() + 0.5 * y.double(), dtype)
+
+
+def run_reduce(ops) -> None:
+    for dtype in DTYPES:
+        for m, n in ((5, 123), (3, 4101), (2, 262144 + 5)):   # warp rows, block rows, chunked + second launch
+            x = rnd(m, n, dtype=dtype, shift=min(0.5, 8000.0 / n))   # sums below fp16 max
+            for rows, tag in ((x, "aligned"), (odd_rows(x), "odd row stride"), (misaligned(x), "misaligned")):
+                check(f"sum {dtype} {m}x{n} {tag}", ops.sum(rows, dtype), rows.double().sum(-1), dtype)
+                y = ops.amax(rows)
+                torch.cuda.synchronize()
+                assert torch.equal(y, rows.amax(-1)), f"amax {dtype} {m}x{n} {tag}"
+        x = rnd(2, 4101, dtype=dtype, shift=0.5)
+        check(f"sum {dtype} -> float32", ops.sum(x, torch.float32), x.double().sum(-1), torch.float32)
+
+
+def softmax_shapes(dtype):
+    """(rows, n, config): every kernel family and VPT, cluster sizes 2..16, with rows that fill
+    every block of the cluster but stay small."""
+    v = vec(dtype)
+    out = []
+    for n in (7, 123, 48 * v - 1, 4 * 32 * v - 3):                          # warp per row, heuristic VPT 1, 2, 4
+        out.append((5, n, cuda_softmax_config(n, 16 // v)))
+    out.append((3, 1500, cuda_softmax_config(1500, 16 // v)))              # one block per row
+    out.append((2, 64 * 2 * v - 5, [64, 2, 1, 1]))                          # block, VPT 2
+    out.append((2, 32 * 1 * v - 1, [32, 1, 1, 1]))                          # block of one warp, VPT 1
+    for c in (2, 4, 8, 16):                                                 # clusters, VPT 1, 2, 4
+        for vpt in (1, 2, 4):
+            out.append((2, 32 * vpt * c * v - 3, [32, vpt, c, 1]))
+    out.append((1, 65536 + 3, cuda_softmax_config(65536 + 3, 16 // v)))    # the heuristic's cluster shape
+    out.append((2, 5003, [128, 0, 1, 1]))                                   # looped
+    out.append((1, 3, [1024, 0, 1, 1]))                                     # looped, most threads idle
+    return out
+
+
+def bwd_config(cfg, n, dtype):
+    """The forward's shape where the backward can run it, else the backward heuristic's: the 16-bit
+    backward at 4 vectors a thread takes at most 512 threads (softmax.cu)."""
+    if dtype != torch.float32 and cfg[1] == 4 and cfg[3] == 1 and cfg[0] > 512:
+        return cuda_softmax_config(n, 2, backward=True)
+    return cfg
+
+
+def run_softmax(ops) -> None:
+    for dtype in DTYPES:
+        for m, n, cfg in softmax_shapes(dtype):
+            x = rnd(m, n, dtype=dtype, scale=3.0)
+            dy = rnd(m, n, dtype=dtype)
+            for log in (False, True):
+                tfn = torch.log_softmax if log else torch.softmax
+                for xin, gin, tag in ((x, dy, "aligned"), (odd_rows(x), odd_rows(dy), "odd row stride")):
+                    y = ops.softmax(xin, log, cfg)
+                    check(f"softmax log={log} {dtype} {m}x{n} {cfg} {tag}", y, tfn(xin.double(), -1), dtype)
+                    xr = xin.double().requires_grad_()
+                    tfn(xr, -1).backward(gin.double())
+                    dx = ops.softmax_backward(y, gin, log, bwd_config(cfg, n, dtype))
+                    check(f"softmax_backward log={log} {dtype} {m}x{n} {cfg} {tag}", dx, xr.grad, dtype, scale=2.0)
+
+
+def run_matmul(ops) -> None:
+    for dtype in DTYPES:
+        for m, n, k in ((17, 33, 45), (130, 136, 72)):
+            a, b = rnd(m, k, dtype=dtype), rnd(k, n, dtype=dtype)
+            ref = a.double() @ b.double()
+            for variant in ("naive", "tiled", "regblock", "mma"):
+                if variant == "mma" and dtype == torch.float32:
+                    continue
+                check(f"matmul {variant} {dtype} ({m}, {n}, {k})", wf.matmul(a, b, variant=variant, backend="cuda"),
+                      ref, dtype)
+            if dtype != torch.float32 and k % 8 == 0 and n % 8 == 0:
+                check(f"matmul mma direct {dtype} ({m}, {n}, {k})", ops.matmul(a, b, "mma"), ref, dtype)
+        a = rnd(33, 50, dtype=dtype)[:, :45]                                 # a leading dimension of 50
+        b = rnd(45, 17, dtype=dtype)
+        for variant in ("naive", "tiled", "regblock"):
+            check(f"matmul {variant} {dtype} lda=50", ops.matmul(a, b, variant), a.double() @ b.double(), dtype)
+
+
+def main() -> int:
+    t0 = time.perf_counter()
+    if not wcuda.available():
+        print(f"sanitize: the CUDA backend is unavailable: {wcuda.unavailable_reason()}", file=sys.stderr)
+        return 2
+    wcuda.load()
+    ops = wcuda.ops()
+    torch.manual_seed(0)
+    for part in (run_add, run_reduce, run_softmax, run_matmul):
+        t = time.perf_counter()
+        part(ops)
+        torch.cuda.synchronize()
+        print(f"sanitize: {part.__name__[4:]:8s} done ({time.perf_counter() - t:.1f} s)", flush=True)
+    print(f"sanitize: ok ({_count} checks, {time.perf_counter() - t0:.1f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
