@@ -407,6 +407,12 @@ using C256x128x32s4 = Cfg<256, 128, 32, 4, 2, 4, 1, true>;
 using C128x128x32s4 = Cfg<128, 128, 32, 2, 2, 4, 2, true>;
 using C128x128x64s3 = Cfg<128, 128, 64, 2, 2, 3, 2, true>;
 using C128x256x32s4sb = Cfg<128, 256, 32, 2, 4, 4, 1, false>;
+// Tried and dropped (H100, 4096^3 bf16, 2026-11-22): ncu showed mma_128x128x32_s4 issuing on only
+// 42% of cycles with 2 warps a scheduler, its top stall a fixed-latency dependency, so 16-warp
+// configurations of 32 x 64 warp tiles (126-128 registers, single-buffered fragments) were timed:
+// 128 x 128 x 32 s4 at 2 blocks/SM 338 TFLOP/s, 256 x 128 x 32 s3 300, 128 x 256 x 32 s3 304 --
+// all slower than the 64 x 64 warp tiles (376-395): the extra ldmatrix per mma and the lost
+// fragment double buffer cost more than the occupancy bought.
 // what "mma" runs: the fastest measured (H100, 4096^3 bf16, 2026-11-22, one run: 376 TFLOP/s against
 // 351 for 128 x 256 x 32 s4, 355 for 128 x 256 x 64 s3, 374 for 256 x 128 x 32 s4, 370 for
 // 128 x 128 x 64 s3, 321 for 128 x 256 x 32 s4 sb; cuBLAS 773)
