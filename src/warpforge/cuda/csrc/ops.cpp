@@ -240,22 +240,19 @@ TORCH_LIBRARY(warpforge_cuda, m) {
   m.def("matmul(Tensor a, Tensor b, str variant) -> Tensor");
 }
 
+namespace {
+void register_impls(torch::Library& m) {
+  m.impl("add", &add);
+  m.impl("sum", &sum);
+  m.impl("amax", &amax);
+  m.impl("softmax", &softmax);
+  m.impl("softmax_backward", &softmax_backward);
+  m.impl("matmul", &matmul);
+}
+}  // namespace
+
+TORCH_LIBRARY_IMPL(warpforge_cuda, CUDA, m) { register_impls(m); }
+
 // The same functions for CPU tensors: their first check says the argument must be a CUDA tensor
 // (without this, the dispatcher answers first with a generic "could not run ... CPU backend").
-TORCH_LIBRARY_IMPL(warpforge_cuda, CPU, m) {
-  m.impl("add", &add);
-  m.impl("sum", &sum);
-  m.impl("amax", &amax);
-  m.impl("softmax", &softmax);
-  m.impl("softmax_backward", &softmax_backward);
-  m.impl("matmul", &matmul);
-}
-
-TORCH_LIBRARY_IMPL(warpforge_cuda, CUDA, m) {
-  m.impl("add", &add);
-  m.impl("sum", &sum);
-  m.impl("amax", &amax);
-  m.impl("softmax", &softmax);
-  m.impl("softmax_backward", &softmax_backward);
-  m.impl("matmul", &matmul);
-}
+TORCH_LIBRARY_IMPL(warpforge_cuda, CPU, m) { register_impls(m); }

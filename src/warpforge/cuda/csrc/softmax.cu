@@ -156,6 +156,24 @@ __device__ __forceinline__ R row_allreduce(R v, R (*warp_buf)[32], ClusterXchg* 
   return v;
 }
 
+// Where this block's share of a row lies when a row spans the `csize` blocks of a cluster (1 for a
+// plain launch): its k-th vector is vector k * span + first. Sets up the exchange on construction;
+// finish() is the kernel's last step (no block leaves while a partner's st.async may still target it).
+struct RowSpan {
+  cg::cluster_group cluster;
+  unsigned csize, crank;
+  int64_t span, first;
+  __device__ __forceinline__ explicit RowSpan(ClusterXchg& x)
+      : cluster(cg::this_cluster()), csize(cluster.num_blocks()), crank(cluster.block_rank()),
+        span(static_cast<int64_t>(csize) * blockDim.x),
+        first(static_cast<int64_t>(crank) * blockDim.x + threadIdx.x) {
+    if (csize > 1) xchg_init(x, cluster);
+  }
+  __device__ __forceinline__ void finish() {
+    if (csize > 1) cluster.sync();
+  }
+};
+
 // Thread-local (max, sum exp) of VPT vectors.
 template <typename T, int VPT>
 __device__ __forceinline__ MaxSum local_stats(const Vec<T> (&v)[VPT]) {
@@ -216,11 +234,8 @@ __global__ void __launch_bounds__(1024) softmax_fwd_block_kernel(
   extern __shared__ uint4 stage[];   // [VPT][blockDim.x] when prefetching
   __shared__ MaxSum warp_buf[2][32];
   __shared__ ClusterXchg xchg;
-  const cg::cluster_group cluster = cg::this_cluster();
-  const unsigned csize = cluster.num_blocks(), crank = cluster.block_rank();
-  if (csize > 1) xchg_init(xchg, cluster);
-  const int64_t span = static_cast<int64_t>(csize) * blockDim.x;
-  const int64_t first = static_cast<int64_t>(crank) * blockDim.x + threadIdx.x;
+  RowSpan rs(xchg);
+  const int64_t span = rs.span, first = rs.first;
   // stage row r's whole vectors (the tail vector, if partial, is read from global later)
   auto issue = [&](int64_t r) {
     const T* xr = x + r * sx;
@@ -249,7 +264,7 @@ __global__ void __launch_bounds__(1024) softmax_fwd_block_kernel(
 #pragma unroll
       for (int k = 0; k < VPT; ++k) v[k] = load_vec_guarded(xr, (k * span + first) * N, n, aligned, -INFINITY);
     }
-    const MaxSum st = row_allreduce(local_stats<T, VPT>(v), warp_buf, &xchg, it, csize, crank);
+    const MaxSum st = row_allreduce(local_stats<T, VPT>(v), warp_buf, &xchg, it, rs.csize, rs.crank);
     T* yr = y + row * sy;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
@@ -257,7 +272,7 @@ __global__ void __launch_bounds__(1024) softmax_fwd_block_kernel(
       if (i0 < n) store_vec_guarded(yr, i0, n, aligned, fwd_out(v[k], st, log));
     }
   }
-  if (csize > 1) cluster.sync();   // no block leaves while a partner's st.async may still target it
+  rs.finish();
 }
 
 // Warp per row, blockDim / 32 rows per block.
@@ -338,11 +353,8 @@ __global__ void __launch_bounds__(bwd_block_threads<T, VPT>()) softmax_bwd_block
   constexpr int N = Vec<T>::N;
   __shared__ Sum warp_buf[2][32];
   __shared__ ClusterXchg xchg;
-  const cg::cluster_group cluster = cg::this_cluster();
-  const unsigned csize = cluster.num_blocks(), crank = cluster.block_rank();
-  if (csize > 1) xchg_init(xchg, cluster);
-  const int64_t span = static_cast<int64_t>(csize) * blockDim.x;
-  const int64_t first = static_cast<int64_t>(crank) * blockDim.x + threadIdx.x;
+  RowSpan rs(xchg);
+  const int64_t span = rs.span, first = rs.first;
   uint32_t it = 0;
   for (int64_t row = blockIdx.y; row < m; row += gridDim.y, ++it) {
     Vec<T> yv[VPT], gv[VPT];
@@ -352,14 +364,14 @@ __global__ void __launch_bounds__(bwd_block_threads<T, VPT>()) softmax_bwd_block
       yv[k] = load_vec_guarded(y + row * sy, i0, n, aligned, 0.f);
       gv[k] = load_vec_guarded(dy + row * sdy, i0, n, aligned, 0.f);
     }
-    const float s = row_allreduce(local_dot<T, VPT>(yv, gv, log), warp_buf, &xchg, it, csize, crank).s;
+    const float s = row_allreduce(local_dot<T, VPT>(yv, gv, log), warp_buf, &xchg, it, rs.csize, rs.crank).s;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int64_t i0 = (k * span + first) * N;
       if (i0 < n) store_vec_guarded(dx + row * sdx, i0, n, aligned, bwd_out(yv[k], gv[k], s, log));
     }
   }
-  if (csize > 1) cluster.sync();   // as in the forward
+  rs.finish();
 }
 
 template <typename T, int VPT>
