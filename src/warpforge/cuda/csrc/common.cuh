@@ -7,7 +7,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <mutex>
 
 #include "launch.h"
 
@@ -107,42 +106,5 @@ __device__ __forceinline__ T shfl_xor(T v, int mask) {
 constexpr float kLog2e = 1.4426950408889634f;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// How many blocks (cluster > 1: clusters, per `lc`'s cluster attribute) of `kernel` the current
-// device holds at once. Row kernels launch that many and loop over rows (a persistent grid): no
-// block waits for a second wave, and per-block set-up (a cluster's mbarriers) is paid once, not
-// per row. Cached per (device, kernel, threads, cluster, shared memory): the occupancy calls cost
-// microseconds.
-inline int resident(const void* kernel, int threads, int cluster, const cudaLaunchConfig_t& lc) {
-  struct Entry { int device; const void* kernel; int threads, cluster; size_t smem; int value; };
-  static Entry cache[128];
-  static int used = 0;
-  static std::mutex lock;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  std::lock_guard<std::mutex> guard(lock);
-  for (int i = 0; i < used; ++i)
-    if (cache[i].device == device && cache[i].kernel == kernel && cache[i].threads == threads &&
-        cache[i].cluster == cluster && cache[i].smem == lc.dynamicSmemBytes)
-      return cache[i].value;
-  int value = 0;
-  if (cluster > 1) {
-    if (cudaOccupancyMaxActiveClusters(&value, kernel, &lc) != cudaSuccess) value = 0;
-  } else {
-    int per_sm = 0, sms = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) == cudaSuccess &&
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess)
-      value = per_sm * sms;
-  }
-  (void)cudaGetLastError();   // an occupancy query that failed must not poison the next launch check
-  if (used < 128) cache[used++] = {device, kernel, threads, cluster, lc.dynamicSmemBytes, value};
-  return value;
-}
-
-inline int resident(const void* kernel, int threads) {
-  cudaLaunchConfig_t lc = {};
-  lc.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
-  return resident(kernel, threads, 1, lc);
-}
 
 }  // namespace wf

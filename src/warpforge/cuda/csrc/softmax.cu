@@ -37,6 +37,8 @@
 // Statistics are fp32 for every dtype; each output is rounded once, at its store.
 #include <cooperative_groups.h>
 
+#include <mutex>
+
 #include "common.cuh"
 
 namespace cg = cooperative_groups;
@@ -422,6 +424,30 @@ __global__ void __launch_bounds__(1024) softmax_bwd_loop_kernel(
 
 // ---- launch -----------------------------------------------------------------------------------
 
+// How many clusters of `kernel` (cluster shape and shared memory from `lc`) the current device
+// holds at once. Cluster launches use that many and loop over rows (a persistent grid), so a
+// cluster's mbarrier set-up and final barrier are paid once per block, not per row. Cached per
+// (device, kernel, threads, cluster, shared memory): the occupancy call costs microseconds.
+int resident_clusters(const void* kernel, const cudaLaunchConfig_t& lc) {
+  struct Entry { int device; const void* kernel; unsigned threads, cluster; size_t smem; int value; };
+  static Entry cache[128];
+  static int used = 0;
+  static std::mutex lock;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  const unsigned threads = lc.blockDim.x, cluster = lc.gridDim.x;
+  std::lock_guard<std::mutex> guard(lock);
+  for (int i = 0; i < used; ++i)
+    if (cache[i].device == device && cache[i].kernel == kernel && cache[i].threads == threads &&
+        cache[i].cluster == cluster && cache[i].smem == lc.dynamicSmemBytes)
+      return cache[i].value;
+  int value = 0;
+  if (cudaOccupancyMaxActiveClusters(&value, kernel, &lc) != cudaSuccess) value = 0;
+  (void)cudaGetLastError();   // a failed query must not poison the next launch check
+  if (used < 128) cache[used++] = {device, kernel, threads, cluster, lc.dynamicSmemBytes, value};
+  return value;
+}
+
 // Grid and launch of a block-per-row (cluster) kernel; cluster > 1 goes through cudaLaunchKernelEx.
 template <typename Kernel, typename... Args>
 cudaError_t launch_rows(Kernel kernel, int64_t m, const RowConfig& cfg, size_t smem, cudaStream_t stream,
@@ -452,7 +478,7 @@ cudaError_t launch_rows(Kernel kernel, int64_t m, const RowConfig& cfg, size_t s
   // slower (16384 x {4096, 8192, 32768} bf16: 87-90% of the copy roof against 93-97%).
   int64_t rows = m < 65535 ? m : 65535;
   if (cfg.cluster > 1) {
-    const int fit = resident(reinterpret_cast<const void*>(kernel), cfg.threads, cfg.cluster, lc);
+    const int fit = resident_clusters(reinterpret_cast<const void*>(kernel), lc);
     if (fit <= 0) return cudaErrorInvalidValue;   // this cluster shape cannot be placed on the device
     if (rows > fit) rows = fit;
   }
