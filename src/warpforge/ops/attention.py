@@ -1,0 +1,836 @@
+"""Attention: FlashAttention forward and backward, dense (SDPA) and packed variable-length batches.
+
+    S = scale * Q K^T (+ mask),   P = softmax(S) over keys,   O = P V,   lse = logsumexp(S) per row
+    dV = P^T dO,   dP = dO V^T,   dS = P * (dP - delta),   delta_i = sum_d O_i dO_i - dlse_i
+    dQ = scale * dS K,   dK = scale * dS^T Q
+
+FLOP model: the forward does two GEMMs of 2*L*S*D each per head, 4*B*H*L*S*D (half of it causal);
+the backward five (S recomputed, dV, dP, dQ, dK), 2.5x the forward. Byte model: Q, K, V read and
+O written once each, 2*B*(Hq + Hkv)*L*D*s -- at L = 4096, D = 128 that is 512 FLOPs per byte, far
+past any ridge point (an H100 needs ~300), so attention is compute-bound and the roof is the
+measured bf16 GEMM rate. What made FlashAttention famous is the other way round: the naive
+version writes the L x S score matrix to memory (B=4, H=32, L=S=4096: 4.3 GB of bf16 per pass),
+which makes it memory-bound by two orders of magnitude. Here the scores never leave the SM.
+
+Why the kernels look the way they do:
+- Forward: a program holds BLOCK_M query rows and streams K/V tiles of BLOCK_N rows, keeping a
+  running row max m, row sum l and an fp32 accumulator (the online softmax): when m grows, the
+  old l and accumulator are rescaled by exp(m_old - m_new), so one pass over K/V suffices. exp2
+  with log2(e) folded into the scale: one FMA a score instead of a multiply, a subtract and exp.
+- Masking costs a compare and a select per score, so the key range of a query tile is split in
+  three: tiles before and after the fully visible middle (the causal diagonal, the sliding window's
+  edge, the ragged end) take the masked path, the middle none. Causal tiles above the diagonal are
+  never visited: half the work, counted as half the FLOPs.
+- Causal programs take query tiles longest-first so the short ones fill the tail of the grid.
+- Backward: one program per key tile holds K, V and the dK, dV accumulators and streams every
+  query tile that sees it (and, under GQA, every query head of its group, so a KV head's gradient
+  is one program's sum, not a race of Hq/Hkv programs), recomputing S and P from the saved lse
+  instead of storing the L x S probabilities. dQ comes from a second kernel per query tile that
+  recomputes S and dP: seven GEMMs where the FLOP model counts five, but no atomics, so the
+  backward is deterministic. (dQ by fp32 atomics from the dK/dV programs, FlashAttention-2's
+  way, measured no faster on an H100: 7.47 against 7.20 ms at B=4 H=32 S=4096 D=128.)
+- GQA/MQA: query head h reads KV head h // (Hq/Hkv); nothing is repeated in memory.
+- Variable length: the same kernels, where a program reads its sequence's start and length from
+  cu_seqlens (clamped to the packed tensor, so a bad cu_seqlens cannot send a read out of bounds).
+
+Conventions: ``is_causal`` of the SDPA drop-in is top-left aligned (query i sees keys j <= i), as
+torch's; the varlen ``causal`` is bottom-right aligned (query i of L sees keys j <= i + S - L), as
+FlashAttention's. A query row with no visible key (a bool mask of all False, a window past the
+sequence) outputs zeros, and its lse is +inf. lse is natural-log, fp32.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+from ..runtime import interpreting
+from ..runtime.checks import check_same, check_tensor
+from ..runtime.heuristics import attention_config
+from ..runtime.registry import Op
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+ATTN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference
+# ----------------------------------------------------------------------------------------------
+def attention_reference(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
+                        window_size=None, bottom_right=False):
+    """Plain attention in float64 on the CPU (float32 elsewhere), for (..., H, L, D) inputs.
+    Returns (out in q's dtype, lse in float32). Rows with no visible key give 0 and lse +inf."""
+    wd = torch.float64 if q.device.type == "cpu" else torch.float32
+    qf, kf, vf = q.to(wd), k.to(wd), v.to(wd)
+    if qf.shape[-3] != kf.shape[-3]:
+        rep = qf.shape[-3] // kf.shape[-3]
+        kf, vf = kf.repeat_interleave(rep, -3), vf.repeat_interleave(rep, -3)
+    L, S = qf.shape[-2], kf.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (qf @ kf.transpose(-1, -2)) * scale
+    i = torch.arange(L, device=q.device)[:, None]
+    j = torch.arange(S, device=q.device)[None, :]
+    off = S - L if bottom_right else 0
+    ok = torch.ones(L, S, dtype=torch.bool, device=q.device)
+    left, right = window_size if window_size is not None else (-1, -1)
+    if is_causal:
+        right = 0 if right < 0 else min(right, 0)
+    if right >= 0:
+        ok &= j <= i + off + right
+    if left >= 0:
+        ok &= j >= i + off - left
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            ok = ok & attn_mask
+        else:
+            s = s + attn_mask.to(wd)
+    s = s.masked_fill(~ok, -float("inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - torch.where(torch.isneginf(lse), 0.0, lse)[..., None])    # empty rows: all zeros
+    lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+    return (p @ vf).to(q.dtype), lse.float()
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _mm(a, b, acc, DOT_PREC: tl.constexpr):
+    """acc + a @ b on the tensor cores (acc None: a fresh fp32 product). DOT_PREC "upcast" (the CPU
+    interpreter with bfloat16, whose dot would multiply the raw 16-bit patterns) widens to fp32."""
+    if DOT_PREC == "upcast":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc, input_precision=DOT_PREC)
+
+
+@triton.jit
+def _visible_span(s0, other_len, c, below, above,
+                  BLOCK_SELF: tl.constexpr, BLOCK_OTHER: tl.constexpr,
+                  HAS_BELOW: tl.constexpr, HAS_ABOVE: tl.constexpr):
+    """Index t of the other side is visible from self index s when s+c-below <= t <= s+c+above.
+    For self tile [s0, s0+BLOCK_SELF), the other side's tiles [lo, hi) hold everything visible;
+    [a, b) are the tiles wholly visible from every row of the tile (no mask needed), [lo, a) and
+    [b, hi) need the mask. lo, a, b are multiples of BLOCK_OTHER."""
+    lo = s0 * 0
+    hi = s0 * 0 + other_len
+    if HAS_BELOW:
+        lo = tl.maximum(s0 + c - below, 0) // BLOCK_OTHER * BLOCK_OTHER
+    if HAS_ABOVE:
+        hi = tl.minimum(hi, tl.maximum(s0 + BLOCK_SELF + c + above, 0))
+    full_lo = lo
+    if HAS_BELOW:
+        first = tl.maximum(s0 + BLOCK_SELF - 1 + c - below, 0)
+        full_lo = tl.maximum(lo, (first + BLOCK_OTHER - 1) // BLOCK_OTHER * BLOCK_OTHER)
+    full_hi = other_len // BLOCK_OTHER * BLOCK_OTHER
+    if HAS_ABOVE:
+        full_hi = tl.minimum(full_hi, tl.maximum(s0 + c + above + 1, 0) // BLOCK_OTHER * BLOCK_OTHER)
+    a = tl.minimum(full_lo, hi)
+    b = tl.maximum(a, full_hi)
+    return lo, a, b, hi
+
+
+@triton.jit
+def _visible(i, j, len_k, off, win_left, win_right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """Query rows i (column vector) may see key rows j (row vector): in range and in the window."""
+    ok = j < len_k
+    if HAS_RIGHT:
+        ok = ok & (j <= i + off + win_right)
+    if HAS_LEFT:
+        ok = ok & (j >= i + off - win_left)
+    return ok
+
+
+@triton.jit
+def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
+               lo, hi, m0, len_k, off, win_left, win_right, scale_log2,
+               offs_m, offs_n, offs_d,
+               MASKED: tl.constexpr, MASK_KIND: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+               D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Key tiles [lo, hi) into the running (acc, l, m) of one query tile."""
+    dmask = offs_d < D
+    for n0 in range(lo, hi, BLOCK_N):
+        n = n0 + offs_n
+        if MASKED:
+            kt = tl.load(k_base + n[None, :] * skn + offs_d[:, None], mask=(n[None, :] < len_k) & dmask[:, None], other=0.0)
+            v = tl.load(v_base + n[:, None] * svn + offs_d[None, :], mask=(n[:, None] < len_k) & dmask[None, :], other=0.0)
+        elif BLOCK_D == D:
+            kt = tl.load(k_base + n[None, :] * skn + offs_d[:, None])
+            v = tl.load(v_base + n[:, None] * svn + offs_d[None, :])
+        else:
+            kt = tl.load(k_base + n[None, :] * skn + offs_d[:, None], mask=dmask[:, None], other=0.0)
+            v = tl.load(v_base + n[:, None] * svn + offs_d[None, :], mask=dmask[None, :], other=0.0)
+        qk = _mm(q, kt, None, DOT_PREC)                           # (BLOCK_M, BLOCK_N) fp32
+        if MASKED:
+            i = m0 + offs_m
+            ok = _visible(i[:, None], n[None, :], len_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
+            s = qk * scale_log2
+            if MASK_KIND == 1:
+                keep = tl.load(mask_base + i[:, None] * smm + n[None, :] * smn, mask=ok, other=0)
+                ok = ok & (keep != 0)
+            elif MASK_KIND == 2:
+                s += tl.load(mask_base + i[:, None] * smm + n[None, :] * smn, mask=ok, other=0.0).to(tl.float32) * 1.4426950408889634
+            s = tl.where(ok, s, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = tl.where(m_new == -float("inf"), 0.0, m_new)               # a row with nothing visible yet
+            p = tl.math.exp2(s - m_use[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * scale_log2)
+            m_use = m_new
+            p = tl.math.exp2(qk * scale_log2 - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = _mm(p.to(v.dtype), v, acc, DOT_PREC)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _seq_bounds(cu_ptr, b, total, fixed_len, VARLEN: tl.constexpr):
+    """(start, length) of sequence b: from cu_seqlens, clamped to the packed length, or dense."""
+    if VARLEN:
+        start = tl.minimum(tl.maximum(tl.load(cu_ptr + b), 0), total)
+        end = tl.minimum(tl.maximum(tl.load(cu_ptr + b + 1), start), total)
+        return start, end - start
+    return b * 0, b * 0 + fixed_len
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, mask_ptr,  # q (.., L, D), k v (.., S, D), o like q, lse fp32, mask (B, H, L, S) view
+    cu_q_ptr, cu_k_ptr,                  # (B + 1,) int32 cumulative lengths (VARLEN only)
+    sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,   # strides in elements (last dim 1)
+    slb, slh, slm, smb, smh, smm, smn,   # lse and mask strides (mask: 0 on broadcast dims)
+    H, GROUP, len_q_fixed, len_k_fixed, total_q, total_k,
+    scale_log2, win_left, win_right,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP
+    q_start, len_q = _seq_bounds(cu_q_ptr, b, total_q, len_q_fixed, VARLEN)
+    k_start, len_k = _seq_bounds(cu_k_ptr, b, total_k, len_k_fixed, VARLEN)
+    pid_m = tl.program_id(0)
+    if HAS_RIGHT:
+        pid_m = tl.num_programs(0) - 1 - pid_m          # causal: the longest rows first
+    m0 = pid_m * BLOCK_M
+    if m0 < len_q:
+        off = 0
+        if BOTTOM_RIGHT:
+            off = len_k - len_q
+        b64 = b.to(tl.int64)
+        q_base = q_ptr + b64 * sqb + h.to(tl.int64) * sqh + q_start.to(tl.int64) * sqm
+        k_base = k_ptr + b64 * skb + hk.to(tl.int64) * skh + k_start.to(tl.int64) * skn
+        v_base = v_ptr + b64 * svb + hk.to(tl.int64) * svh + k_start.to(tl.int64) * svn
+        o_base = o_ptr + b64 * sob + h.to(tl.int64) * soh + q_start.to(tl.int64) * som
+        mask_base = mask_ptr + b64 * smb + h.to(tl.int64) * smh
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        rows = m0 + offs_m
+        qmask = (rows[:, None] < len_q) & (offs_d[None, :] < D)
+        q = tl.load(q_base + rows[:, None] * sqm + offs_d[None, :], mask=qmask, other=0.0)
+        acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+        l_i = tl.zeros((BLOCK_M,), tl.float32)
+        m_i = tl.full((BLOCK_M,), -float("inf"), tl.float32)
+        lo, a, bb, hi = _visible_span(m0, len_k, off, win_left, win_right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        if MASK_KIND != 0:                              # a user mask: every tile takes the masked path
+            a = lo
+            bb = lo
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
+                                   lo, a, m0, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
+                                   True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
+                                   a, bb, m0, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
+                                   False, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
+                                   bb, hi, m0, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
+                                   True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC)
+        empty = l_i == 0.0
+        out = acc / tl.where(empty, 1.0, l_i)[:, None]
+        tl.store(o_base + rows[:, None] * som + offs_d[None, :], out.to(o_ptr.dtype.element_ty), mask=qmask)
+        lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+        lse_base = lse_ptr + b64 * slb + h.to(tl.int64) * slh + q_start.to(tl.int64) * slm
+        tl.store(lse_base + rows * slm, lse, mask=rows < len_q)
+
+
+@triton.jit
+def _attn_bwd_delta_kernel(
+    o_ptr, do_ptr, dlse_ptr, delta_ptr, cu_q_ptr,   # delta = rowsum(O * dO) - dlse, laid out like lse
+    sob, soh, som, sdb, sdh, sdm, slb, slh, slm,
+    H, len_q_fixed, total_q,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr,
+):
+    bh = tl.program_id(1)
+    b = bh // H
+    h = (bh % H).to(tl.int64)
+    q_start, len_q = _seq_bounds(cu_q_ptr, b, total_q, len_q_fixed, VARLEN)
+    m0 = tl.program_id(0) * BLOCK_M
+    if m0 < len_q:
+        b64 = b.to(tl.int64)
+        rows = m0 + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        msk = (rows[:, None] < len_q) & (offs_d[None, :] < D)
+        q0 = q_start.to(tl.int64)
+        o = tl.load(o_ptr + b64 * sob + h * soh + (q0 + rows[:, None]) * som + offs_d[None, :], mask=msk, other=0.0)
+        do = tl.load(do_ptr + b64 * sdb + h * sdh + (q0 + rows[:, None]) * sdm + offs_d[None, :], mask=msk, other=0.0)
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+        lse_at = b64 * slb + h * slh + (q0 + rows) * slm
+        if HAS_DLSE:
+            delta -= tl.load(dlse_ptr + lse_at, mask=rows < len_q, other=0.0)
+        tl.store(delta_ptr + lse_at, delta, mask=rows < len_q)
+
+
+@triton.jit
+def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sdm, slm, mask_base, smm, smn,
+                lo, hi, n0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
+                MASKED: tl.constexpr, MASK_KIND: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Query tiles [lo, hi) of one head into the dK, dV of one key tile (everything transposed:
+    rows are keys, columns queries)."""
+    dmask = offs_d < D
+    n = n0 + offs_n
+    for m0 in range(lo, hi, BLOCK_M):
+        i = m0 + offs_m
+        if MASKED:
+            rmask = i < len_q
+            q = tl.load(q_base + i[:, None] * sqm + offs_d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
+            do = tl.load(do_base + i[:, None] * sdm + offs_d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
+            lse = tl.load(lse_base + i * slm, mask=rmask, other=float("inf"))
+            delta = tl.load(delta_base + i * slm, mask=rmask, other=0.0)
+        else:
+            if BLOCK_D == D:
+                q = tl.load(q_base + i[:, None] * sqm + offs_d[None, :])
+                do = tl.load(do_base + i[:, None] * sdm + offs_d[None, :])
+            else:
+                q = tl.load(q_base + i[:, None] * sqm + offs_d[None, :], mask=dmask[None, :], other=0.0)
+                do = tl.load(do_base + i[:, None] * sdm + offs_d[None, :], mask=dmask[None, :], other=0.0)
+            lse = tl.load(lse_base + i * slm)
+            delta = tl.load(delta_base + i * slm)
+        st = _mm(k, tl.trans(q), None, DOT_PREC) * scale_log2   # (BLOCK_N, BLOCK_M)
+        if MASKED:
+            ok = _visible(i[None, :], n[:, None], len_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
+            ok = ok & (i[None, :] < len_q)
+            if MASK_KIND == 1:
+                keep = tl.load(mask_base + i[None, :] * smm + n[:, None] * smn, mask=ok, other=0)
+                ok = ok & (keep != 0)
+            elif MASK_KIND == 2:
+                st += tl.load(mask_base + i[None, :] * smm + n[:, None] * smn, mask=ok, other=0.0).to(tl.float32) * 1.4426950408889634
+            st = tl.where(ok, st, -float("inf"))
+        pt = tl.math.exp2(st - lse[None, :] * 1.4426950408889634)
+        dv = _mm(pt.to(do.dtype), do, dv, DOT_PREC)
+        dpt = _mm(v, tl.trans(do), None, DOT_PREC)
+        dst = pt * (dpt - delta[None, :])
+        dk = _mm(dst.to(q.dtype), q, dk, DOT_PREC)
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, mask_ptr, cu_q_ptr, cu_k_ptr,
+    sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdb, sdh, sdm,
+    sdkb, sdkh, sdkn, sdvb, sdvh, sdvn,
+    slb, slh, slm, smb, smh, smm, smn,
+    HK, GROUP, len_q_fixed, len_k_fixed, total_q, total_k,
+    scale, scale_log2, win_left, win_right,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    bhk = tl.program_id(1)
+    b = bhk // HK
+    hk = bhk % HK
+    q_start, len_q = _seq_bounds(cu_q_ptr, b, total_q, len_q_fixed, VARLEN)
+    k_start, len_k = _seq_bounds(cu_k_ptr, b, total_k, len_k_fixed, VARLEN)
+    n0 = tl.program_id(0) * BLOCK_N
+    if n0 < len_k:
+        off = 0
+        if BOTTOM_RIGHT:
+            off = len_k - len_q
+        b64 = b.to(tl.int64)
+        q0 = q_start.to(tl.int64)
+        k0 = k_start.to(tl.int64)
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        n = n0 + offs_n
+        kmask = (n[:, None] < len_k) & (offs_d[None, :] < D)
+        hk64 = hk.to(tl.int64)
+        k = tl.load(k_ptr + b64 * skb + hk64 * skh + (k0 + n[:, None]) * skn + offs_d[None, :], mask=kmask, other=0.0)
+        v = tl.load(v_ptr + b64 * svb + hk64 * svh + (k0 + n[:, None]) * svn + offs_d[None, :], mask=kmask, other=0.0)
+        dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+        dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+        # query tiles that see this key tile: i with j - off - win_right <= i <= j - off + win_left
+        lo, a, bb, hi = _visible_span(n0, len_q, -off, win_right, win_left, BLOCK_N, BLOCK_M, HAS_RIGHT, HAS_LEFT)
+        if MASK_KIND != 0:                              # a user mask: every tile masked
+            a = lo
+            bb = lo
+        if n0 + BLOCK_N > len_k:                        # the ragged last key tile: masked throughout
+            a = lo
+            bb = lo
+        for g in range(GROUP):
+            h = (hk * GROUP + g).to(tl.int64)
+            q_base = q_ptr + b64 * sqb + h * sqh + q0 * sqm
+            do_base = do_ptr + b64 * sdb + h * sdh + q0 * sdm
+            lse_base = lse_ptr + b64 * slb + h * slh + q0 * slm
+            delta_base = delta_ptr + b64 * slb + h * slh + q0 * slm
+            mask_base = mask_ptr + b64 * smb + h * smh
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sdm, slm, mask_base, smm, smn,
+                                 lo, a, n0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
+                                 True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_M, DOT_PREC)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sdm, slm, mask_base, smm, smn,
+                                 a, bb, n0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
+                                 False, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_M, DOT_PREC)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sdm, slm, mask_base, smm, smn,
+                                 bb, hi, n0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
+                                 True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_M, DOT_PREC)
+        dk = dk * scale
+        tl.store(dk_ptr + b64 * sdkb + hk64 * sdkh + (k0 + n[:, None]) * sdkn + offs_d[None, :], dk.to(dk_ptr.dtype.element_ty), mask=kmask)
+        tl.store(dv_ptr + b64 * sdvb + hk64 * sdvh + (k0 + n[:, None]) * sdvn + offs_d[None, :], dv.to(dv_ptr.dtype.element_ty), mask=kmask)
+
+
+@triton.jit
+def _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, smn,
+              lo, hi, m0, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
+              MASKED: tl.constexpr, MASK_KIND: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+              D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Key tiles [lo, hi) into the dQ of one query tile."""
+    dmask = offs_d < D
+    i = m0 + offs_m
+    for n0 in range(lo, hi, BLOCK_N):
+        n = n0 + offs_n
+        if MASKED:
+            kv_mask = (n[:, None] < len_k) & dmask[None, :]
+            k = tl.load(k_base + n[:, None] * skn + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_base + n[:, None] * svn + offs_d[None, :], mask=kv_mask, other=0.0)
+        elif BLOCK_D == D:
+            k = tl.load(k_base + n[:, None] * skn + offs_d[None, :])
+            v = tl.load(v_base + n[:, None] * svn + offs_d[None, :])
+        else:
+            k = tl.load(k_base + n[:, None] * skn + offs_d[None, :], mask=dmask[None, :], other=0.0)
+            v = tl.load(v_base + n[:, None] * svn + offs_d[None, :], mask=dmask[None, :], other=0.0)
+        s = _mm(q, tl.trans(k), None, DOT_PREC) * scale_log2      # (BLOCK_M, BLOCK_N)
+        if MASKED:
+            ok = _visible(i[:, None], n[None, :], len_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
+            if MASK_KIND == 1:
+                keep = tl.load(mask_base + i[:, None] * smm + n[None, :] * smn, mask=ok, other=0)
+                ok = ok & (keep != 0)
+            elif MASK_KIND == 2:
+                s += tl.load(mask_base + i[:, None] * smm + n[None, :] * smn, mask=ok, other=0.0).to(tl.float32) * 1.4426950408889634
+            s = tl.where(ok, s, -float("inf"))
+        p = tl.math.exp2(s - lse[:, None])
+        dp = _mm(do, tl.trans(v), None, DOT_PREC)
+        ds = p * (dp - delta[:, None])
+        dq = _mm(ds.to(k.dtype), k, dq, DOT_PREC)
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, mask_ptr, cu_q_ptr, cu_k_ptr,
+    sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdb, sdh, sdm, sdqb, sdqh, sdqm,
+    slb, slh, slm, smb, smh, smm, smn,
+    H, GROUP, len_q_fixed, len_k_fixed, total_q, total_k,
+    scale, scale_log2, win_left, win_right,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP
+    q_start, len_q = _seq_bounds(cu_q_ptr, b, total_q, len_q_fixed, VARLEN)
+    k_start, len_k = _seq_bounds(cu_k_ptr, b, total_k, len_k_fixed, VARLEN)
+    pid_m = tl.program_id(0)
+    if HAS_RIGHT:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    m0 = pid_m * BLOCK_M
+    if m0 < len_q:
+        off = 0
+        if BOTTOM_RIGHT:
+            off = len_k - len_q
+        b64 = b.to(tl.int64)
+        h64 = h.to(tl.int64)
+        q0 = q_start.to(tl.int64)
+        k0 = k_start.to(tl.int64)
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        i = m0 + offs_m
+        rmask = i < len_q
+        qmask = rmask[:, None] & (offs_d[None, :] < D)
+        q = tl.load(q_ptr + b64 * sqb + h64 * sqh + (q0 + i[:, None]) * sqm + offs_d[None, :], mask=qmask, other=0.0)
+        do = tl.load(do_ptr + b64 * sdb + h64 * sdh + (q0 + i[:, None]) * sdm + offs_d[None, :], mask=qmask, other=0.0)
+        lse_at = b64 * slb + h64 * slh + (q0 + i) * slm
+        lse = tl.load(lse_ptr + lse_at, mask=rmask, other=float("inf")) * 1.4426950408889634
+        delta = tl.load(delta_ptr + lse_at, mask=rmask, other=0.0)
+        k_base = k_ptr + b64 * skb + hk.to(tl.int64) * skh + k0 * skn
+        v_base = v_ptr + b64 * svb + hk.to(tl.int64) * svh + k0 * svn
+        mask_base = mask_ptr + b64 * smb + h64 * smh
+        dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+        lo, a, bb, hi = _visible_span(m0, len_k, off, win_left, win_right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        if MASK_KIND != 0:
+            a = lo
+            bb = lo
+        dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, smn,
+                       lo, a, m0, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
+                       True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC)
+        dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, smn,
+                       a, bb, m0, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
+                       False, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC)
+        dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, smn,
+                       bb, hi, m0, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
+                       True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC)
+        dq = dq * scale
+        tl.store(dq_ptr + b64 * sdqb + h64 * sdqh + (q0 + i[:, None]) * sdqm + offs_d[None, :], dq.to(dq_ptr.dtype.element_ty), mask=qmask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+class _Problem:
+    """Shapes and strides of one attention call, dense (B, H, L, D) or packed (T, H, D).
+
+    Dense: strides (batch, head, row) as given. Packed: batch stride 0, row stride the token
+    stride, and each program adds its sequence's start from cu_seqlens."""
+
+    def __init__(self, q, k, cu_q, cu_k, max_q, max_k):
+        self.varlen = cu_q is not None
+        if self.varlen:
+            self.B = cu_q.shape[0] - 1
+            self.H, self.HK, self.D = q.shape[1], k.shape[1], q.shape[2]
+            self.len_q, self.len_k = max_q, max_k           # grid only; programs read their own
+            self.total_q, self.total_k = q.shape[0], k.shape[0]
+        else:
+            self.B, self.H, self.len_q, self.D = q.shape
+            self.HK, self.len_k = k.shape[1], k.shape[2]
+            self.total_q, self.total_k = self.len_q, self.len_k
+        self.group = self.H // self.HK
+        self.block_d = max(16, triton.next_power_of_2(self.D))
+
+    def strides(self, t):
+        """(batch, head, row) strides of q/k/v-like ``t``."""
+        if self.varlen:
+            return 0, t.stride(1), t.stride(0)
+        return t.stride(0), t.stride(1), t.stride(2)
+
+    def lse_shape(self):
+        return (self.H, self.total_q) if self.varlen else (self.B, self.H, self.len_q)
+
+    def lse_strides(self, lse):
+        if self.varlen:
+            return 0, lse.stride(0), lse.stride(1)
+        return lse.stride(0), lse.stride(1), lse.stride(2)
+
+    def mask_strides(self, mask):
+        return tuple(mask.stride()) if mask is not None else (0, 0, 0, 0)
+
+
+def _rowmajor(t: torch.Tensor) -> torch.Tensor:
+    """The kernels need unit stride along the head dim (anything else is copied)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _out_like(t: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(t)
+    if runtime.POISON:
+        out.fill_(float("nan"))
+    return out
+
+
+def _flags(p: _Problem, q, mask, win_left, win_right, bottom_right):
+    return dict(D=p.D, BLOCK_D=p.block_d, VARLEN=p.varlen, BOTTOM_RIGHT=bottom_right,
+                HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0,
+                MASK_KIND=0 if mask is None else (1 if mask.dtype == torch.bool else 2),
+                DOT_PREC=_dot_precision(q.dtype))
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    if dtype == torch.float32:
+        return "ieee"          # exact fp32 products: fp32 is for checking, not a performance target
+    return "upcast" if interpreting() and dtype == torch.bfloat16 else "tf32"
+
+
+def _dummy(t: torch.Tensor) -> torch.Tensor:
+    return t   # an unused pointer argument (never dereferenced: its constexpr switch is off)
+
+
+def _mask_arg(mask, q):
+    """The mask as the kernels read it: bool as bytes (same strides), or q itself when absent."""
+    if mask is None:
+        return q
+    return mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+
+
+def _attention_fwd(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
+                   win_left: int, win_right: int, bottom_right: bool):
+    q, k, v = _rowmajor(q), _rowmajor(k), _rowmajor(v)
+    p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
+    o = _out_like(q)
+    lse = runtime.new_empty(p.lse_shape(), dtype=torch.float32, device=q.device)
+    if p.len_q == 0 or p.B == 0 or p.H == 0:
+        return o, lse
+    cfg = attention_config("fwd", p.block_d, q.element_size())
+    grid = (triton.cdiv(p.len_q, cfg.block_m), p.B * p.H)
+    _attn_fwd_kernel[grid](
+        q, k, v, o, lse, _mask_arg(mask, q),
+        _dummy(lse) if cu_q is None else cu_q, _dummy(lse) if cu_k is None else cu_k,
+        *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(o), *p.lse_strides(lse), *p.mask_strides(mask),
+        p.H, p.group, p.len_q, p.len_k, p.total_q, p.total_k,
+        scale * LOG2E, win_left, win_right,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **_flags(p, q, mask, win_left, win_right, bottom_right))
+    return o, lse
+
+
+def _attention_bwd(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
+                   win_left: int, win_right: int, bottom_right: bool):
+    do, q, k, v, o = (_rowmajor(t) for t in (do, q, k, v, o))
+    p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
+    dq, dk, dv = _out_like(q), _out_like(k), _out_like(v)
+    if p.B == 0 or p.H == 0 or p.len_q == 0 or p.len_k == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    flags = _flags(p, q, mask, win_left, win_right, bottom_right)
+    delta = torch.empty_like(lse)
+    if dlse is not None:
+        dlse = dlse.contiguous() if dlse.stride() != lse.stride() else dlse
+    block = 64 if not interpreting() else 32
+    _attn_bwd_delta_kernel[(triton.cdiv(p.len_q, block), p.B * p.H)](
+        o, do, lse if dlse is None else dlse, delta, _dummy(lse) if cu_q is None else cu_q,
+        *p.strides(o), *p.strides(do), *p.lse_strides(lse), p.H, p.len_q, p.total_q,
+        D=p.D, BLOCK_D=p.block_d, BLOCK_M=block, VARLEN=p.varlen, HAS_DLSE=dlse is not None, num_warps=4)
+    common = (*p.lse_strides(lse), *p.mask_strides(mask))
+    cu = (_dummy(lse) if cu_q is None else cu_q, _dummy(lse) if cu_k is None else cu_k)
+    mptr = _mask_arg(mask, q)
+    cfg = attention_config("dkdv", p.block_d, q.element_size())
+    _attn_bwd_dkdv_kernel[(triton.cdiv(p.len_k, cfg.block_n), p.B * p.HK)](
+        q, k, v, do, lse, delta, dk, dv, mptr, *cu,
+        *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(do), *p.strides(dk), *p.strides(dv), *common,
+        p.HK, p.group, p.len_q, p.len_k, p.total_q, p.total_k, scale, scale * LOG2E, win_left, win_right,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **flags)
+    cfg = attention_config("dq", p.block_d, q.element_size())
+    _attn_bwd_dq_kernel[(triton.cdiv(p.len_q, cfg.block_m), p.B * p.H)](
+        q, k, v, do, lse, delta, dq, mptr, *cu,
+        *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(do), *p.strides(dq), *common,
+        p.H, p.group, p.len_q, p.len_k, p.total_q, p.total_k, scale, scale * LOG2E, win_left, win_right,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **flags)
+    return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch operators
+# ----------------------------------------------------------------------------------------------
+def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              cu_q: torch.Tensor | None, cu_k: torch.Tensor | None, max_q: int, max_k: int, scale: float,
+              win_left: int, win_right: int, bottom_right: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _attention_fwd(q, k, v, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right)
+
+
+def _fwd_fake(q, k, v, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right):
+    lse_shape = (q.shape[1], q.shape[0]) if cu_q is not None else q.shape[:-1]
+    return torch.empty_like(q if q.stride(-1) == 1 else q.contiguous()), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+def _bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+              lse: torch.Tensor, dlse: torch.Tensor | None, mask: torch.Tensor | None,
+              cu_q: torch.Tensor | None, cu_k: torch.Tensor | None, max_q: int, max_k: int, scale: float,
+              win_left: int, win_right: int, bottom_right: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _attention_bwd(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right,
+                          bottom_right)
+
+
+def _bwd_fake(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right):
+    like = [t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v)]
+    return tuple(torch.empty_like(t) for t in like)
+
+
+attention_bwd_op = Op("attention_bwd", _bwd_impl, _bwd_fake)
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, mask, cu_q, cu_k)
+    ctx.args = (max_q, max_k, scale, win_left, win_right, bottom_right)
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, o, lse, mask, cu_q, cu_k = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros_like(o)
+    dq, dk, dv = attention_bwd_op(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+attention_op = Op("attention", _fwd_impl, _fwd_fake, backward=_backward, setup_context=_setup)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public functions
+# ----------------------------------------------------------------------------------------------
+def _check_qkv(q, k, v, dims: str) -> None:
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        check_tensor(name, t, dtypes=ATTN_DTYPES, min_dim=1)
+    check_same("key", k, "query", q, shape=False)
+    check_same("value", v, "query", q, shape=False)
+    if not (k.shape[-1] == v.shape[-1] == q.shape[-1]):
+        raise ValueError(f"warpforge: head dims differ: query {q.shape[-1]}, key {k.shape[-1]}, value {v.shape[-1]}; "
+                         f"expected one head dim for all three")
+    if q.shape[-1] > MAX_HEAD_DIM:
+        raise ValueError(f"warpforge: head dim {q.shape[-1]} is not supported; expected at most {MAX_HEAD_DIM}")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"warpforge: 'key' has shape {tuple(k.shape)} but 'value' has {tuple(v.shape)}; "
+                         f"expected the same {dims} shape")
+
+
+def _check_heads(hq: int, hk: int, enable_gqa: bool) -> None:
+    if hk == 0 or hq % hk != 0:
+        raise ValueError(f"warpforge: {hq} query heads cannot be grouped over {hk} key/value heads; "
+                         f"expected the query head count to be a multiple of the key/value head count")
+    if hq != hk and not enable_gqa:
+        raise ValueError(f"warpforge: query has {hq} heads but key/value have {hk}; pass enable_gqa=True for "
+                         f"grouped-query attention (as torch's scaled_dot_product_attention requires)")
+
+
+def _window(window_size, causal: bool) -> tuple[int, int]:
+    left, right = (-1, -1) if window_size is None else (int(window_size[0]), int(window_size[1]))
+    if left < -1 or right < -1:
+        raise ValueError(f"warpforge: 'window_size' {tuple(window_size)}: expected (left, right) with -1 for unbounded")
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return left, right
+
+
+def _prepare_mask(attn_mask, B, H, L, S, q):
+    if attn_mask is None:
+        return None
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"warpforge: 'attn_mask' must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise TypeError(f"warpforge: 'attn_mask' has dtype {attn_mask.dtype}; expected bool (True = may attend) "
+                        f"or a floating dtype (added to the scores)")
+    if attn_mask.requires_grad:
+        raise ValueError("warpforge: 'attn_mask' requires grad; a gradient for the mask is not supported "
+                         "(detach it, or use torch's scaled_dot_product_attention)")
+    if attn_mask.device != q.device:
+        raise RuntimeError(f"warpforge: 'attn_mask' is on {attn_mask.device} but 'query' is on {q.device}")
+    try:
+        return attn_mask.expand(B, H, L, S)
+    except RuntimeError:
+        raise ValueError(f"warpforge: 'attn_mask' of shape {tuple(attn_mask.shape)} cannot broadcast to the "
+                         f"attention scores' shape {(B, H, L, S)} (batch, query heads, L, S)") from None
+
+
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+                                 *, return_lse: bool = False, window_size: tuple[int, int] | None = None):
+    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` (FlashAttention kernels).
+
+    query (..., Hq, L, D), key and value (..., Hkv, S, D); fp16, bf16 or fp32; D up to 256; any
+    strides with unit stride along D (others are copied). Returns (..., Hq, L, D) in the layout of
+    query. ``attn_mask``: bool (True = may attend) or additive float, broadcastable to
+    (..., Hq, L, S), without gradient. ``is_causal`` is top-left aligned as in torch.
+
+    Extensions: ``return_lse=True`` also returns the (..., Hq, L) float32 log-sum-exp of the scaled
+    scores (differentiable); ``window_size=(left, right)`` restricts query i to keys
+    [i - left, i + right] (-1: unbounded), a sliding window. The backward uses no atomics:
+    it is deterministic, bit for bit the same from run to run, always (so it also satisfies
+    ``torch.use_deterministic_algorithms(True)``).
+
+    Not supported, with a clear error: ``dropout_p > 0``, head dims that differ between query, key
+    and value, a mask that requires grad.
+    """
+    _check_qkv(query, key, value, "(..., heads, S)")
+    if dropout_p != 0.0:
+        raise ValueError(f"warpforge: dropout_p={dropout_p} is not supported (attention dropout is not "
+                         f"implemented); expected 0.0")
+    if is_causal and attn_mask is not None:
+        raise ValueError("warpforge: pass either 'attn_mask' or is_causal=True, not both (as torch requires)")
+    if query.dim() < 3 or query.dim() != key.dim():
+        raise ValueError(f"warpforge: 'query' is {query.dim()}-d and 'key' {key.dim()}-d; expected both "
+                         f"(..., heads, L, D) with at least 3 dims and the same rank")
+    if query.shape[:-3] != key.shape[:-3]:
+        raise ValueError(f"warpforge: batch dims differ: query {tuple(query.shape[:-3])}, key {tuple(key.shape[:-3])}")
+    q, k, v = query, key, value
+    lead = q.shape[:-3]
+    if q.dim() == 3:
+        q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+    elif q.dim() > 4:
+        q, k, v = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
+    B, H, L, D = q.shape
+    HK, S = k.shape[1], k.shape[2]
+    _check_heads(H, HK, enable_gqa)
+    left, right = _window(window_size, is_causal)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    if attn_mask is not None and query.dim() > 4 and isinstance(attn_mask, torch.Tensor):
+        attn_mask = attn_mask.expand(*lead, H, L, S).reshape(B, H, L, S)
+    mask = _prepare_mask(attn_mask, B, H, L, S, q)
+    if S == 0:
+        o = torch.zeros_like(query)
+        lse = torch.full((*query.shape[:-1],), float("inf"), device=q.device, dtype=torch.float32)
+    else:
+        o, lse = attention_op(q, k, v, mask, None, None, L, S, scale, left, right, False)
+        o, lse = o.reshape(query.shape), lse.reshape(query.shape[:-1])
+    return (o, lse) if return_lse else o
+
+
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *,
+                     causal: bool = False, scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
+                     return_lse: bool = False, validate: bool = True):
+    """Attention over a packed batch of sequences of different lengths (FlashAttention's varlen API).
+
+    q (total_q, Hq, D), k and v (total_k, Hkv, D): the sequences one after another; sequence b is
+    rows cu_seqlens_q[b]:cu_seqlens_q[b+1] of q (int32, (B + 1,), starting at 0). ``max_seqlen_*``:
+    the longest sequence (sizes the grid; no device-to-host copy needed). ``causal`` is bottom-right
+    aligned (the last query sees every key), and ``window_size=(left, right)`` a sliding window
+    around that diagonal (-1: unbounded). Hq a multiple of Hkv (GQA/MQA). Returns (total_q, Hq, D)
+    and, with ``return_lse``, the (Hq, total_q) float32 log-sum-exp. Empty and length-1 sequences
+    are fine. ``validate`` checks cu_seqlens against the packed lengths and max_seqlen (one
+    device-to-host copy); without it a bad cu_seqlens still never reads outside q, k, v (programs
+    clamp to them), but its rows are undefined. The backward is deterministic.
+    """
+    _check_qkv(q, k, v, "(total, heads)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(f"warpforge: '{name}' has shape {tuple(t.shape)}; expected (total_tokens, heads, head_dim)")
+    for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[0]), ("cu_seqlens_k", cu_seqlens_k, k.shape[0])):
+        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.shape[0] < 1:
+            got = f"{cu.dtype} of shape {tuple(cu.shape)}" if isinstance(cu, torch.Tensor) else type(cu).__name__
+            raise TypeError(f"warpforge: '{name}' must be a 1-d int32 tensor of B + 1 offsets; got {got}")
+        if cu.device != q.device:
+            raise RuntimeError(f"warpforge: '{name}' is on {cu.device} but 'q' is on {q.device}")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"warpforge: 'cu_seqlens_q' has {cu_seqlens_q.shape[0]} offsets but 'cu_seqlens_k' "
+                         f"{cu_seqlens_k.shape[0]}; expected one per sequence plus one for both")
+    _check_heads(q.shape[1], k.shape[1], True)
+    if validate:
+        _validate_cu(cu_seqlens_q, q.shape[0], max_seqlen_q, "q")
+        _validate_cu(cu_seqlens_k, k.shape[0], max_seqlen_k, "k")
+    left, right = _window(window_size, causal)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    o, lse = attention_op(q, k, v, None, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                          scale, left, right, True)
+    return (o, lse) if return_lse else o
+
+
+def _validate_cu(cu: torch.Tensor, total: int, max_len: int, side: str) -> None:
+    lens = cu[1:] - cu[:-1]
+    first, last, low, high = torch.stack([cu[0], cu[-1], lens.min() if lens.numel() else cu[0] * 0,
+                                          lens.max() if lens.numel() else cu[0] * 0]).tolist()
+    if first != 0 or last != total or low < 0:
+        raise ValueError(f"warpforge: 'cu_seqlens_{side}' must rise from 0 to the packed length {total} "
+                         f"(got first {first}, last {last}, smallest step {low})")
+    if high > max_len:
+        raise ValueError(f"warpforge: a sequence in 'cu_seqlens_{side}' has {high} tokens, more than "
+                         f"max_seqlen_{side}={max_len}")

@@ -1,0 +1,227 @@
+"""Attention (FlashAttention forward and backward, dense and varlen) against a float64 reference.
+
+Observed under the interpreter (fp32 dots for bf16, which it truncates): fp32 <= 4e-7, fp16 <=
+4e-4, bf16 <= 8e-3 on outputs and all three gradients; conftest's TOL (2e-5, 3e-3, 2e-2) sits
+5-50x above, a missed mask or rescale lands at 1e-1 or more.
+"""
+import pytest
+import torch
+
+import warpforge as wf
+from warpforge.ops.attention import attention_op, attention_reference
+from conftest import DTYPES, ON_GPU, DEVICE, assert_close, gpu_only, randn
+
+# (B, Hq, Hkv, L, S, D): one query and key, odd lengths, L != S both ways, GQA and MQA, D not a power of 2
+SHAPES = [(1, 1, 1, 1, 1, 16), (2, 4, 2, 17, 17, 32), (1, 2, 1, 40, 70, 16), (1, 3, 3, 70, 33, 24)]
+if ON_GPU:
+    SHAPES += [(2, 8, 2, 1000, 1000, 64), (1, 4, 4, 4097, 4097, 128), (1, 4, 1, 300, 1000, 128)]
+
+
+def _inputs(B, H, HK, L, S, D, dtype, grad=True):
+    q = randn(B, H, L, D, dtype=dtype, requires_grad=grad)
+    k = randn(B, HK, S, D, dtype=dtype, requires_grad=grad)
+    v = randn(B, HK, S, D, dtype=dtype, requires_grad=grad)
+    return q, k, v
+
+
+def _check(q, k, v, dtype, what="", ref_kw=None, **kw):
+    """Forward, lse and the three gradients against attention_reference in float64."""
+    ref_kw = ref_kw or {}
+    o, lse = wf.scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
+    qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
+    orf, lref = attention_reference(qr, kr, vr, is_causal=kw.get("is_causal", False), scale=kw.get("scale"),
+                                    attn_mask=kw.get("attn_mask"), window_size=kw.get("window_size"), **ref_kw)
+    assert o.dtype == dtype and o.shape == q.shape
+    assert_close(o, orf, dtype, what=f"{what} out")
+    assert_close(lse, lref, torch.float32, scale=10.0, what=f"{what} lse")
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    rgrads = torch.autograd.grad(orf, (qr, kr, vr), do.double())
+    for name, g, r in zip(("dq", "dk", "dv"), grads, rgrads):
+        assert_close(g, r, dtype, scale=2.0, what=f"{what} {name}")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_forward_backward(shape, dtype, causal):
+    q, k, v = _inputs(*shape, dtype)
+    _check(q, k, v, dtype, is_causal=causal, enable_gqa=True)
+
+
+def test_strided_views_and_scale():
+    """q, k, v as (B, L, H, D) buffers viewed (B, H, L, D), the layout a fused QKV projection
+    gives; the output keeps q's layout."""
+    B, L, H, D = 2, 23, 3, 32
+    qkv = randn(B, L, 3, H, D, requires_grad=True)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    assert not q.is_contiguous()
+    _check(q, k, v, torch.float32, scale=0.3, is_causal=True)
+    o = wf.scaled_dot_product_attention(q, k, v)
+    assert o.stride() == torch.empty_like(q).stride()
+
+
+def test_batch_dims():
+    """3-d (N, L, D) and 5-d (B1, B2, H, L, D) inputs, as torch accepts."""
+    q, k, v = randn(3, 9, 16), randn(3, 12, 16), randn(3, 12, 16)
+    assert_close(wf.scaled_dot_product_attention(q, k, v), attention_reference(q, k, v)[0], torch.float32)
+    q, k, v = randn(2, 2, 3, 9, 16), randn(2, 2, 3, 12, 16), randn(2, 2, 3, 12, 16)
+    mask = torch.rand(2, 1, 1, 9, 12, device=DEVICE) > 0.3
+    assert_close(wf.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+                 attention_reference(q, k, v, attn_mask=mask)[0], torch.float32)
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_masks(kind):
+    B, H, L, S, D = 2, 2, 19, 37, 16
+    q, k, v = _inputs(B, H, H, L, S, D, torch.float16)
+    if kind == "bool":
+        mask = torch.rand(B, 1, L, S, device=DEVICE) > 0.4      # broadcast over heads
+        mask[0, 0, 3] = False                                   # a row that sees nothing: zeros
+    else:
+        mask = torch.randn(L, S, device=DEVICE, dtype=torch.float16)   # broadcast over batch and heads
+    _check(q, k, v, torch.float16, attn_mask=mask)
+    if kind == "bool":
+        o = wf.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        assert torch.all(o[0, :, 3] == 0)
+
+
+def test_sliding_window():
+    q, k, v = _inputs(1, 2, 1, 75, 75, 16, torch.float32)
+    _check(q, k, v, torch.float32, window_size=(10, 0), enable_gqa=True)
+    _check(q, k, v, torch.float32, window_size=(5, 7), enable_gqa=True)
+    _check(q, k, v, torch.float32, window_size=(40, -1), is_causal=True, enable_gqa=True)
+
+
+def test_lse_gradient():
+    """A loss that uses the log-sum-exp (as a z-loss would) differentiates through it."""
+    q, k, v = _inputs(1, 2, 2, 21, 30, 16, torch.float32)
+    o, lse = wf.scaled_dot_product_attention(q, k, v, return_lse=True, is_causal=True)
+    (o.square().sum() + lse.square().sum()).backward()
+    qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
+    orf, lref = attention_reference(qr, kr, vr, is_causal=True)     # lse in float32: ~1e-7 rounding
+    (orf.square().sum() + lref.square().sum()).backward()
+    for g, r in zip((q.grad, k.grad, v.grad), (qr.grad, kr.grad, vr.grad)):
+        assert_close(g, r, torch.float32, scale=2.0)
+
+
+def test_backward_is_deterministic():
+    q, k, v = _inputs(2, 4, 1, 45, 45, 16, torch.float16)
+    do = torch.randn(2, 4, 45, 16, device=DEVICE, dtype=torch.float16)
+    runs = [torch.autograd.grad(wf.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), (q, k, v), do)
+            for _ in range(2)]
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def _packed(lens_q, lens_k, H, HK, D, dtype):
+    q = randn(sum(lens_q), H, D, dtype=dtype, requires_grad=True)
+    k = randn(sum(lens_k), HK, D, dtype=dtype, requires_grad=True)
+    v = randn(sum(lens_k), HK, D, dtype=dtype, requires_grad=True)
+    cu = [torch.tensor([0, *torch.tensor(x).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE) for x in (lens_q, lens_k)]
+    return q, k, v, cu[0], cu[1]
+
+
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (True, (6, -1)), (False, (4, 9))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_varlen(dtype, causal, window):
+    """Packed sequences, one of them empty and one of length 1, L != S (bottom-right causal)."""
+    lens_q, lens_k = [5, 0, 1, 37, 20], [5, 3, 1, 40, 13]
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, 4, 2, 32, dtype)
+    o, lse = wf.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                 window_size=window, return_lse=True)
+    assert o.shape == q.shape and lse.shape == (4, sum(lens_q))
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
+    outs = []
+    for b in range(len(lens_q)):
+        sq, sk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        ob, lb = attention_reference(qr[sq].transpose(0, 1), kr[sk].transpose(0, 1), vr[sk].transpose(0, 1),
+                                     is_causal=causal, window_size=window, bottom_right=True)
+        outs.append(ob.transpose(0, 1))
+        if lens_q[b]:
+            assert_close(lse[:, sq], lb, torch.float32, scale=10.0, what=f"lse of sequence {b}")
+    orf = torch.cat(outs)
+    assert_close(o, orf, dtype, what="out")
+    rgrads = torch.autograd.grad(orf, (qr, kr, vr), do.double())
+    for name, g, r in zip(("dq", "dk", "dv"), grads, rgrads):
+        assert_close(g, r, dtype, scale=2.0, what=name)
+
+
+def test_compile_fullgraph_and_opcheck():
+    q, k, v = _inputs(1, 2, 1, 13, 20, 16, torch.float32)
+
+    def f(q, k, v):
+        return wf.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).sum()
+
+    torch._dynamo.reset()
+    loss = torch.compile(f, fullgraph=True)(q, k, v)
+    grads = torch.autograd.grad(loss, (q, k, v))
+    ref = torch.autograd.grad(f(q, k, v), (q, k, v))
+    for g, r in zip(grads, ref):
+        assert_close(g, r, torch.float32)
+    args = (q.detach(), k.detach(), v.detach(), None, None, None, 13, 20, 0.25, -1, 0, False)
+    torch.library.opcheck(attention_op.overload, args, test_utils=("test_schema", "test_faketensor"))
+
+
+@gpu_only
+def test_head_dim_256_forward_and_fp16_long():
+    q, k, v = _inputs(1, 2, 2, 300, 513, 256, torch.bfloat16)
+    with torch.no_grad():
+        o = wf.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert_close(o, attention_reference(q, k, v, is_causal=True)[0], torch.bfloat16)
+
+
+def test_head_dim_256_small():
+    q, k, v = _inputs(1, 1, 1, 9, 20, 256, torch.float16, grad=False)
+    assert_close(wf.scaled_dot_product_attention(q, k, v), attention_reference(q, k, v)[0], torch.float16)
+
+
+def test_bad_input():
+    q, k, v = _inputs(1, 4, 2, 8, 8, 16, torch.float32, grad=False)
+    sdpa = wf.scaled_dot_product_attention
+    with pytest.raises(ValueError, match="head dims differ: query 16, key 16, value 32"):
+        sdpa(q, k, randn(1, 2, 8, 32))
+    with pytest.raises(ValueError, match="pass enable_gqa=True"):
+        sdpa(q, k, v)
+    with pytest.raises(ValueError, match="4 query heads cannot be grouped over 3"):
+        sdpa(q, randn(1, 3, 8, 16), randn(1, 3, 8, 16), enable_gqa=True)
+    with pytest.raises(ValueError, match="dropout_p=0.1 is not supported"):
+        sdpa(q, k, v, dropout_p=0.1, enable_gqa=True)
+    with pytest.raises(ValueError, match="either 'attn_mask' or is_causal"):
+        sdpa(q, k, v, attn_mask=torch.ones(8, 8, dtype=torch.bool, device=DEVICE), is_causal=True, enable_gqa=True)
+    with pytest.raises(ValueError, match="'attn_mask' of shape \\(5, 8\\) cannot broadcast"):
+        sdpa(q, k, v, attn_mask=torch.ones(5, 8, dtype=torch.bool, device=DEVICE), enable_gqa=True)
+    with pytest.raises(TypeError, match="'attn_mask' has dtype torch.int64"):
+        sdpa(q, k, v, attn_mask=torch.ones(8, 8, dtype=torch.int64, device=DEVICE), enable_gqa=True)
+    with pytest.raises(ValueError, match="'attn_mask' requires grad"):
+        sdpa(q, k, v, attn_mask=torch.zeros(8, 8, device=DEVICE, requires_grad=True), enable_gqa=True)
+    with pytest.raises(TypeError, match="'key' has dtype torch.float16 but 'query' has torch.float32"):
+        sdpa(q, k.half(), v, enable_gqa=True)
+    with pytest.raises(TypeError, match="'query' has dtype int32"):
+        sdpa(q.int(), k, v)
+    with pytest.raises(ValueError, match="head dim 512 is not supported"):
+        sdpa(randn(1, 1, 2, 512), randn(1, 1, 2, 512), randn(1, 1, 2, 512))
+    with pytest.raises(ValueError, match="expected \\(left, right\\)"):
+        sdpa(q, k, v, window_size=(-3, 0), enable_gqa=True)
+    qp, kp, vp, cu_q, cu_k = _packed([3, 4], [3, 4], 2, 2, 16, torch.float32)
+    with pytest.raises(TypeError, match="'cu_seqlens_q' must be a 1-d int32 tensor"):
+        wf.attention_varlen(qp, kp, vp, cu_q.long(), cu_k, 4, 4)
+    with pytest.raises(ValueError, match="'cu_seqlens_k' must rise from 0 to the packed length 7"):
+        wf.attention_varlen(qp, kp, vp, cu_q, cu_k - 1, 4, 4)
+    with pytest.raises(ValueError, match="has 4 tokens, more than max_seqlen_q=3"):
+        wf.attention_varlen(qp, kp, vp, cu_q, cu_k, 3, 4)
+    with pytest.raises(ValueError, match="'q' has shape"):
+        wf.attention_varlen(qp[None], kp, vp, cu_q, cu_k, 4, 4)
+
+
+def test_varlen_unvalidated_bad_offsets_stay_in_bounds():
+    """validate=False with offsets past the packed tensors: programs clamp to them (an
+    out-of-bounds read would raise under the interpreter); the sequences before are right."""
+    qp, kp, vp, cu_q, cu_k = _packed([3, 4], [3, 4], 2, 2, 16, torch.float32)
+    bad = torch.tensor([0, 3, 90], dtype=torch.int32, device=DEVICE)
+    with torch.no_grad():
+        o = wf.attention_varlen(qp, kp, vp, bad, bad, 90, 90, validate=False)
+        ref = wf.attention_varlen(qp, kp, vp, cu_q, cu_k, 4, 4)
+    assert torch.equal(o[:3], ref[:3])
