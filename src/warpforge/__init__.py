@@ -10,7 +10,9 @@ setup_interpreter()
 
 from .ops.activations import geglu, swiglu  # noqa: E402
 from .ops.add import add  # noqa: E402
+from .ops.attention import attention_varlen, scaled_dot_product_attention  # noqa: E402
 from .ops.cross_entropy import cross_entropy, linear_cross_entropy  # noqa: E402
+from .ops.decode_attention import append_paged_kv, decode_attention  # noqa: E402
 from .ops.fp8 import linear_fp8, quantize_fp8, scaled_matmul  # noqa: E402
 from .ops.matmul import linear, matmul  # noqa: E402
 from .ops.norms import add_rms_norm, layer_norm, rms_norm  # noqa: E402
@@ -22,6 +24,6 @@ from . import nn  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
-    "add", "sum", "amax", "softmax", "log_softmax", "layer_norm", "rms_norm", "add_rms_norm",
-    "swiglu", "geglu", "apply_rope", "matmul", "linear", "cross_entropy", "linear_cross_entropy", "quantize_fp8", "scaled_matmul", "linear_fp8", "nn", "interpreting",
+    "add", "scaled_dot_product_attention", "attention_varlen", "sum", "amax", "softmax", "log_softmax", "layer_norm", "rms_norm", "add_rms_norm",
+    "swiglu", "geglu", "apply_rope", "matmul", "linear", "cross_entropy", "linear_cross_entropy", "quantize_fp8", "scaled_matmul", "linear_fp8", "decode_attention", "append_paged_kv", "nn", "interpreting",
 ]

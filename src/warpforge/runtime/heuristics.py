@@ -148,6 +148,62 @@ def rope_config(batch: int, seqlen: int, hq: int, hk: int, head_dim: int) -> Rop
 
 
 # ----------------------------------------------------------------------------------------------
+# Decode attention over a paged KV cache (ops/decode_attention.py): flash-decoding. A program
+# owns (sequence, kv head, split) and streams its split's share of the context once, for all the
+# query heads of its GQA group. B * Hkv programs alone are 8 at batch 1 for Hkv = 8, against 132
+# SMs, so each sequence's context is split over a second grid axis until the grid holds about
+# DECODE_PROGRAMS_PER_SM programs an SM. The count is chosen from what the host knows without a
+# sync (the block table's capacity, not the sequences' lengths); the kernel cuts each sequence's
+# actual length into that many equal chunks, so a short sequence gets short chunks, not empty ones.
+# (Not yet measured on a GPU: the constants below are the design's starting point.)
+# ----------------------------------------------------------------------------------------------
+DECODE_PROGRAMS_PER_SM = 3      # 2-4 co-resident programs an SM, each with 2-3 K/V tiles in flight
+DECODE_TILE_BYTES = 16384       # one K (or V) tile: 64 tokens x 128 dims x 2 B; 16-byte vectors
+DECODE_MIN_STEPS = 2            # a split covers at least this many tiles of its capacity share
+DECODE_COMBINE_STEP = 16        # splits the combine kernel folds per step
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    block_n: int       # tokens a loop step streams (one K and one V tile); may span several pages
+    block_g: int       # query-head rows of the q tile: the GQA group padded to >= 16 for tl.dot
+    block_d: int       # head dim padded to a power of two
+    num_splits: int    # programs sharing one (sequence, kv head); 1: no combine pass
+    granule: int       # split boundaries are multiples of this (block_n, or the page if larger)
+    num_warps: int
+    num_stages: int
+
+
+@functools.lru_cache(maxsize=4096)
+def decode_config(batch: int, kv_heads: int, group: int, capacity: int, head_dim: int,
+                  block_size: int, elem_bytes: int, num_splits: int | None = None) -> DecodeConfig:
+    """Launch shape of the decode kernels. ``capacity`` = max_blocks_per_seq * block_size, the
+    longest context the block table can describe; ``num_splits`` forces the split count (clamped
+    to the number of granules in the capacity, past which splits could only be empty)."""
+    block_d = triton.next_power_of_2(head_dim)
+    block_g = max(16, triton.next_power_of_2(group))
+    if interpreting():
+        # the interpreter's cost is per op: small tiles keep the tests' loops several steps long
+        block_n = 16
+    else:
+        # 16 KB K tiles: 64 tokens at D = 128 in bf16, 32 at D = 256 or in fp32
+        block_n = max(16, min(128, DECODE_TILE_BYTES // (block_d * elem_bytes)))
+    granule = max(block_n, block_size)
+    useful = max(1, triton.cdiv(capacity, granule))
+    if num_splits is None:
+        target = DECODE_PROGRAMS_PER_SM * sm_count()
+        splits = triton.cdiv(target, max(1, batch * kv_heads))
+        # every split keeps at least DECODE_MIN_STEPS tiles of the capacity (pipelining needs steps)
+        splits = min(splits, max(1, capacity // max(DECODE_MIN_STEPS * block_n, granule)))
+    else:
+        splits = num_splits
+    splits = max(1, min(splits, useful))
+    stage = 2 * block_n * block_d * elem_bytes          # one K and one V tile
+    stages = 3 if 3 * stage <= 96 * 1024 else 2
+    return DecodeConfig(block_n, block_g, block_d, splits, granule, 4, stages)
+
+
+# ----------------------------------------------------------------------------------------------
 # Elementwise ops (add, GLU activations). Little's law: to stream ~4.8 TB/s through ~700 ns of
 # DRAM latency a GPU must keep ~3.4 MB in flight, ~25 KB per SM of an H200. A flat program of
 # FLAT_BLOCK elements and FLAT_WARPS warps gives each thread one 16-byte vector per bf16 operand,
@@ -389,3 +445,37 @@ def cuda_softmax_config(n: int, elem_size: int, backward: bool = False) -> list[
         return [1024, 0, 1, 1]
     threads = triton.cdiv(triton.cdiv(nv, vpt * cluster), 32) * 32
     return [threads, vpt, cluster, 1]
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    block_m: int       # query rows a program holds (fwd, dq) / streams per step (dk dv)
+    block_n: int       # key rows a program streams per step (fwd, dq) / holds (dk dv)
+    num_warps: int
+    num_stages: int
+
+
+def attention_config(kind: str, head_dim: int, elem_bytes: int) -> AttentionConfig:
+    """Tiles of the attention kernels. ``kind``: "fwd", "dq" or "dkdv"; ``head_dim`` the padded
+    power-of-two head dim. The fwd and dq programs hold BLOCK_M query rows (and their O or dQ
+    accumulator) in registers and stream K/V tiles; dk dv programs hold BLOCK_N key rows and two
+    accumulators (dK, dV) and stream Q/dO tiles. A 128-row tile of a 128-wide fp32 accumulator is
+    64 KB of registers, a quarter of an SM's file: 8 warps carry it; at D = 256 the tiles halve so
+    the streamed K/V stages (2 x 64 x 256 x 2 B each) still fit the 227 KB of shared memory."""
+    if interpreting():
+        return AttentionConfig(32, 32, 4, 1)   # few, large numpy ops: the interpreter's fastest shape
+    if elem_bytes == 4:                         # fp32 (exact dots, not a performance target)
+        return AttentionConfig(32, 32, 4, 2)
+    if kind == "fwd":
+        if head_dim <= 64:
+            return AttentionConfig(128, 64, 4, 3)
+        if head_dim <= 128:
+            return AttentionConfig(128, 64, 8, 3)
+        return AttentionConfig(64, 64, 4, 2)
+    if kind == "dq":
+        if head_dim <= 128:
+            return AttentionConfig(128, 32, 4, 3)
+        return AttentionConfig(64, 32, 4, 2)
+    if head_dim <= 128:                         # dkdv
+        return AttentionConfig(64, 128, 8, 3)
+    return AttentionConfig(32, 64, 4, 2)

@@ -52,13 +52,16 @@ class Op:
     ``impl`` is the launcher (type-annotated: the schema is inferred from it), ``fake`` computes
     output metadata only. ``backward(ctx, *grads)`` and ``setup_context(ctx, inputs, output)`` follow
     ``torch.library.register_autograd``; they are also used verbatim by the eager autograd path.
+    ``mutates_args`` names the arguments the operator writes in place (e.g. a KV cache); such an
+    operator returns None and its fake does too.
     """
 
     def __init__(self, name: str, impl: Callable, fake: Callable, *,
-                 backward: Callable | None = None, setup_context: Callable | None = None) -> None:
+                 backward: Callable | None = None, setup_context: Callable | None = None,
+                 mutates_args: tuple[str, ...] = ()) -> None:
         self.name = name
         self.impl = impl
-        self.op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=())
+        self.op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=tuple(mutates_args))
         self.op.register_fake(fake)
         self._function = None
         if backward is not None:

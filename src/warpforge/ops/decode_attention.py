@@ -1,0 +1,547 @@
+"""Decode attention over a paged KV cache (flash-decoding), and the append of new keys/values into it.
+
+One query token per sequence attends to that sequence's cached tokens:
+
+    out[b, h] = softmax(scale * q[b, h] . K_b[:, kvh]^T) @ V_b[:, kvh]      kvh = h // (Hq / Hkv)
+
+where K_b, V_b are the first seq_lens[b] positions of sequence b, stored in pages: the cache is
+(num_blocks, block_size, Hkv, D) (the vLLM / flash-attn layout: a block holds block_size
+consecutive positions of every kv head) and position p of sequence b lives in physical block
+block_table[b, p // block_size], row p % block_size. ``append_paged_kv`` writes new tokens there.
+
+Byte model (s = bytes per element): decode must read every cached key and value once,
+2 * sum_b(seq_len_b) * Hkv * D * s, plus q and out (B * Hq * D * s each: 16 KB a sequence at
+Hq = 32, D = 128, bf16 -- nothing next to a 4k-token context's 16.8 MB of KV). FLOPs are 4 * Hq * D
+per cached token against 2 * Hkv * D * s bytes: 4 FLOP/byte at Hq = 32, Hkv = 8 in bf16, two orders
+of magnitude under an H100's ridge (~990 TFLOP/s / ~3.35 TB/s ~ 300). Memory bound: the roof is the
+measured copy bandwidth (~3 TB/s on an H100: 5.6 us for batch 1 at 4k tokens, D = 128, Hkv = 8;
+5.7 ms for batch 64 at 32k).
+
+Why the kernels look the way they do:
+- GQA grouping. A program owns a *kv head* and loads the G = Hq / Hkv query heads that share it as
+  one (G padded to >= 16) x D tile, so each K/V tile feeds a (16 x D) @ (D x BLOCK_N) tl.dot and is
+  read from memory once. One program per query head would read the KV G times (4x the bytes at
+  Hq = 32, Hkv = 8, unless L2 happens to catch the re-reads). The padding rows cost no bandwidth.
+- Split-K over the context (flash-decoding). B * Hkv programs are 8 at batch 1: 8 of 132 SMs, a
+  few per cent of the chip's bandwidth. Each sequence's context is cut into ``num_splits``
+  contiguous chunks (multiples of the tile or of the page, whichever is longer), one program each; the
+  programs keep an online (max, sum, acc) in fp32 and write it to an fp32 workspace, and a second
+  small kernel merges the splits of each (sequence, head) with the log-sum-exp rescale
+      M = max_c m_c,  L = sum_c l_c * 2^(m_c - M),  out = sum_c acc_c * 2^(m_c - M) / L.
+  That workspace is B * Hq * S * (D + 2) * 4 bytes written and read once (1 MB at batch 1, S = 32:
+  6% of a 4k context's KV bytes, mostly from L2). With one split the first kernel writes the
+  output itself and the combine is skipped (batch >= 50 at Hkv = 8 on 132 SMs).
+- No host sync to size the grid: the split count comes from the block table's *capacity*
+  (max_blocks_per_seq * block_size), B * Hkv and the SM count (``heuristics.decode_config``:
+  ~3 programs an SM); inside the kernel each sequence's *actual* length is divided into that many
+  chunks, so all splits of a sequence do equal work whatever its length. A split that starts past
+  the end (e.g. seq_len 0) writes m = -inf, l = 0, acc = 0: the combine gives it weight 0.
+- A loop step streams BLOCK_N tokens (64 at D = 128 in bf16: 16 KB of K and 16 KB of V) that span
+  several pages: the step gathers the page id of each token from the block table (a few cached
+  bytes) and forms int64 addresses page * stride + row * stride + head * D + d; D is unit-stride,
+  so loads are 16-byte vectors, and num_stages 2-3 keeps the next tiles in flight.
+- exp2 with log2(e) folded into the scale; statistics and accumulator in fp32; the probabilities
+  are cast to the cache dtype for the second dot (as flash attention does); fp32 caches use exact
+  (IEEE) dots, not TF32.
+- Safety: the kernel never reads outside the caches, whatever the metadata says. Each length is
+  clamped to [0, capacity] (so the block table is never read past its row), and tokens whose
+  block id is outside [0, num_blocks) are masked out of the softmax. ``validate=True`` (default)
+  also checks the metadata on the host with ONE device-to-host sync for all checks together and
+  raises a ValueError naming the argument; ``validate=False`` skips that sync (CUDA graphs, serving
+  loops); the check is also skipped under torch.compile and during CUDA graph capture.
+
+Semantics decisions: seq_len 0 gives an all-zero output row (a softmax over nothing, read as the
+empty sum; a NaN would poison a batched serving step). Forward only: decode needs no gradient, so
+no autograd formula is registered (backward through it raises). ``append_paged_kv`` writes in place
+and does not advance ``cache_seqlens``: the caller owns that counter.
+
+Append byte model: read the new keys and values, write them, 4 * B * T * Hkv * D * s: a program
+per (sequence, token) moves all of its Hkv * D keys and values in 16-byte vectors.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ..runtime import interpreting, new_empty
+from ..runtime.checks import check_device, check_same, check_tensor
+from ..runtime.heuristics import DECODE_COMBINE_STEP, decode_config
+from ..runtime.registry import Op
+
+LOG2E = 1.4426950408889634
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+MIN_BLOCK_SIZE = 8
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference
+# ----------------------------------------------------------------------------------------------
+def _gather_pages(cache: torch.Tensor, block_table: torch.Tensor, b: int, n: int) -> torch.Tensor:
+    """The first n positions of sequence b: (n, Hkv, D)."""
+    bs = cache.shape[1]
+    ids = block_table[b, :triton.cdiv(n, bs)].long()
+    return cache[ids].reshape(-1, *cache.shape[2:])[:n]
+
+
+def decode_attention_reference(q, k_cache, v_cache, block_table, seq_lens, scale=None) -> torch.Tensor:
+    """Ground truth: gather each sequence's pages and do softmax attention, in float64 on the CPU
+    (float32 on a GPU, float64 for float64 inputs); cast back to q's dtype. seq_len 0 gives zeros."""
+    wide = torch.float64 if q.device.type == "cpu" or q.dtype == torch.float64 else torch.float32
+    bsz, hq, d = q.shape
+    group = hq // k_cache.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    out = torch.zeros((bsz, hq, d), dtype=wide, device=q.device)
+    for b, n in enumerate(seq_lens.tolist()):
+        if n <= 0:
+            continue
+        k = _gather_pages(k_cache, block_table, b, n).to(wide).repeat_interleave(group, dim=1)  # (n, Hq, D)
+        v = _gather_pages(v_cache, block_table, b, n).to(wide).repeat_interleave(group, dim=1)
+        s = torch.einsum("hd,nhd->hn", q[b].to(wide), k) * scale                                # (Hq, n)
+        out[b] = torch.einsum("hn,nhd->hd", torch.softmax(s, dim=-1), v)
+    return out.to(q.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """a @ b in fp32. PRECISION "ieee" for fp32 operands (exact, not TF32). UPCAST (the CPU
+    interpreter only, whose dot multiplies bfloat16 as raw 16-bit integers) widens to fp32 first."""
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _decode_attention_split_kernel(
+    q_ptr,                     # (B, Hq, D) queries, D unit-stride
+    k_ptr, v_ptr,              # (num_blocks, block_size, Hkv, D) paged caches, D unit-stride
+    bt_ptr,                    # (B, max_blocks) int32/int64 block table
+    lens_ptr,                  # (B,) int32/int64 tokens to attend to
+    out_ptr,                   # (B, Hq, D) output (written when SPLIT is False)
+    m_ptr, l_ptr, acc_ptr,     # (B, Hq, S), (B, Hq, S), (B, Hq, S, D) fp32 partials (SPLIT)
+    qk_scale,                  # scale * log2(e): scores live in the exp2 domain
+    Hkv, G, num_blocks, max_blocks, num_splits,
+    s_qb, s_qh,                # q strides (batch, head)
+    s_kn, s_kt, s_kh,          # k_cache strides (block, row, head)
+    s_vn, s_vt, s_vh,          # v_cache strides
+    s_bb, s_bj,                # block table strides (batch, column)
+    s_ob, s_oh,                # out strides
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE: tl.constexpr, GRANULE: tl.constexpr, SPLIT: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    pid = tl.program_id(0)                     # b * Hkv + kv head
+    split = tl.program_id(1)
+    b = pid // Hkv
+    kvh = pid % Hkv
+    # Clamp the length to what the block table can describe: never read past its row.
+    n = tl.load(lens_ptr + b)
+    n = tl.minimum(tl.maximum(n, 0), max_blocks * PAGE).to(tl.int32)
+    chunk = tl.cdiv(tl.cdiv(n, num_splits), GRANULE) * GRANULE
+    start = split * chunk
+    end = tl.minimum(start + chunk, n)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    heads = kvh * G + g                                                    # (BLOCK_G,) query heads
+    gmask = g < G
+    dmask = d < HEAD_DIM
+    b64 = b.to(tl.int64)
+    q = tl.load(q_ptr + b64 * s_qb + heads.to(tl.int64)[:, None] * s_qh + d[None, :],
+                mask=gmask[:, None] & dmask[None, :], other=0.0)           # (BLOCK_G, BLOCK_D)
+
+    m_i = tl.full((BLOCK_G,), -float("inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_G,), tl.float32)
+    acc = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)
+    bt_row = bt_ptr + b64 * s_bb
+    k_head = k_ptr + kvh.to(tl.int64) * s_kh
+    v_head = v_ptr + kvh.to(tl.int64) * s_vh
+    offs = tl.arange(0, BLOCK_N)
+    for t0 in range(start, end, BLOCK_N):
+        pos = t0 + offs                                                    # (BLOCK_N,) positions
+        live = pos < end
+        page = tl.load(bt_row + (pos // PAGE) * s_bj, mask=live, other=-1).to(tl.int64)
+        live = live & (page >= 0) & (page < num_blocks)                    # bad ids: masked, not read
+        row = (pos % PAGE).to(tl.int64)
+        lm = live[:, None] & dmask[None, :]
+        k = tl.load(k_head + (page * s_kn + row * s_kt)[:, None] + d[None, :], mask=lm, other=0.0)
+        s = _dot(q, tl.trans(k), PRECISION, UPCAST)                         # (BLOCK_G, BLOCK_N) fp32
+        s = tl.where(live[None, :], s * qk_scale, -float("inf"))          # (BLOCK_G, BLOCK_N)
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == -float("inf"), 0.0, m_new)              # no -inf - -inf = NaN
+        alpha = tl.math.exp2(m_i - m_use)
+        p = tl.math.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_head + (page * s_vn + row * s_vt)[:, None] + d[None, :], mask=lm, other=0.0)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
+        m_i = m_new
+
+    hmask = gmask[:, None] & dmask[None, :]
+    if SPLIT:
+        row_ml = (b64 * (Hkv * G) + heads) * num_splits + split            # (BLOCK_G,) int64
+        tl.store(m_ptr + row_ml, m_i, mask=gmask)
+        tl.store(l_ptr + row_ml, l_i, mask=gmask)
+        tl.store(acc_ptr + row_ml[:, None] * HEAD_DIM + d[None, :], acc, mask=hmask)
+    else:
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]                     # seq_len 0: acc = 0 -> zeros
+        tl.store(out_ptr + b64 * s_ob + heads.to(tl.int64)[:, None] * s_oh + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=hmask)
+
+
+@triton.jit
+def _decode_attention_combine_kernel(
+    m_ptr, l_ptr, acc_ptr,     # (B, Hq, S), (B, Hq, S), (B, Hq, S, D) fp32 partials
+    out_ptr,                   # (B, Hq, D) output
+    Hq, num_splits, s_ob, s_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STEP: tl.constexpr,
+):
+    pid = tl.program_id(0)                     # b * Hq + head
+    base = pid.to(tl.int64) * num_splits
+    c = tl.arange(0, STEP)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < HEAD_DIM
+    # pass 1: the largest split maximum (a few floats a split)
+    m_run = tl.full((STEP,), -float("inf"), tl.float32)
+    for c0 in range(0, num_splits, STEP):
+        m_run = tl.maximum(m_run, tl.load(m_ptr + base + c0 + c, mask=c0 + c < num_splits, other=-float("inf")))
+    mx = tl.max(m_run, axis=0)
+    mx = tl.where(mx == -float("inf"), 0.0, mx)
+    # pass 2: rescale and sum
+    l_sum = tl.zeros((STEP,), tl.float32)
+    acc = tl.zeros((BLOCK_D,), tl.float32)
+    for c0 in range(0, num_splits, STEP):
+        cm = c0 + c < num_splits
+        m = tl.load(m_ptr + base + c0 + c, mask=cm, other=-float("inf"))
+        w = tl.math.exp2(m - mx)                                           # empty split: 0
+        l_sum += tl.load(l_ptr + base + c0 + c, mask=cm, other=0.0) * w
+        a = tl.load(acc_ptr + (base + c0 + c)[:, None] * HEAD_DIM + d[None, :],
+                    mask=cm[:, None] & dmask[None, :], other=0.0)
+        acc += tl.sum(a * w[:, None], axis=0)
+    total = tl.sum(l_sum, axis=0)
+    o = acc / tl.where(total > 0, total, 1.0)                              # nothing attended: zeros
+    b = pid // Hq
+    h = pid % Hq
+    tl.store(out_ptr + b.to(tl.int64) * s_ob + h.to(tl.int64) * s_oh + d, o.to(out_ptr.dtype.element_ty), mask=dmask)
+
+
+@triton.jit
+def _append_paged_kv_kernel(
+    key_ptr, value_ptr,        # (B, T, Hkv, D) new keys and values, D unit-stride
+    k_ptr, v_ptr,              # (num_blocks, block_size, Hkv, D) paged caches, written in place
+    bt_ptr,                    # (B, max_blocks) int32/int64 block table
+    lens_ptr,                  # (B,) int32/int64 tokens already cached: token t goes to lens[b] + t
+    T, Hkv, num_blocks, max_blocks,
+    s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,        # key, value strides (batch, token, head)
+    s_cn, s_ct, s_ch, s_dn, s_dt, s_dh,        # k_cache, v_cache strides (block, row, head)
+    s_bb, s_bj,                                # block table strides
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, PAGE: tl.constexpr,
+):
+    pid = tl.program_id(0)                     # b * T + t
+    b = pid // T
+    t = pid % T
+    b64 = b.to(tl.int64)
+    pos = tl.load(lens_ptr + b).to(tl.int64) + t
+    ok = (pos >= 0) & (pos < max_blocks * PAGE)                            # never past the table's row
+    pos = tl.where(ok, pos, 0)
+    page = tl.load(bt_ptr + b64 * s_bb + (pos // PAGE) * s_bj, mask=ok, other=-1).to(tl.int64)
+    ok = ok & (page >= 0) & (page < num_blocks)                            # never outside the cache
+    row = pos % PAGE
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < HEAD_DIM
+    src_k = key_ptr + b64 * s_kb + t.to(tl.int64) * s_kt
+    src_v = value_ptr + b64 * s_vb + t.to(tl.int64) * s_vt
+    dst_k = k_ptr + page * s_cn + row * s_ct
+    dst_v = v_ptr + page * s_dn + row * s_dt
+    for h0 in range(0, Hkv, BLOCK_H):
+        hh = (h0 + h).to(tl.int64)
+        mask = ok & (hh < Hkv)[:, None] & dmask[None, :]
+        x = tl.load(src_k + hh[:, None] * s_kh + d[None, :], mask=mask)
+        tl.store(dst_k + hh[:, None] * s_ch + d[None, :], x, mask=mask)
+        y = tl.load(src_v + hh[:, None] * s_vh + d[None, :], mask=mask)
+        tl.store(dst_v + hh[:, None] * s_dh + d[None, :], y, mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int) -> torch.Tensor:
+    bsz, hq, d = q.shape
+    nblocks, page, hkv, _ = k_cache.shape
+    out = new_empty((bsz, hq, d), dtype=q.dtype, device=q.device)
+    if bsz == 0:
+        return out
+    q = _unit_last(q)
+    group = hq // hkv
+    max_blocks = block_table.shape[1]
+    cfg = decode_config(bsz, hkv, group, max_blocks * page, d, page, q.element_size(),
+                        num_splits if num_splits > 0 else None)
+    splits = cfg.num_splits
+    if splits > 1:
+        m = new_empty((bsz, hq, splits), dtype=torch.float32, device=q.device)
+        l = new_empty((bsz, hq, splits), dtype=torch.float32, device=q.device)
+        acc = new_empty((bsz, hq, splits, d), dtype=torch.float32, device=q.device)
+    else:
+        m = l = acc = out                      # unused pointers
+    _decode_attention_split_kernel[(bsz * hkv, splits)](
+        q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc,
+        scale * LOG2E, hkv, group, nblocks, max_blocks, splits,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_table.stride(0), block_table.stride(1),
+        out.stride(0), out.stride(1),
+        HEAD_DIM=d, BLOCK_D=cfg.block_d, BLOCK_G=cfg.block_g, BLOCK_N=cfg.block_n,
+        PAGE=page, GRANULE=cfg.granule, SPLIT=splits > 1,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",      # "tf32" is ignored for 16-bit
+        UPCAST=interpreting() and q.dtype == torch.bfloat16,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if splits > 1:
+        _decode_attention_combine_kernel[(bsz * hq,)](
+            m, l, acc, out, hq, splits, out.stride(0), out.stride(1),
+            HEAD_DIM=d, BLOCK_D=cfg.block_d, STEP=min(DECODE_COMBINE_STEP, triton.next_power_of_2(splits)),
+            num_warps=4,
+        )
+    return out
+
+
+def _append_launch(key, value, k_cache, v_cache, block_table, cache_seqlens) -> None:
+    bsz, t, hkv, d = key.shape
+    if bsz * t == 0:
+        return
+    key, value = _unit_last(key), _unit_last(value)
+    block_d = triton.next_power_of_2(d)
+    block_h = min(triton.next_power_of_2(hkv), max(1, 4096 // block_d))
+    _append_paged_kv_kernel[(bsz * t,)](
+        key, value, k_cache, v_cache, block_table, cache_seqlens,
+        t, hkv, k_cache.shape[0], block_table.shape[1],
+        key.stride(0), key.stride(1), key.stride(2), value.stride(0), value.stride(1), value.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_table.stride(0), block_table.stride(1),
+        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=block_h, PAGE=k_cache.shape[1],
+        num_warps=4 if block_h * block_d >= 1024 else 2,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch operators
+# ----------------------------------------------------------------------------------------------
+def _decode_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                 seq_lens: torch.Tensor, scale: float, num_splits: int) -> torch.Tensor:
+    return _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
+
+
+def _decode_fake(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits):
+    return q.new_empty(q.shape)
+
+
+def _append_impl(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 block_table: torch.Tensor, cache_seqlens: torch.Tensor) -> None:
+    _append_launch(key, value, k_cache, v_cache, block_table, cache_seqlens)
+
+
+def _append_fake(key, value, k_cache, v_cache, block_table, cache_seqlens) -> None:
+    return None
+
+
+decode_attention_op = Op("decode_attention", _decode_impl, _decode_fake)     # forward only
+append_paged_kv_op = Op("append_paged_kv", _append_impl, _append_fake, mutates_args=("k_cache", "v_cache"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Argument checks
+# ----------------------------------------------------------------------------------------------
+def _dt(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _check_rank(name: str, t: torch.Tensor, rank: int, layout: str) -> None:
+    if t.dim() != rank:
+        raise ValueError(f"warpforge: '{name}' must be {rank}-d {layout}, got shape {tuple(t.shape)}")
+
+
+def _check_index(name: str, t, ref_name: str, ref: torch.Tensor, rank: int, layout: str, batch: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"warpforge: '{name}' must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in INDEX_DTYPES:
+        raise TypeError(f"warpforge: '{name}' has dtype {_dt(t.dtype)}; expected an integer tensor (int32 or int64)")
+    _check_rank(name, t, rank, layout)
+    check_device(name, t)
+    check_same(name, t, ref_name, ref, shape=False, dtype=False)
+    if t.shape[0] != batch:
+        raise ValueError(f"warpforge: '{name}' has batch size {t.shape[0]}; expected {batch} "
+                         f"(one row per sequence)")
+
+
+def _check_caches(k_cache, v_cache, ref_name: str, ref: torch.Tensor) -> tuple[int, int, int, int]:
+    check_tensor("k_cache", k_cache, min_dim=1)
+    check_tensor("v_cache", v_cache, min_dim=1)
+    _check_rank("k_cache", k_cache, 4, "(num_blocks, block_size, Hkv, D)")
+    _check_rank("v_cache", v_cache, 4, "(num_blocks, block_size, Hkv, D)")
+    check_same("k_cache", k_cache, ref_name, ref, shape=False)
+    check_same("v_cache", v_cache, "k_cache", k_cache)
+    nblocks, page, hkv, d = k_cache.shape
+    if page < MIN_BLOCK_SIZE or page & (page - 1):
+        raise ValueError(f"warpforge: 'k_cache' has block_size {page} (dim 1); expected a power of two >= {MIN_BLOCK_SIZE}")
+    if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"warpforge: 'k_cache' has head dim D={d}; expected {MIN_HEAD_DIM} <= D <= {MAX_HEAD_DIM}")
+    if hkv == 0:
+        raise ValueError("warpforge: 'k_cache' has 0 kv heads (dim 2); expected at least 1")
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if c.stride(-1) != 1:
+            raise ValueError(f"warpforge: '{name}' has stride {c.stride(-1)} on its head dim; expected 1 "
+                             f"(the cache is written and read in place, so it cannot be copied)")
+    return nblocks, page, hkv, d
+
+
+def _skip_sync(t: torch.Tensor) -> bool:
+    """Where a host check is impossible: tracing, fake tensors, CUDA graph capture."""
+    if torch.compiler.is_compiling() or type(t) is not torch.Tensor or t.device.type == "meta":
+        return True
+    return t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _first(mask: torch.Tensor) -> torch.Tensor:
+    """(any, flat index of the first True) of a boolean tensor, as int64 device scalars."""
+    flat = mask.reshape(-1)
+    if flat.numel() == 0:
+        z = torch.zeros((), dtype=torch.int64, device=mask.device)
+        return torch.stack([z, z])
+    return torch.stack([flat.any().long(), flat.long().argmax()])
+
+
+def _validate_metadata(block_table: torch.Tensor, lens: torch.Tensor, extra: int, page: int, nblocks: int,
+                       lens_name: str, what: str) -> None:
+    """Host check of the paged-cache metadata, ONE device-to-host sync for everything: positions
+    [0, lens[b] + extra) of every sequence must fit the block table, and their block ids must lie
+    in [0, nblocks). ``extra``: tokens about to be appended (0 for decode)."""
+    if lens.numel() == 0 or _skip_sync(lens):
+        return
+    max_blocks = block_table.shape[1]
+    capacity = max_blocks * page
+    n = lens.long()
+    end = n + extra
+    used = torch.clamp(end, 0, capacity)
+    first_block = torch.clamp(n, 0, capacity) // page if extra else torch.zeros_like(n)
+    cols = torch.arange(max_blocks, device=lens.device)
+    in_use = (cols[None, :] < (used[:, None] + page - 1) // page) & (cols[None, :] >= first_block[:, None])
+    bad_ids = in_use & ((block_table < 0) | (block_table >= nblocks))
+    neg, over, ids = _first(n < 0), _first(end > capacity), _first(bad_ids)
+    i_neg, i_over, i_ids = neg[1], over[1], ids[1]
+    report = torch.stack([neg[0], i_neg, n[i_neg], over[0], i_over, n[i_over],
+                          ids[0], i_ids, block_table.reshape(-1)[i_ids].long() if bad_ids.numel() else i_ids])
+    (has_neg, b_neg, v_neg, has_over, b_over, v_over, has_ids, j_ids, v_ids) = report.tolist()   # the one sync
+    if has_neg:
+        raise ValueError(f"warpforge: '{lens_name}'[{b_neg}] is {v_neg}; expected lengths >= 0")
+    if has_over:
+        tail = f" + {extra} new token(s) = {v_over + extra}" if extra else ""
+        raise ValueError(f"warpforge: '{lens_name}'[{b_over}] is {v_over}{tail}, past the block table's capacity "
+                         f"{capacity} (max_blocks_per_seq {max_blocks} x block_size {page}) for sequence {b_over}")
+    if has_ids:
+        b, j = divmod(j_ids, max_blocks)
+        raise ValueError(f"warpforge: 'block_table'[{b}, {j}] is {v_ids}, a block {what} by sequence {b}; "
+                         f"expected a block id in [0, {nblocks}) (num_blocks of the caches)")
+
+
+# ----------------------------------------------------------------------------------------------
+# Public functions
+# ----------------------------------------------------------------------------------------------
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                     seq_lens: torch.Tensor, *, scale: float | None = None, num_splits: int | None = None,
+                     validate: bool = True) -> torch.Tensor:
+    """Attention of one query token per sequence over a paged KV cache (flash-decoding).
+
+    Args:
+        q: (B, Hq, D), fp32/fp16/bf16, any strides (a copy is made only if D is not unit-stride).
+        k_cache, v_cache: (num_blocks, block_size, Hkv, D), q's dtype, D unit-stride: block n holds
+            block_size consecutive positions of every kv head. Hq must be a multiple of Hkv (MHA,
+            GQA, MQA); query head h reads kv head h // (Hq // Hkv). 16 <= D <= 256 (any D: the
+            kernel pads to a power of two with masks); block_size a power of two >= 8.
+        block_table: (B, max_blocks_per_seq) int32/int64: entry j of row b is the physical block
+            of that sequence's positions j*block_size ... (j+1)*block_size - 1.
+        seq_lens: (B,) int32/int64: how many cached tokens each sequence attends to. 0 is allowed
+            and gives an all-zero output row (a softmax over nothing, taken as the empty sum).
+        scale: the score scale, default 1/sqrt(D).
+        num_splits: programs sharing each sequence's context (flash-decoding's split count);
+            default from ``heuristics.decode_config``. Results agree for every value (up to
+            rounding); values past the capacity's tile count are clamped.
+        validate: check the metadata on the host (one device-to-host sync for all checks):
+            ValueError for negative seq_lens, seq_lens past the block table's capacity, and block
+            ids outside [0, num_blocks) for positions in use. ``validate=False`` skips the sync
+            (CUDA graphs, serving loops); the check is also skipped under torch.compile and CUDA
+            graph capture. Unchecked bad metadata never makes the kernel read out of bounds:
+            lengths are clamped to the capacity and tokens in invalid blocks are left out, so
+            such a sequence's output is undefined (but the others are exact).
+
+    Returns:
+        (B, Hq, D) in q's dtype. Forward only: decode needs no gradient and none is registered.
+    """
+    check_tensor("q", q, min_dim=1)
+    _check_rank("q", q, 3, "(B, Hq, D)")
+    nblocks, page, hkv, d = _check_caches(k_cache, v_cache, "q", q)
+    bsz, hq, dq = q.shape
+    if dq != d:
+        raise ValueError(f"warpforge: 'q' has head dim D={dq} but 'k_cache' has D={d}; expected the same head dim")
+    if hq == 0 or hq % hkv:
+        raise ValueError(f"warpforge: 'q' has {hq} heads and 'k_cache' has {hkv} kv heads; "
+                         f"expected Hq to be a multiple of Hkv")
+    _check_index("block_table", block_table, "q", q, 2, "(B, max_blocks_per_seq)", bsz)
+    _check_index("seq_lens", seq_lens, "q", q, 1, "(B,)", bsz)
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"warpforge: 'scale' must be a float or None, got {type(scale).__name__}")
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"warpforge: 'num_splits' is {num_splits!r}; expected None or an int >= 1")
+    if validate:
+        _validate_metadata(block_table, seq_lens, 0, page, nblocks, "seq_lens", "in use")
+    return decode_attention_op(q, k_cache, v_cache, block_table, seq_lens, float(scale), num_splits or 0)
+
+
+def append_paged_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    block_table: torch.Tensor, cache_seqlens: torch.Tensor, *, validate: bool = True) -> None:
+    """Write T new tokens of each sequence into the paged caches, in place.
+
+    Token t of sequence b goes to position p = cache_seqlens[b] + t: block block_table[b, p //
+    block_size], row p % block_size, all kv heads. ``cache_seqlens`` is NOT advanced (the caller
+    owns it: add T after the call).
+
+    Args:
+        key, value: (B, T, Hkv, D), T >= 1 (decode: T = 1), the caches' dtype.
+        k_cache, v_cache: (num_blocks, block_size, Hkv, D), as in :func:`decode_attention`.
+        block_table: (B, max_blocks_per_seq) int32/int64; cache_seqlens: (B,) int32/int64.
+        validate: one device-to-host sync checks that cache_seqlens >= 0, cache_seqlens + T fits the
+            block table's capacity, and the blocks written are in [0, num_blocks) (ValueError).
+            ``validate=False`` skips it (also skipped under torch.compile and CUDA graph capture);
+            unchecked, the kernel still never writes out of bounds: tokens past the capacity or
+            in invalid blocks are dropped.
+    """
+    check_tensor("key", key, min_dim=1)
+    _check_rank("key", key, 4, "(B, T, Hkv, D)")
+    check_tensor("value", value, min_dim=1)
+    check_same("value", value, "key", key)
+    nblocks, page, hkv, d = _check_caches(k_cache, v_cache, "key", key)
+    bsz, t, hk, dk = key.shape
+    if (hk, dk) != (hkv, d):
+        raise ValueError(f"warpforge: 'key' has {hk} heads of D={dk} but 'k_cache' has {hkv} of D={d}; "
+                         f"expected the same kv heads and head dim")
+    if t == 0:
+        raise ValueError("warpforge: 'key' has T=0 tokens (dim 1); expected T >= 1")
+    _check_index("block_table", block_table, "key", key, 2, "(B, max_blocks_per_seq)", bsz)
+    _check_index("cache_seqlens", cache_seqlens, "key", key, 1, "(B,)", bsz)
+    if validate:
+        _validate_metadata(block_table, cache_seqlens, t, page, nblocks, "cache_seqlens", "written")
+    append_paged_kv_op(key, value, k_cache, v_cache, block_table, cache_seqlens)

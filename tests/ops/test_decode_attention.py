@@ -1,0 +1,303 @@
+"""Decode attention over a paged KV cache and the paged append: against the float64 reference on
+shuffled block tables, every dtype, MHA/GQA/MQA, odd head dims, several split counts, strided
+layouts, torch.compile, opcheck, bad input, and bad metadata with validation off (guard pages full
+of NaN around the caches: a read or write outside them would show)."""
+import pytest
+import torch
+
+import warpforge as wf
+import warpforge.runtime.heuristics as heur
+from warpforge.ops.decode_attention import (append_paged_kv, append_paged_kv_op, decode_attention,
+                                            decode_attention_op, decode_attention_reference)
+from conftest import DTYPES, DEVICE, assert_close, gpu_only, randn
+
+
+def paged(bsz, max_blocks, page, hkv, d, dtype, extra=5, guard=False):
+    """(k_cache, v_cache, block_table, pool): a shuffled pool of bsz * max_blocks + extra blocks.
+    ``guard``: the caches are views of one (nb + 2, page, 2, Hkv, D) buffer (K and V interleaved,
+    so strided) whose first and last blocks are NaN, just outside block ids 0 and nb - 1."""
+    nb = bsz * max_blocks + extra
+    if guard:
+        pool = randn(nb + 2, page, 2, hkv, d, dtype=dtype)
+        pool[0] = float("nan")
+        pool[-1] = float("nan")
+        kc, vc = pool[1:-1, :, 0], pool[1:-1, :, 1]
+    else:
+        pool = None
+        kc, vc = randn(nb, page, hkv, d, dtype=dtype), randn(nb, page, hkv, d, dtype=dtype)
+    bt = torch.randperm(nb, device=DEVICE)[:bsz * max_blocks].view(bsz, max_blocks).to(torch.int32)
+    return kc, vc, bt, pool
+
+
+def reference(q, kc, vc, bt, lens, scale=None):
+    return decode_attention_reference(q.double(), kc.double(), vc.double(), bt, lens, scale)
+
+
+# (Hq, Hkv, D, block_size, max_blocks_per_seq): MHA, GQA, MQA with a non-power-of-two D, and pages
+# longer than the interpreter's 16-token tile
+CASES = [(4, 4, 16, 8, 6), (8, 2, 32, 16, 4), (6, 1, 24, 8, 5), (8, 2, 16, 32, 3)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_decode(case, dtype):
+    hq, hkv, d, page, mb = case
+    cap = mb * page
+    lens = torch.tensor([1, cap, 13, 0, cap - page + 3], device=DEVICE, dtype=torch.int32)
+    bsz = lens.numel()
+    kc, vc, bt, _ = paged(bsz, mb, page, hkv, d, dtype)
+    bt[0, 1:] = 10**6                          # columns past a sequence's length are never read
+    q = randn(bsz, hq, d, dtype=dtype)
+    ref = reference(q, kc, vc, bt, lens)
+    assert ref[3].abs().max() == 0
+    for splits in (None, 1, 3):
+        out = decode_attention(q, kc, vc, bt, lens, num_splits=splits)
+        assert out.dtype == dtype and out.shape == q.shape
+        assert_close(out, ref, dtype, what=f"num_splits={splits}")
+        assert out[3].abs().max() == 0, "seq_len 0 gives zeros"
+
+
+def test_layouts_and_scale():
+    """Strided q (a fused-projection slice, and a non-unit D stride), K/V interleaved in one
+    buffer, int64 metadata, a block table that is a slice of a wider one, a custom scale."""
+    hq, hkv, d, page, mb = 8, 2, 32, 8, 5
+    lens = torch.tensor([40, 17, 1], device=DEVICE, dtype=torch.int64)
+    kc, vc, bt, _ = paged(3, mb, page, hkv, d, torch.float32, guard=True)
+    assert not kc.is_contiguous()
+    wide = torch.full((3, mb + 4), 10**6, device=DEVICE, dtype=torch.int64)
+    wide[:, :mb] = bt
+    bt = wide[:, :mb]
+    qkv = randn(3, hq + 2 * hkv, d)
+    q = qkv[:, :hq]
+    assert not q.is_contiguous()
+    ref = reference(q, kc, vc, bt, lens, scale=0.3)
+    assert_close(decode_attention(q, kc, vc, bt, lens, scale=0.3), ref, torch.float32, what="sliced q")
+    q2 = randn(3, hq, 2 * d)[..., ::2]
+    assert_close(decode_attention(q2, kc, vc, bt, lens, num_splits=2), reference(q2, kc, vc, bt, lens),
+                 torch.float32, what="strided D")
+    assert_close(wf.decode_attention(q, kc, vc, bt, lens, scale=0.3), ref, torch.float32)
+
+
+def test_reference_matches_sdpa():
+    """The reference on a cache laid out in order equals dense attention (GQA by repetition)."""
+    b, hq, hkv, d, page, n = 2, 4, 2, 16, 8, 24
+    k, v, q = randn(b, n, hkv, d).double(), randn(b, n, hkv, d).double(), randn(b, hq, d).double()
+    kc, vc = k.reshape(-1, page, hkv, d), v.reshape(-1, page, hkv, d)
+    bt = torch.arange(b * n // page, device=DEVICE).view(b, -1)
+    lens = torch.full((b,), n, device=DEVICE)
+    kr, vr = k.repeat_interleave(2, 2).transpose(1, 2), v.repeat_interleave(2, 2).transpose(1, 2)
+    want = torch.nn.functional.scaled_dot_product_attention(q[:, :, None], kr, vr)[:, :, 0]
+    assert_close(decode_attention_reference(q, kc, vc, bt, lens), want, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_append_then_decode(dtype):
+    """Decode step: append one token (crossing into a new page for one sequence), then attend over
+    the grown sequences; prefill-like: append T > 1 across a block boundary, check the pages."""
+    hq, hkv, d, page, mb = 4, 2, 16, 8, 4
+    lens = torch.tensor([8, 5, 0], device=DEVICE, dtype=torch.int32)   # 8: the new token opens block 1
+    kc, vc, bt, _ = paged(3, mb, page, hkv, d, dtype)
+    key, value = randn(3, 1, hkv, d, dtype=dtype), randn(3, 1, hkv, d, dtype=dtype)
+    before = [(kc.clone(), vc.clone())]
+    append_paged_kv(key, value, kc, vc, bt, lens)
+    q = randn(3, hq, d, dtype=dtype)
+    out = decode_attention(q, kc, vc, bt, lens + 1)
+    # the reference on the old cache contents with the new token concatenated
+    k0, v0 = before[0]
+    ref = torch.zeros(3, hq, d, dtype=torch.float64, device=DEVICE)
+    for b, n in enumerate(lens.tolist()):
+        ks = torch.cat([k0[bt[b].long()].reshape(-1, hkv, d)[:n], key[b]]).double()
+        vs = torch.cat([v0[bt[b].long()].reshape(-1, hkv, d)[:n], value[b]]).double()
+        dense_bt = torch.arange(mb, device=DEVICE)[None]
+        pad = torch.zeros(mb * page - n - 1, hkv, d, dtype=torch.float64, device=DEVICE)
+        kd, vd = torch.cat([ks, pad]).view(mb, page, hkv, d), torch.cat([vs, pad]).view(mb, page, hkv, d)
+        ref[b] = decode_attention_reference(q[b:b + 1].double(), kd, vd, dense_bt, lens[b:b + 1] + 1)[0]
+    assert_close(out, ref, dtype, what="append then decode")
+    # untouched blocks stay as they were: only the appended rows changed
+    changed = (kc != k0).any(-1).any(-1)       # (num_blocks, page)
+    assert int(changed.sum()) == 3
+
+    # T = 5 from position 6 of sequence 1: rows 6, 7 of its block 0 and rows 0-2 of its block 1
+    t = 5
+    key, value = randn(3, t, hkv, d, dtype=dtype), randn(3, t, hkv, d, dtype=dtype)
+    start = torch.tensor([0, 6, 11], device=DEVICE, dtype=torch.int64)
+    append_paged_kv(key, value, kc, vc, bt.long(), start)
+    for b, s0 in enumerate(start.tolist()):
+        for i in range(t):
+            p = s0 + i
+            blk = int(bt[b, p // page])
+            assert torch.equal(kc[blk, p % page], key[b, i]) and torch.equal(vc[blk, p % page], value[b, i])
+    out = decode_attention(q, kc, vc, bt, start + t)
+    assert_close(out, reference(q, kc, vc, bt, start + t), dtype, what="after T=5 append")
+
+
+def test_compile_fullgraph():
+    hq, hkv, d, page, mb = 4, 2, 16, 8, 3
+    kc, vc, bt, _ = paged(2, mb, page, hkv, d, torch.float32)
+    lens = torch.tensor([7, 16], device=DEVICE, dtype=torch.int32)
+    q, key, value = randn(2, hq, d), randn(2, 1, hkv, d), randn(2, 1, hkv, d)
+    kc2, vc2 = kc.clone(), vc.clone()
+
+    def step(q, key, value, kc, vc, bt, lens):
+        append_paged_kv(key, value, kc, vc, bt, lens)
+        return decode_attention(q, kc, vc, bt, lens + 1) * 2
+
+    out = torch.compile(step, fullgraph=True)(q, key, value, kc, vc, bt, lens)
+    append_paged_kv(key, value, kc2, vc2, bt, lens)                          # eager twin
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2), "compiled append mutated the caches as eager does"
+    assert_close(out, 2 * reference(q, kc2, vc2, bt, lens + 1), torch.float32, what="compiled")
+
+
+def test_opcheck():
+    hq, hkv, d, page, mb = 4, 2, 16, 8, 2
+    kc, vc, bt, _ = paged(2, mb, page, hkv, d, torch.float32)
+    lens = torch.tensor([5, 16], device=DEVICE, dtype=torch.int32)
+    torch.library.opcheck(decode_attention_op.overload, (randn(2, hq, d), kc, vc, bt, lens, 0.25, 2))
+    torch.library.opcheck(append_paged_kv_op.overload, (randn(2, 1, hkv, d), randn(2, 1, hkv, d), kc, vc, bt, lens))
+
+
+def test_validation_errors():
+    hq, hkv, d, page, mb = 4, 2, 16, 8, 3
+    kc, vc, bt, _ = paged(2, mb, page, hkv, d, torch.float32)
+    q = randn(2, hq, d)
+    nb = kc.shape[0]
+
+    def lens(*v):
+        return torch.tensor(v, device=DEVICE, dtype=torch.int32)
+
+    with pytest.raises(ValueError, match=r"'seq_lens'\[1\] is 25, past the block table's capacity 24 .* for sequence 1"):
+        decode_attention(q, kc, vc, bt, lens(3, 25))
+    with pytest.raises(ValueError, match=r"'seq_lens'\[0\] is -1; expected lengths >= 0"):
+        decode_attention(q, kc, vc, bt, lens(-1, 2))
+    bad = bt.clone()
+    bad[1, 1] = nb
+    with pytest.raises(ValueError, match=rf"'block_table'\[1, 1\] is {nb}, a block in use by sequence 1; expected a block id in \[0, {nb}\)"):
+        decode_attention(q, kc, vc, bad, lens(3, 9))
+    decode_attention(q, kc, vc, bad, lens(3, 8))                             # column 1 not in use: fine
+    bad[0, 0] = -3
+    with pytest.raises(ValueError, match=r"'block_table'\[0, 0\] is -3"):
+        decode_attention(q, kc, vc, bad, lens(3, 8))
+    key = randn(2, 2, hkv, d)
+    with pytest.raises(ValueError, match=r"'cache_seqlens'\[0\] is 23 \+ 2 new token\(s\) = 25, past the block table's capacity 24"):
+        append_paged_kv(key, key, kc, vc, bt, lens(23, 0))
+    with pytest.raises(ValueError, match=r"'cache_seqlens'\[1\] is -2"):
+        append_paged_kv(key, key, kc, vc, bt, lens(0, -2))
+    bad = bt.clone()
+    bad[1, 2] = nb + 4
+    with pytest.raises(ValueError, match=rf"'block_table'\[1, 2\] is {nb + 4}, a block written by sequence 1"):
+        append_paged_kv(key, key, kc, vc, bad, lens(0, 15))
+    append_paged_kv(key, key, kc, vc, bad, lens(0, 14))                      # writes only block column 1
+
+
+def test_unvalidated_bad_metadata_stays_in_bounds():
+    """validate=False with a length past the capacity and out-of-range block ids: the kernels
+    read and write nothing outside the caches (the NaN guard blocks around them stay untouched
+    and never reach an output); the other sequences are exact."""
+    hq, hkv, d, page, mb = 4, 2, 16, 8, 3
+    kc, vc, bt, pool = paged(4, mb, page, hkv, d, torch.float32, guard=True)
+    nb = kc.shape[0]
+    wide = torch.full((4, mb + 3), nb, device=DEVICE, dtype=torch.int32)    # beyond the row: id nb
+    wide[:, :mb] = bt
+    bt = wide[:, :mb]
+    good = bt.clone()
+    bt[2, 1] = -1                              # the guard block before the cache
+    bt[3, 0] = nb                              # the guard block after it
+    lens = torch.tensor([10, 10**6, 20, 9], device=DEVICE, dtype=torch.int32)
+    q = randn(4, hq, d)
+    for splits in (1, 2):
+        out = decode_attention(q, kc, vc, bt, lens, num_splits=splits, validate=False)
+        assert torch.isfinite(out).all()
+        assert_close(out[0], reference(q, kc, vc, good, lens)[0], torch.float32)
+        # sequence 1 is clamped to the capacity: attention over every position the table holds
+        assert_close(out[1], reference(q[1:2], kc, vc, good[1:2], torch.tensor([mb * page], device=DEVICE))[0],
+                     torch.float32, what="clamped")
+    key = randn(4, 3, hkv, d)
+    snap = pool.clone()
+    append_paged_kv(key, key, kc, vc, bt, torch.tensor([2, mb * page - 1, 7, 0], device=DEVICE), validate=False)
+    assert torch.isnan(pool[0]).all() and torch.isnan(pool[-1]).all(), "nothing written outside the caches"
+    changed = (pool != snap) & ~(torch.isnan(pool) & torch.isnan(snap))
+    assert int(changed.any(-1).any(-1).any(-1).sum()) == 3 + 1 + 1        # rows: 3, 1 (capacity), 1 (block 0 of seq 2)
+
+
+def test_bad_input():
+    hq, hkv, d, page = 4, 2, 16, 8
+    kc, vc, bt, _ = paged(2, 3, page, hkv, d, torch.float32)
+    q = randn(2, hq, d)
+    lens = torch.tensor([3, 4], device=DEVICE, dtype=torch.int32)
+    cases = [
+        ((q[0], kc, vc, bt, lens), ValueError, r"'q' must be 3-d \(B, Hq, D\)"),
+        ((q, kc[0], vc[0], bt, lens), ValueError, r"'k_cache' must be 4-d \(num_blocks, block_size, Hkv, D\)"),
+        ((q, kc, vc[:-1], bt, lens), ValueError, r"'v_cache' has shape .* but 'k_cache' has"),
+        ((q, kc, vc.half(), bt, lens), TypeError, r"'v_cache' has dtype torch.float16 but 'k_cache' has torch.float32"),
+        ((q.half(), kc, vc, bt, lens), TypeError, r"'k_cache' has dtype torch.float32 but 'q' has torch.float16"),
+        ((q.long(), kc, vc, bt, lens), TypeError, r"'q' has dtype int64"),
+        ((randn(2, hq, 32), kc, vc, bt, lens), ValueError, r"'q' has head dim D=32 but 'k_cache' has D=16"),
+        ((randn(2, 3, d), kc, vc, bt, lens), ValueError, r"'q' has 3 heads and 'k_cache' has 2 kv heads"),
+        ((q, kc, vc, bt.float(), lens), TypeError, r"'block_table' has dtype float32; expected an integer tensor"),
+        ((q, kc, vc, bt, lens.float()), TypeError, r"'seq_lens' has dtype float32; expected an integer tensor"),
+        ((q, kc, vc, bt.short(), lens), TypeError, r"'block_table' has dtype int16"),
+        ((q, kc, vc, bt[0], lens), ValueError, r"'block_table' must be 2-d \(B, max_blocks_per_seq\)"),
+        ((q, kc, vc, bt[:1], lens), ValueError, r"'block_table' has batch size 1; expected 2"),
+        ((q, kc, vc, bt, lens[:1]), ValueError, r"'seq_lens' has batch size 1; expected 2"),
+        ((q, kc, vc, bt, lens[None]), ValueError, r"'seq_lens' must be 1-d"),
+        ((randn(2, hq, 8), randn(9, page, hkv, 8), randn(9, page, hkv, 8), bt, lens), ValueError,
+         r"'k_cache' has head dim D=8; expected 16 <= D <= 256"),
+        ((q, randn(9, 12, hkv, d), randn(9, 12, hkv, d), bt, lens), ValueError,
+         r"'k_cache' has block_size 12 \(dim 1\); expected a power of two >= 8"),
+        ((q, randn(9, 4, hkv, d), randn(9, 4, hkv, d), bt, lens), ValueError, r"block_size 4"),
+        ((q, randn(9, page, hkv, 2 * d)[..., ::2], randn(9, page, hkv, 2 * d)[..., ::2], bt, lens), ValueError,
+         r"'k_cache' has stride 2 on its head dim; expected 1"),
+    ]
+    for args, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            decode_attention(*args)
+    with pytest.raises(ValueError, match=r"'num_splits' is 0; expected None or an int >= 1"):
+        decode_attention(q, kc, vc, bt, lens, num_splits=0)
+    with pytest.raises(TypeError, match=r"'scale' must be a float or None"):
+        decode_attention(q, kc, vc, bt, lens, scale="1")
+    with pytest.raises(RuntimeError, match=r"'seq_lens' is on meta but 'q' is on"):
+        decode_attention(q, kc, vc, bt, lens.to("meta"))
+
+    key = randn(2, 1, hkv, d)
+    append_cases = [
+        ((key[0], key[0], kc, vc, bt, lens), ValueError, r"'key' must be 4-d \(B, T, Hkv, D\)"),
+        ((key, key.half(), kc, vc, bt, lens), TypeError, r"'value' has dtype torch.float16 but 'key' has torch.float32"),
+        ((key, key[:, :, :1], kc, vc, bt, lens), ValueError, r"'value' has shape"),
+        ((randn(2, 1, 1, d), randn(2, 1, 1, d), kc, vc, bt, lens), ValueError, r"'key' has 1 heads of D=16 but 'k_cache' has 2"),
+        ((key.half(), key.half(), kc, vc, bt, lens), TypeError, r"'k_cache' has dtype torch.float32 but 'key' has torch.float16"),
+        ((key[:, :0], key[:, :0], kc, vc, bt, lens), ValueError, r"'key' has T=0 tokens"),
+        ((key, key, kc, vc, bt, lens.double()), TypeError, r"'cache_seqlens' has dtype float64; expected an integer"),
+        ((key, key, kc, vc, bt[:1], lens), ValueError, r"'block_table' has batch size 1; expected 2"),
+        ((key, key, kc, vc[:, :, :1], bt, lens), ValueError, r"'v_cache' has shape"),
+    ]
+    for args, exc, msg in append_cases:
+        with pytest.raises(exc, match=msg):
+            append_paged_kv(*args)
+
+
+def test_decode_config(monkeypatch):
+    """The split heuristic as on an H100 (132 SMs): batch 1 fills 2-4 programs an SM, batch 64
+    needs no split, short capacities keep at least 2 tiles a split, forced counts are clamped."""
+    cfg = heur.decode_config.__wrapped__       # uncached: the patched device facts apply
+    monkeypatch.setattr(heur, "sm_count", lambda: 132)
+    monkeypatch.setattr(heur, "interpreting", lambda: False)
+    c = cfg(1, 8, 4, 32768, 128, 16, 2)
+    assert (c.block_n, c.block_g, c.block_d, c.num_warps) == (64, 16, 128, 4)
+    assert 2 * 132 <= 8 * c.num_splits <= 4 * 132 and c.num_stages in (2, 3)
+    assert cfg(64, 8, 4, 32768, 128, 16, 2).num_splits == 1
+    assert cfg(16, 8, 4, 4096, 128, 16, 2).num_splits == 4
+    assert cfg(1, 8, 4, 256, 128, 16, 2).num_splits == 2          # at least 2 tiles a split
+    assert cfg(1, 8, 4, 4096, 256, 16, 4).block_n == 16
+    assert cfg(1, 8, 4, 64, 128, 16, 2, 1000).num_splits == 1     # forced, clamped to the tiles
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_large_gpu(dtype):
+    hq, hkv, d, page, mb = 32, 8, 128, 16, 256
+    lens = torch.tensor([4096, 1, 3001, 0, 2048 + 7], device=DEVICE, dtype=torch.int32)
+    kc, vc, bt, _ = paged(5, mb, page, hkv, d, dtype)
+    q = randn(5, hq, d, dtype=dtype)
+    ref = reference(q, kc, vc, bt, lens)
+    for splits in (None, 1, 7):
+        assert_close(decode_attention(q, kc, vc, bt, lens, num_splits=splits), ref, dtype)
