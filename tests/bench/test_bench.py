@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import DEVICE
 
@@ -14,7 +15,7 @@ from warpforge.bench import report, runner, timing, workloads as W
 
 EXPECTED_OPS = {"add", "sum", "amax", "softmax", "log_softmax", "layer_norm", "rms_norm", "add_rms_norm",
                 "swiglu", "geglu", "rope", "matmul", "matmul_bwd", "linear_gelu", "fp8_matmul", "cross_entropy",
-                "linear_cross_entropy"}
+                "linear_cross_entropy", "attention", "decode_attention"}
 
 
 def _case(name: str, label: str) -> W.Case:
@@ -210,6 +211,7 @@ def test_bench_runner_plumbing_with_fake_timers(monkeypatch):
     assert fwd["err_vs_eager"] < 1e-5
     assert ("warpforge[dispatch]", False) in doors and ("warpforge", True) in doors
     assert any("peer absent -- compile" in n for n in res.notes)
+    assert all("vs_peers" not in r for r in rows), "no named peers: the rows are as before"
 
 
 def test_bench_runner_refs_memory_private_inputs_oom(monkeypatch):
@@ -321,8 +323,242 @@ def test_bench_runner_refs_memory_private_inputs_oom(monkeypatch):
     assert e["ours_ms"] == 1.0 and e["floor_ms"] == pytest.approx(e["ours_pct"] / 100)
     heads = [h for _, h in report.summary_columns(list(summ.values()))]
     assert heads[-2:] == ["time / ref", "extra GiB"] and "roof ms" in heads
-    assert not {"time / ref", "extra GiB"} & {h for _, h in report.summary_columns(report.summary(_rows()))}
+    assert not {"time / ref", "extra GiB", "peer ms / warpforge ms"} & {
+        h for _, h in report.summary_columns(report.summary(_rows()))}
 
+
+def _fake_timers(monkeypatch, times: dict, current: dict, seen: list | None = None):
+    """The runner's timers replaced: each row's time from ``times`` by implementation; ``seen``
+    records (impl, what the fake timer observed) per timed call."""
+    real_measure = runner._measure
+
+    def measure(wl, case, dtype, mode, impl, *a):
+        current["impl"], current["mode"] = impl.name, mode
+        return real_measure(wl, case, dtype, mode, impl, *a)
+
+    def fake_ms(fn, cfg):
+        fn()
+        if seen is not None:
+            seen.append((current["impl"], current.get("ctx")))
+        return times[current["impl"]]
+
+    monkeypatch.setattr(runner, "_measure", measure)
+    monkeypatch.setattr(timing, "warm", lambda fn, n: fn())
+    monkeypatch.setattr(timing, "device_ms", fake_ms)
+    monkeypatch.setattr(timing, "host_us", lambda fn, calls=200: 7.0)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+
+
+def test_bench_runner_named_peers(monkeypatch):
+    """Named peers: rows of kind "peer" (a Peer's context entered once around its measurement, not
+    per call; a failing one a failed row; a Skipped one a skipped row), the fastest the best peer,
+    vs_peers on every other ok row, no compile row with compile_peer=False; the markdown's per-op
+    peer table and the summary's column for that op only."""
+    import contextlib
+
+    times = {"warpforge": 1.0, "warpforge[v]": 2.0, "eager": 3.0, "p[fast]": 1.5, "p[slow]": 4.0}
+    current, seen, entered = {}, [], []
+    _fake_timers(monkeypatch, times, current, seen)
+
+    @contextlib.contextmanager
+    def ctx():
+        entered.append(current["mode"])
+        current["ctx"] = "in"
+        try:
+            yield
+        finally:
+            current["ctx"] = None
+
+    def broken(x):
+        raise RuntimeError("no kernel for this case")
+
+    def declines(x):
+        raise W.Skipped("S = 9 > 4: too big")
+
+    def f(x):
+        return x * 2
+
+    wl = W.Workload(
+        name="fake_attn", module="warpforge.ops.fake", cases=lambda quick: [W.Case("4x8", {"M": 4, "N": 8}, headline=True)],
+        check_cases=list, make=lambda c, dt, dev: (torch.randn(4, 8, dtype=dt, device=dev),), grad_args=(0,),
+        ours_fn=lambda get: {"warpforge": f, "warpforge[v]": f}, eager=f,
+        bytes_fn=lambda c, m, s: 64 * s, flops_fn=lambda c, m: 64,
+        peers=lambda: {"p[fast]": W.Peer(f, context=ctx), "p[slow]": f, "p[broken]": W.Peer(broken, context=ctx),
+                       "p[skip]": declines},
+        compile_peer=False, notes="p[fast] is fast, p[slow] slow")
+    res = runner.run_bench([wl], list(W.MODES), [torch.bfloat16], use_compile=True, use_liger=False,
+                           copy_gbps=1.0, device=DEVICE)
+    assert any("compile: not a peer of this op" in n and "fake_attn" in n for n in res.notes)
+    assert "fake_attn: p[fast] is fast, p[slow] slow" in res.notes, "an op with named peers says what they are"
+    rows = {(r["mode"], r["impl"]): r for r in res.rows}
+    assert {i for _, i in rows} == {"warpforge", "warpforge[v]", "eager", "p[fast]", "p[slow]", "p[broken]", "p[skip]"}
+    assert entered == [m for m in W.MODES for _ in (1, 2)], "once per peer and mode (p[fast], p[broken]), not per call"
+    assert {c for i, c in seen if i == "p[fast]"} == {"in"} and {c for i, c in seen if i != "p[fast]"} == {None}
+    for mode in W.MODES:
+        assert rows[mode, "p[broken]"]["status"] == "failed: RuntimeError: no kernel for this case"
+        assert rows[mode, "p[skip]"]["status"] == "skipped: S = 9 > 4: too big"
+        for impl in ("p[fast]", "p[slow]", "eager"):
+            r = rows[mode, impl]
+            assert r["kind"] == "peer" and r["status"] == "ok" and r["vs_peers"] is None
+        for impl in ("warpforge", "warpforge[v]"):
+            r = rows[mode, impl]
+            assert r["kind"] == "ours" and r["best_peer"] == "p[fast]"
+            assert r["ratio"] == pytest.approx(1.5 / times[impl])
+            assert r["vs_peers"] == {p: pytest.approx(times[p] / times[impl]) for p in ("eager", "p[fast]", "p[slow]")}
+
+    md = report.results_markdown(res.rows + _rows(), {"date": "2026-01-01"}, res.notes)
+    sections = {s.split("\n", 1)[0]: s for s in md.split("## ")[1:]}
+    head = "fake_attn: each peer's time / this row's time (> 1: this row is faster)"
+    assert head in sections and "### " + head not in sections["softmax"]
+    table = sections[head]
+    assert "| mode | dtype | shape | impl | eager | p[fast] | p[slow] |" in table
+    assert "| fwd | bf16 | 4x8 | warpforge[v] | 1.50x | 0.75x | 2.00x |" in table
+    assert "p[skip]" not in table and "vs_peers" not in sections["fake_attn"].split("###")[0]
+    assert sections["softmax"] == sections["softmax"].replace("peer ms", ""), "other ops' tables as before"
+    summ = {(e["op"], e["mode"]): e for e in report.summary(res.rows + _rows())}
+    assert summ["fake_attn", "fwd"]["vs_peers"] == {"eager": 3.0, "p[fast]": 1.5, "p[slow]": 4.0}
+    assert "vs_peers" not in summ["softmax", "fwd"]
+    assert "3.00x eager, 1.50x p[fast], 4.00x p[slow]" in sections["Summary"]
+    prow, pcols = report.peer_table(_rows())
+    assert prow == [] and pcols == []
+
+
+def test_attention_workload():
+    at = W.WORKLOADS["attention"]
+    full, quick = at.cases(False), at.cases(True)
+    assert len(full) == 6 * 2 * 2 + 2 + 2 and len({c.label for c in full}) == len(full)
+    sweep = full[:24]
+    assert {(c.dims["S"], c.dims["D"], c.dims["causal"]) for c in sweep} == {
+        (s, d, c) for s in (512, 1024, 2048, 4096, 8192, 16384) for d in (64, 128) for c in (False, True)}
+    assert all(c.dims["B"] * c.dims["S"] == 16384 and c.dims["Hq"] * c.dims["D"] == 2048 == c.dims["Hkv"] * c.dims["D"]
+               for c in sweep)
+    labels = [c.label for c in full]
+    assert labels[24:] == ["B4 H32/32 S4096 D128 non-causal", "B4 H32/32 S4096 D128 causal",
+                           "B4 H32/8 S4096 D128 non-causal", "B4 H32/8 S4096 D128 causal"]
+    assert "B16 H16/16 S1024 D128 causal" in labels and "B1 H32/32 S16384 D64 non-causal" in labels
+    assert [c.label for c in quick] == ["B4 H32/32 S4096 D128 non-causal", "B4 H32/32 S4096 D128 causal",
+                                        "B4 H32/8 S4096 D128 causal"]
+    assert [c.label for c in full if c.headline] == [c.label for c in quick if c.headline] == [labels[24]]
+    bar, bar_c, gqa = (_case("attention", lab) for lab in (labels[24], labels[25], labels[26]))
+    f = 4 * 4 * 32 * 4096**2 * 128
+    assert at.flops(bar, "fwd") == f and at.flops(bar_c, "fwd") == f // 2 == at.flops(gqa, "fwd") // 2
+    assert at.flops(bar, "bwd") == 2.5 * f and at.flops(bar, "fwd+bwd") == 3.5 * f
+    assert at.flops(bar_c, "bwd") == 2.5 * f / 2
+    n = 4 * 32 * 4096 * 128
+    assert at.bytes(bar, "fwd", 2) == 4 * n * 2 and at.bytes(bar, "bwd", 2) == 8 * n * 2
+    assert at.bytes(bar, "fwd+bwd", 2) == 12 * n * 2
+    assert at.bytes(gqa, "fwd", 2) == (2 * n + 2 * n // 4) * 2 and at.bytes(gqa, "bwd", 2) == (4 * n + 4 * n // 4) * 2
+    assert at.modes == W.MODES and at.grad_args == (0, 1, 2) and at.only_dtypes == (torch.bfloat16, torch.float16)
+    assert at.liger is None and not at.compile_peer and at.eager is W._sdpa
+    assert list(at.peers()) == ["sdpa[cudnn]", "sdpa[flash]", "sdpa[efficient]", "sdpa[math]"]
+    assert all(name in at.notes for name in ("eager", *at.peers(), "cuDNN", "FlashAttention-2", "math"))
+    assert [c.dims["Hq"] != c.dims["Hkv"] for c in at.check_cases()].count(True) == 1
+    assert max(c.dims["S"] * c.dims["B"] * c.dims["Hq"] for c in at.check_cases()) < 300, "tiny: the interpreter runs it"
+
+    # the inputs, the float64 reference against SDPA's math, and the math peer's skip
+    for case in at.check_cases():
+        q, k, v, causal, gqa = args = at.make(case, torch.float64, "cpu")
+        d = case.dims
+        assert q.shape == (d["B"], d["Hq"], d["S"], d["D"]) and k.shape == v.shape == (d["B"], d["Hkv"], d["S"], d["D"])
+        assert causal == d["causal"] and gqa == (d["Hq"] != d["Hkv"])
+        torch.testing.assert_close(at.ref(*args), W._sdpa(*args))
+        math = at.peers()["sdpa[math]"]
+        with math.context():
+            torch.testing.assert_close(math.fn(*args), at.ref(*args))
+    long = torch.zeros(1, 1, 4097, 8)
+    with pytest.raises(W.Skipped, match="S = 4097 > 4096"):
+        at.peers()["sdpa[math]"].fn(long, long, long, False, False)
+
+
+def test_decode_attention_workload():
+    de = W.WORKLOADS["decode_attention"]
+    full, quick = de.cases(False), de.cases(True)
+    assert [(c.dims["B"], c.dims["ctx"]) for c in full] == [
+        (b, c) for b in (1, 8, 16, 32, 64) for c in (4096, 8192, 16384, 32768)]
+    assert [(c.dims["B"], c.dims["ctx"]) for c in quick] == [(b, c) for b in (1, 16, 64) for c in (4096, 32768)]
+    assert all(c.small == (c.dims["B"] <= 8) for c in full)
+    assert all((c.dims["Hq"], c.dims["Hkv"], c.dims["D"], c.dims["block"]) == (32, 8, 128, 16) for c in full)
+    assert [c.label for c in full if c.headline] == [c.label for c in quick if c.headline] == [
+        "B16 ctx32768 H32/8 D128 block16"]
+    c = _case("decode_attention", "B64 ctx32768 H32/8 D128 block16")
+    kv = 2 * 64 * 32768 * 8 * 128
+    assert de.bytes(c, "fwd", 2) == (kv + 2 * 64 * 32 * 128) * 2
+    assert de.flops(c, "fwd") == 4 * 64 * 32 * 32768 * 128
+    assert de.modes == ("fwd",) and de.grad_args == () and not de.compile_peer and de.liger is None
+    assert list(de.peers()) == ["sdpa[cudnn]", "sdpa[flash]", "sdpa[efficient]", "sdpa[math]"]
+    assert "validate=False" in de.notes and "no host sync" in de.notes
+
+    # paged and unpaged hold the same values; the block table is a shuffled pool
+    for case in de.check_cases():
+        d = case.dims
+        q, kc, vc, bt, sl, q4, k4, v4 = de.make(case, torch.float32, "cpu")
+        nb = -(-d["ctx"] // d["block"])
+        assert bt.dtype == sl.dtype == torch.int32 and bt.shape == (d["B"], nb) and sl.tolist() == [d["ctx"]] * d["B"]
+        assert sorted(bt.flatten().tolist()) == list(range(kc.shape[0])) and bt.flatten().tolist() != sorted(bt.flatten().tolist())
+        assert kc.shape == vc.shape == (d["B"] * nb, d["block"], d["Hkv"], d["D"]) and q.shape == (d["B"], d["Hq"], d["D"])
+        assert torch.equal(q4, q.unsqueeze(2)) and k4.shape == v4.shape == (d["B"], d["Hkv"], d["ctx"], d["D"])
+        for b in range(d["B"]):
+            for t in (0, d["block"] + 1, d["ctx"] - 1):
+                blk, off = bt[b, t // d["block"]], t % d["block"]
+                assert torch.equal(kc[blk, off], k4[b, :, t]) and torch.equal(vc[blk, off], v4[b, :, t])
+
+    # ours: validate=False is "warpforge", the default "warpforge[validated]"
+    calls = []
+    ours = de.ours_fn(lambda name: (lambda *a, **kw: calls.append((name, kw)) or a[0]))
+    args = de.make(de.check_cases()[0], torch.float32, "cpu")
+    assert ours["warpforge"](*args).shape == args[5].shape and ours["warpforge[validated]"](*args) is not None
+    assert calls == [("decode_attention", {"validate": False}), ("decode_attention", {})]
+
+
+def _paged_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale=None, num_splits=None, validate=True):
+    """A plain-PyTorch decode over the paged cache (a fake of ours: the workload's wiring, not the kernel)."""
+    b, nb = block_table.shape
+    blk, hkv, d = k_cache.shape[1:]
+    ctx = int(seq_lens[0])
+    k = k_cache[block_table.long()].reshape(b, nb * blk, hkv, d)[:, :ctx].transpose(1, 2)
+    v = v_cache[block_table.long()].reshape(b, nb * blk, hkv, d)[:, :ctx].transpose(1, 2)
+    return F.scaled_dot_product_attention(q.unsqueeze(2), k, v, enable_gqa=True).squeeze(2)
+
+
+def test_check_run_attention_workloads(monkeypatch):
+    """The attention workloads' inputs, calls and float64 references wired up in the correctness
+    run, with plain-PyTorch fakes for ours (the real ops are tested in tests/ops)."""
+    at, de = W.WORKLOADS["attention"], W.WORKLOADS["decode_attention"]
+    monkeypatch.setattr(at, "ours_fn", lambda get: {"warpforge": W._sdpa})
+    monkeypatch.setattr(de, "ours_fn", lambda get: W._decode_ours(lambda name: _paged_decode))
+    res = runner.run_check([at, de], [torch.float32, torch.bfloat16])
+    assert [(r["op"], r["dtype"], r["direction"], r["status"]) for r in res.rows] == [
+        ("attention", "bf16", d, "ok") for _ in at.check_cases() for d in ("fwd", "bwd")] + [
+        ("decode_attention", "bf16", d, s) for _ in de.check_cases() for _i in ("warpforge", "warpforge[validated]")
+        for d, s in (("fwd", "ok"), ("bwd", "skipped: output does not require grad"))]
+    assert all(r["ok"] for r in res.rows)
+
+
+def test_bench_runner_decode_attention(monkeypatch):
+    """The decode workload through the GPU runner (timers replaced, ours a plain-PyTorch fake): our
+    two rows and the dispatcher door on small batches, eager and the SDPA backends as peers (each
+    under its sdpa_kernel; those the device lacks are failed rows), vs_peers, no compile row."""
+    de = W.WORKLOADS["decode_attention"]
+    monkeypatch.setattr(de, "ours_fn", lambda get: W._decode_ours(lambda name: _paged_decode))
+    monkeypatch.setattr(de, "cases", lambda quick: [W._decode_case(1, 40, 4, 2, 16, 8, small=True),
+                                                    W._decode_case(3, 37, 4, 2, 32, 8, headline=True)])
+    times = {"warpforge": 1.0, "warpforge[validated]": 1.2, "warpforge[dispatch]": 1.1, "eager": 2.0,
+             "sdpa[cudnn]": 1.5, "sdpa[flash]": 3.0, "sdpa[efficient]": 4.0, "sdpa[math]": 5.0}
+    _fake_timers(monkeypatch, times, {})
+    res = runner.run_bench([de], ["fwd"], [torch.bfloat16], use_compile=True, copy_gbps=1.0, device=DEVICE)
+    rows = {(r["shape"], r["impl"]): r for r in res.rows}
+    small, big = "B1 ctx40 H4/2 D16 block8", "B3 ctx37 H4/2 D32 block8"
+    assert {i for s, i in rows if s == big} == set(times) - {"warpforge[dispatch]"}
+    assert {i for s, i in rows if s == small} == set(times)
+    ok_peers = {i for (s, i), r in rows.items() if s == big and r["kind"] == "peer" and r["status"] == "ok"}
+    assert {"eager", "sdpa[math]"} <= ok_peers, ok_peers
+    for (s, i), r in rows.items():
+        assert r["status"] == "ok" or r["status"].startswith("failed: "), r
+        if r["kind"] == "ours":
+            assert r["status"] == "ok" and set(r["vs_peers"]) == ok_peers
+            assert r["vs_peers"]["eager"] == pytest.approx(2.0 / times[i])
+    assert rows[big, "warpforge"]["err_vs_eager"] < 2e-2
+    assert any("compile: not a peer of this op" in n for n in res.notes)
 
 # ---------------------------------------------------------------------------------------------- reports
 def _rows():

@@ -92,6 +92,9 @@ def bench(ops: list[str] | None = None, *, modes: list[str] | None = None, dtype
     for op in dict.fromkeys(r["op"] for r in res.rows):
         group = [r for r in res.rows if r["op"] == op]
         report.print_table(group, report.bench_columns(group), title=op)
+        prow, pcols = report.peer_table(group)
+        if prow:
+            report.print_table(prow, pcols, title=f"{op}: each peer's time / this row's time (> 1: this row is faster)")
     s = report.summary(res.rows)
     report.print_table(s, report.summary_columns(s),
                        title=f"summary ({report.summary_dtype(res.rows)}, headline shapes; % of the measured roof)")

@@ -88,11 +88,15 @@ SUMMARY_COLUMNS = [("op", "op"), ("mode", "mode"), ("dtype", "dtype"), ("shape",
                    ("ratio", "ratio (peer ms / ours)"), ("geomean_ratio", "geomean ratio, large shapes")]
 # Columns only some workloads fill (references, memory): shown where a row of the table has them.
 OPTIONAL_COLUMNS = [("vs_ref", "time / ref"), ("extra_gib", "extra GiB")]
+# The summary's also: each named peer's time over ours at the headline shape (the per-op tables
+# show these as a table of their own, :func:`peer_table`).
+SUMMARY_OPTIONAL_COLUMNS = OPTIONAL_COLUMNS + [("vs_peers", "peer ms / warpforge ms")]
+PEER_TABLE_KEYS = [("mode", "mode"), ("dtype", "dtype"), ("shape", "shape"), ("impl", "impl")]
 
 
-def _with_optional(rows: list[dict], columns) -> list:
+def _with_optional(rows: list[dict], columns, optional=OPTIONAL_COLUMNS) -> list:
     """``columns`` plus each optional column some row of ``rows`` carries (before "status")."""
-    extra = [c for c in OPTIONAL_COLUMNS if any(c[0] in r for r in rows)]
+    extra = [c for c in optional if any(c[0] in r for r in rows)]
     if not extra:
         return list(columns)
     cols = list(columns)
@@ -107,16 +111,30 @@ def bench_columns(rows: list[dict]) -> list:
 
 
 def summary_columns(entries: list[dict]) -> list:
-    return _with_optional([{k: v for k, v in e.items() if v is not None} for e in entries], SUMMARY_COLUMNS)
+    return _with_optional([{k: v for k, v in e.items() if v is not None} for e in entries], SUMMARY_COLUMNS,
+                          SUMMARY_OPTIONAL_COLUMNS)
+
+
+def peer_table(rows: list[dict]) -> tuple[list[dict], list]:
+    """For an op with named peers: one row per timed implementation of ours (and any other row that
+    is not a peer) with a column per peer, that peer's time over the row's (``vs_peers``; > 1: the
+    row is faster). ([], []) for an op without them."""
+    mine = [r for r in rows if isinstance(r.get("vs_peers"), dict)]
+    if not mine:
+        return [], []
+    names = list(dict.fromkeys(n for r in mine for n in r["vs_peers"]))
+    out = [{**{k: r.get(k) for k, _ in PEER_TABLE_KEYS}, "kind": r.get("kind"),   # kind: the terminal's style
+            **{f"vs:{n}": r["vs_peers"].get(n) for n in names}} for r in mine]
+    return out, PEER_TABLE_KEYS + [(f"vs:{n}", n) for n in names]
 
 
 def _cells(row: dict, columns) -> list[str]:
     out = []
     for key, _ in columns:
         v = row.get(key)
-        if key == "ratio" and isinstance(v, float):
+        if (key == "ratio" or key.startswith("vs:")) and isinstance(v, float):
             out.append(f"{v:.2f}x")
-        elif key == "vs_ref" and isinstance(v, dict):
+        elif key in ("vs_ref", "vs_peers") and isinstance(v, dict):
             out.append(", ".join(f"{x:.2f}x {name}" for name, x in v.items()) or "-")
         elif key == "extra_gib" and isinstance(v, float):
             out.append(f"{v:.2f}")
@@ -150,8 +168,8 @@ def print_table(rows: list[dict], columns, title: str = "", file=None) -> None:
 
         t = Table(title=title or None, show_lines=False)
         for key, head in columns:
-            t.add_column(head, justify="left" if key in ("op", "mode", "dtype", "shape", "impl", "status",
-                                                         "direction", "best_peer") else "right")
+            t.add_column(Text(head), justify="left" if key in ("op", "mode", "dtype", "shape", "impl", "status",
+                                                               "direction", "best_peer") else "right")
         for r in rows:
             style = None
             if str(r.get("status", "ok")).startswith("failed"):
@@ -215,6 +233,8 @@ def summary(rows: list[dict]) -> list[dict]:
                 entry["extra_gib"] = ours.get("extra_gib")
             entry["best_peer"] = ours.get("best_peer")
             entry["ratio"] = ours.get("ratio")
+            if "vs_peers" in ours:   # an op with named peers: each one's time over ours
+                entry["vs_peers"] = ours["vs_peers"] if _ok(ours) else None
             peer = next((r for r in head if r["impl"] == ours.get("best_peer")), None)
             if peer is not None and _ok(peer):
                 entry["peer_pct"] = _pct(peer)
@@ -258,6 +278,10 @@ def results_markdown(rows: list[dict], meta: dict, notes: list[str]) -> str:
     for op in dict.fromkeys(r["op"] for r in rows):
         group = [r for r in rows if r["op"] == op]
         lines += [f"## {op}", "", markdown_table(group, bench_columns(group)), ""]
+        prow, pcols = peer_table(group)
+        if prow:
+            lines += [f"### {op}: each peer's time / this row's time (> 1: this row is faster)", "",
+                      markdown_table(prow, pcols), ""]
     return "\n".join(lines)
 
 

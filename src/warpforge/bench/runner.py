@@ -6,8 +6,12 @@ Two entry points:
   times every implementation -- ours (``warpforge``, named variants, and on decode shapes the
   dispatcher door ``warpforge[dispatch]``), the peers (``eager``, ``compile``, ``liger``) and the
   workload's references (kind "ref": yardsticks such as the cuBLAS GEMMs an op must do, never a
-  peer; every other row gets ``vs_ref``, its time over theirs). A failing implementation becomes a
-  row marked "failed: <reason>"; nothing stops the run (an out-of-memory frees what it can first).
+  peer; every other row gets ``vs_ref``, its time over theirs). A workload's named peers (``peers``,
+  e.g. ``sdpa[cudnn]``) are peers like the others; with them every other row gets ``vs_peers``,
+  {peer: peer ms / its ms} over every peer that ran (> 1: faster), and ``compile_peer=False`` drops
+  the compile row. A failing implementation becomes a row marked "failed: <reason>" (one that
+  declines a case on purpose, raising ``Skipped``: "skipped: <reason>"); nothing stops the run (an
+  out-of-memory frees what it can first).
   Workloads with ``measure_memory`` record each row's extra peak memory (``extra_gib``); one with
   ``liger_writes_inputs`` runs Liger on a private copy of the inputs.
 - :func:`run_check` (any device, the CPU one under the Triton interpreter): every op forward and
@@ -28,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import timing
-from .workloads import DTYPE_NAMES, Case, OpUnavailable, Workload
+from .workloads import DTYPE_NAMES, Case, OpUnavailable, Peer, Skipped, Workload
 
 PEERS = ("eager", "compile", "liger")
 
@@ -108,6 +112,8 @@ class Impl:
     dispatch: bool = False    # time through the dispatcher door
     private_inputs: bool = False   # it writes into its inputs: give it its own copy (made before its
                                    # row in each mode, outside the timing; dropped after)
+    context: Callable[[], object] | None = None   # a context manager entered around the whole
+                                                  # measurement (a named Peer's set-up)
 
 
 @dataclass
@@ -187,11 +193,13 @@ def _measure(wl: Workload, case: Case, dtype: torch.dtype, mode: str, impl: Impl
         row["vs_ref"] = None
     if wl.measure_memory:
         row["extra_gib"] = None
+    if wl.peers is not None:
+        row["vs_peers"] = None
     failed = False
     step = args = None
     try:
         args = private_copy(base) if impl.private_inputs else base
-        with dispatcher_door(impl.dispatch):
+        with dispatcher_door(impl.dispatch), (impl.context() if impl.context else contextlib.nullcontext()):
             step = impl.fn(mode, args) if impl.kind == "ref" else _step(impl.fn, mode, args, wl.grad_args)
             timing.warm(step, cfg.warm_calls)
             ms = timing.device_ms(step, cfg)
@@ -209,6 +217,8 @@ def _measure(wl: Workload, case: Case, dtype: torch.dtype, mode: str, impl: Impl
             row["pct_copy"] = 100.0 * row["gbps"] / copy_gbps
             roof = attainable_tflops(nflops, nbytes, copy_gbps, flat_tflops)
             row["pct_roof"] = 100.0 * row["tflops"] / roof if roof else None
+    except Skipped as e:   # declined on purpose, before allocating anything
+        row["status"] = f"skipped: {e}"
     except Exception as e:  # noqa: BLE001 -- any failure of one implementation is a row, not a crash
         row["status"] = failure(e)
         failed = True
@@ -238,14 +248,19 @@ def _err_vs_eager(wl: Workload, impl: Impl, args: tuple) -> float | None:
 
 
 def _fill_ratios(rows: list[dict]) -> None:
-    """Best peer (fastest of eager/compile/liger) of one (op, mode, dtype, shape) group, and every
-    row's ratio best_peer_ms / ms (> 1: that row beats the best peer). References (kind "ref") are
-    never a peer; every other row gets ``vs_ref``: {reference: ms / reference ms} (< 1: faster)."""
+    """Best peer (fastest of eager/compile/liger and the named peers) of one (op, mode, dtype, shape)
+    group, and every row's ratio best_peer_ms / ms (> 1: that row beats the best peer). References
+    (kind "ref") are never a peer; every other row gets ``vs_ref``: {reference: ms / reference ms}
+    (< 1: faster). Where the workload has named peers (rows carry ``vs_peers``), every ok row that is
+    not a peer gets ``vs_peers``: {peer: peer ms / ms} over every peer that ran (> 1: faster)."""
     refs = [r for r in rows if r["kind"] == "ref" and r["status"] == "ok"]
     for r in rows:
         if refs and r["kind"] != "ref" and r["status"] == "ok":
             r["vs_ref"] = {f["impl"]: r["ms"] / f["ms"] for f in refs}
     peers = [r for r in rows if r["kind"] == "peer" and r["status"] == "ok"]
+    for r in rows:
+        if peers and "vs_peers" in r and r["kind"] != "peer" and r["status"] == "ok":
+            r["vs_peers"] = {p["impl"]: p["ms"] / r["ms"] for p in peers}
     if not peers:
         return
     best = min(peers, key=lambda r: r["ms"])
@@ -289,13 +304,22 @@ def run_bench(workloads: list[Workload], modes: list[str], dtypes: list[torch.dt
                 absent.setdefault(f"liger: not importable ({type(e).__name__}: {e})", []).append(wl.name)
         if not use_compile:
             absent.setdefault("compile: disabled by --no-compile", []).append(wl.name)
+        elif not wl.compile_peer:
+            absent.setdefault("compile: not a peer of this op (compile_peer=False; see the op's note)",
+                              []).append(wl.name)
+        named: dict[str, Peer | Callable] = {}
+        if wl.peers is not None:
+            try:
+                named = wl.peers()
+            except Exception as e:  # noqa: BLE001
+                absent.setdefault(f"named peers: not available ({type(e).__name__}: {e})", []).append(wl.name)
         wl_modes = [m for m in modes if m in wl.modes]
         if not wl_modes:
             result.notes.append(f"{wl.name}: none of the modes {','.join(modes)} applies ({wl.notes}); skipped")
             continue
-        if len(wl_modes) < len(modes):
+        if len(wl_modes) < len(modes) or wl.peers is not None:   # named peers: the note says what they are
             result.notes.append(f"{wl.name}: {wl.notes}")
-        plan.append((wl, ours, liger, wl_modes))
+        plan.append((wl, ours, liger, wl_modes, named))
     for why, ops in absent.items():
         result.notes.append(f"peer absent -- {why}: {', '.join(ops)}")
     if quick and use_compile:
@@ -311,13 +335,13 @@ def run_bench(workloads: list[Workload], modes: list[str], dtypes: list[torch.dt
     total = sum(len(wl.cases(quick)) * len(wl.dtypes_of(dtypes)) for wl, *_ in plan)
     progress.start(total)
     try:
-        for wl, ours, liger, wl_modes in plan:
+        for wl, ours, liger, wl_modes, named in plan:
             for dtype in wl.dtypes_of(dtypes):
                 for case in wl.cases(quick):
                     progress.advance(f"{wl.name} {DTYPE_NAMES[dtype]} {case.label}")
                     result.rows.extend(_bench_case(wl, case, dtype, device, ours, liger, wl_modes,
-                                                   use_compile and not (quick and case.small), cfg, copy_gbps,
-                                                   (gemm_tflops or {}).get(dtype)))
+                                                   use_compile and wl.compile_peer and not (quick and case.small),
+                                                   cfg, copy_gbps, (gemm_tflops or {}).get(dtype), named))
             gc.collect()
             torch.cuda.empty_cache()
     finally:
@@ -325,7 +349,8 @@ def run_bench(workloads: list[Workload], modes: list[str], dtypes: list[torch.dt
     return result
 
 
-def _bench_case(wl, case, dtype, device, ours, liger, modes, use_compile, cfg, copy_gbps, flat=None) -> list[dict]:
+def _bench_case(wl, case, dtype, device, ours, liger, modes, use_compile, cfg, copy_gbps, flat=None,
+                named=None) -> list[dict]:
     rows: list[dict] = []
     try:
         base = wl.make(case, dtype, device)
@@ -345,6 +370,8 @@ def _bench_case(wl, case, dtype, device, ours, liger, modes, use_compile, cfg, c
         impls.append(Impl("compile", "peer", torch.compile(wl.eager, dynamic=False)))
     if liger is not None:
         impls.append(Impl("liger", "peer", liger, private_inputs=wl.liger_writes_inputs))
+    for name, p in (named or {}).items():
+        impls.append(Impl(name, "peer", p.fn, context=p.context) if isinstance(p, Peer) else Impl(name, "peer", p))
     refs = {ref.name: ref for ref in wl.references}
     impls += [Impl(name, "ref", ref.step) for name, ref in refs.items()]
     for mode in modes:

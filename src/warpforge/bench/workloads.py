@@ -21,18 +21,28 @@ element of the benchmark dtype; weight vectors of N elements are counted too:
                               fwd+bwd 2*T*V*s + 8*T      (read the logits once, write dlogits once)
     linear_cross_entropy      fwd (T*H + V*H)*s + 8*T    (read hidden and W; the logits never exist)
                               fwd+bwd 2*(T*H + V*H)*s + 8*T   (and write dhidden and dW once)
+    attention (B, H, S, D)    fwd (2*B*Hq*S*D + 2*B*Hkv*S*D)*s      (read q, k, v; write o)
+                              bwd (4*B*Hq*S*D + 4*B*Hkv*S*D)*s      (read q, k, v, o, do; write dq, dk,
+                                                                     dv; the lse vector not counted)
+    decode_attention          2*B*ctx*Hkv*D*s + 2*B*Hq*D*s (the KV bytes read; q read, out written)
 
 ``fwd+bwd`` is always the sum of the two. FLOP models are a few FLOPs per element: every op here
 is memory-bound by two orders of magnitude, the FLOPs only place points on the roofline. (The
 cross-entropy ops have no separate "bwd": their gradient is formed in the forward, so fwd+bwd is
 the floor itself, not a sum.) The GEMMs count 2*M*N*K; linear_cross_entropy 2*T*V*H forward and
-6*T*V*H forward+backward (its three GEMMs).
+6*T*V*H forward+backward (its three GEMMs); attention 4*B*Hq*S^2*D forward (half when causal),
+backward 2.5x the forward; decode_attention 4*B*Hq*ctx*D.
 
 Beyond the peers, a workload may declare *references* (:class:`Reference`): named callables timed
 in the same run that are not a competitor but a yardstick -- e.g. the cuBLAS GEMMs that
 linear_cross_entropy cannot avoid. Their rows have kind "ref", are never the best peer, and every
 other row records its time over theirs (``vs_ref``). ``measure_memory`` adds each row's extra peak
 memory (``extra_gib``); ``liger_writes_inputs`` gives Liger's callable its own copy of the inputs.
+
+A workload may also declare *named peers* (``peers``: e.g. SDPA with each of its backends forced),
+timed as peers beside eager/compile/Liger (kind "peer", so the fastest may be the best peer); every
+other row then records ``vs_peers``, each peer's time over its own. ``compile_peer=False`` drops the
+``compile`` peer (where torch.compile of the eager call only reaches the same library kernels).
 
 Our functions are imported lazily, inside :meth:`Workload.ours`, so an op whose module does not
 exist yet is reported as "not available" and skipped.
@@ -57,6 +67,11 @@ DECODE_N = 4096
 
 class OpUnavailable(Exception):
     """Our implementation of an op cannot be imported (yet)."""
+
+
+class Skipped(Exception):
+    """Raised by a peer that declines a case on purpose (too large to be worth timing, say): its row
+    says "skipped: <reason>", not "failed"."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +102,16 @@ class Reference:
         return self.modes is None or mode in self.modes
 
 
+@dataclass(frozen=True)
+class Peer:
+    """A named peer (see ``Workload.peers``) with a set-up: ``fn`` takes the workload's positional
+    args like ``eager``; ``context()`` (a context manager, e.g. ``sdpa_kernel(backend)``) is entered
+    once around the peer's whole measurement -- warm-up, timing, host_us -- not around each call, so
+    its cost (~15 us for sdpa_kernel) is not timed. A plain callable is a peer without one."""
+    fn: Callable
+    context: Callable[[], object] | None = None
+
+
 @dataclass
 class Workload:
     name: str
@@ -110,6 +135,10 @@ class Workload:
     liger_writes_inputs: bool = False
     references: tuple[Reference, ...] = ()                  # rows of kind "ref" (see Reference)
     measure_memory: bool = False                           # CUDA: each row's extra peak memory, extra_gib
+    # named peers, {row name: callable or Peer}, each on the workload's args like ``eager``; rows of
+    # kind "peer" (they compete for best peer) and every other row gets vs_peers {peer: peer ms / ms}
+    peers: Callable[[], dict[str, Callable | Peer]] | None = None
+    compile_peer: bool = True      # False: no torch.compile(eager) row (it would time the same kernels)
 
     def dtypes_of(self, dtypes) -> list[torch.dtype]:
         """The requested dtypes this workload runs in."""
@@ -545,6 +574,186 @@ CE_NOTES = ("modes fwd and fwd+bwd only: with a scalar loss the gradient is form
 
 
 # ----------------------------------------------------------------------------------------------
+# Attention: q (B, Hq, S, D), k/v (B, Hkv, S, D), SDPA's signature; and decode over a paged KV cache
+# ----------------------------------------------------------------------------------------------
+ATTN_TOKENS = 16384                        # B * S: FlashAttention's own benchmark convention
+ATTN_HIDDEN = 2048                         # H * D
+ATTN_SEQS = (512, 1024, 2048, 4096, 8192, 16384)
+ATTN_DIMS = (64, 128)
+MATH_MAX_S = 4096   # sdpa[math] materialises B*H*S^2 scores (and their gradient): longer is skipped
+
+# (name, SDPBackend member): the backends SDPA can be forced to, each a named peer "sdpa[<name>]"
+SDPA_BACKENDS = (("cudnn", "CUDNN_ATTENTION"), ("flash", "FLASH_ATTENTION"),
+                 ("efficient", "EFFICIENT_ATTENTION"), ("math", "MATH"))
+SDPA_PEER_NOTES = ("eager = F.scaled_dot_product_attention with its default backend choice; "
+                   "sdpa[cudnn], sdpa[flash], sdpa[efficient], sdpa[math]: the same call with that one "
+                   "backend forced by torch.nn.attention.sdpa_kernel (cuDNN attention; FlashAttention-2; "
+                   "the memory-efficient (xformers/CUTLASS) kernel; the unfused math reference in PyTorch "
+                   "ops), entered once around each peer's measurement, not per call; a backend that cannot "
+                   "run a case is a failed row; no compile peer (torch.compile of SDPA calls these same "
+                   "kernels) and no Liger (it has no attention)")
+
+
+def _attn_case(b: int, hq: int, hkv: int, s: int, d: int, causal: bool, headline: bool = False) -> Case:
+    return Case(f"B{b} H{hq}/{hkv} S{s} D{d} {'causal' if causal else 'non-causal'}",
+                {"B": b, "Hq": hq, "Hkv": hkv, "S": s, "D": d, "causal": causal}, headline=headline)
+
+
+def attention_cases(quick: bool) -> list[Case]:
+    """16k tokens at hidden 2048 over S x D x causal (full sweep); the bar shape B4 H32 S4096 D128
+    (causal and not; headline: not); GQA 32 over 8 heads at that shape (quick: causal only)."""
+    bar = [_attn_case(4, 32, 32, 4096, 128, False, headline=True), _attn_case(4, 32, 32, 4096, 128, True)]
+    gqa = [_attn_case(4, 32, 8, 4096, 128, c) for c in ((True,) if quick else (False, True))]
+    if quick:
+        return bar + gqa
+    sweep = [_attn_case(max(1, ATTN_TOKENS // s), ATTN_HIDDEN // d, ATTN_HIDDEN // d, s, d, c)
+             for s in ATTN_SEQS for d in ATTN_DIMS for c in (False, True)]
+    have = {c.label for c in sweep}
+    return sweep + [c for c in bar + gqa if c.label not in have]
+
+
+def attention_check_cases() -> list[Case]:
+    return [_attn_case(1, 2, 2, 17, 16, False), _attn_case(1, 2, 2, 17, 16, True),
+            _attn_case(2, 4, 4, 33, 32, False), _attn_case(2, 4, 2, 33, 32, True)]
+
+
+def _attn_make(case, dtype, device):
+    """q, k, v ~ N(0, 1): at SDPA's default scale 1/sqrt(D) the logits are ~N(0, 1), a softmax
+    neither uniform nor one-hot; then is_causal and enable_gqa (True where Hq != Hkv)."""
+    d = case.dims
+    q = randn((d["B"], d["Hq"], d["S"], d["D"]), dtype, device)
+    k = randn((d["B"], d["Hkv"], d["S"], d["D"]), dtype, device)
+    v = randn((d["B"], d["Hkv"], d["S"], d["D"]), dtype, device)
+    return q, k, v, bool(d["causal"]), d["Hq"] != d["Hkv"]
+
+
+def _sdpa(q, k, v, causal, gqa):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+
+def attention_reference(q, k, v, causal=False, gqa=False):
+    """Plain math attention (float64 in the correctness run): kv heads repeated for GQA, SDPA's
+    top-left causal mask (torch.ones(L, S).tril()), scale 1/sqrt(D)."""
+    if k.shape[-3] != q.shape[-3]:
+        rep = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    if causal:
+        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def attention_flops(case: Case, mode: str) -> int:
+    d = case.dims
+    fwd = 4 * d["B"] * d["Hq"] * d["S"] ** 2 * d["D"] // (2 if d["causal"] else 1)
+    return {"fwd": fwd, "bwd": fwd * 5 // 2, "fwd+bwd": fwd + fwd * 5 // 2}[mode]
+
+
+def attention_bytes(case: Case, mode: str, s: int) -> int:
+    """fwd: read q, k, v; write o. bwd: read q, k, v, o, do; write dq, dk, dv (lse not counted)."""
+    d = case.dims
+    q, kv = d["B"] * d["Hq"] * d["S"] * d["D"], d["B"] * d["Hkv"] * d["S"] * d["D"]
+    return _by_mode((2 * q + 2 * kv) * s, (4 * q + 4 * kv) * s)(mode)
+
+
+def _skip_long(call: Callable, max_s: int) -> Callable:
+    def fn(q, k, *rest):
+        if k.shape[-2] > max_s:
+            raise Skipped(f"S = {k.shape[-2]} > {max_s}: the math backend materialises the B*H*S^2 "
+                          f"scores (and their gradient); not timed")
+        return call(q, k, *rest)
+    return fn
+
+
+def sdpa_peers(call: Callable, math_max_s: int | None = None) -> Callable[[], dict[str, Peer]]:
+    """Workload.peers: "sdpa[<backend>]" for each SDPA backend, ``call`` (the workload's args ->
+    an SDPA call) under ``sdpa_kernel(<backend>)``; the math one declines S > ``math_max_s``."""
+    def peers() -> dict[str, Peer]:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        out = {}
+        for name, member in SDPA_BACKENDS:
+            backend = getattr(SDPBackend, member, None)
+            if backend is None:
+                continue   # an older torch without that backend: no row
+            fn = _skip_long(call, math_max_s) if name == "math" and math_max_s else call
+            out[f"sdpa[{name}]"] = Peer(fn, context=lambda b=backend: sdpa_kernel(b))
+        return out
+    return peers
+
+
+DECODE_HQ, DECODE_HKV, DECODE_D, DECODE_BLOCK = 32, 8, 128, 16
+DECODE_BATCHES = (1, 8, 16, 32, 64)
+DECODE_CONTEXTS = (4096, 8192, 16384, 32768)
+DECODE_HEADLINE = (16, 32768)
+
+
+def _decode_case(b: int, ctx: int, hq: int = DECODE_HQ, hkv: int = DECODE_HKV, d: int = DECODE_D,
+                 block: int = DECODE_BLOCK, small: bool = False, headline: bool = False) -> Case:
+    return Case(f"B{b} ctx{ctx} H{hq}/{hkv} D{d} block{block}",
+                {"B": b, "ctx": ctx, "Hq": hq, "Hkv": hkv, "D": d, "block": block}, small=small, headline=headline)
+
+
+def decode_cases(quick: bool) -> list[Case]:
+    """Llama-3-8B-like heads (32 over 8, D 128), block 16; batch x context, every sequence of the
+    same length (so SDPA's unpaged problem is the same one); batch <= 8 is small (decode-like)."""
+    batches, ctxs = ((1, 16, 64), (4096, 32768)) if quick else (DECODE_BATCHES, DECODE_CONTEXTS)
+    return [_decode_case(b, c, small=b <= 8, headline=(b, c) == DECODE_HEADLINE) for b in batches for c in ctxs]
+
+
+def decode_check_cases() -> list[Case]:
+    return [_decode_case(2, 40, 4, 2, 16, 8), _decode_case(3, 37, 4, 2, 32, 8)]
+
+
+def _decode_make(case, dtype, device):
+    """The paged problem -- q (B, Hq, D); k/v caches (num_blocks, block, Hkv, D) of exactly the
+    blocks needed, handed out as a random permutation of the pool; block_table (B, max_blocks)
+    int32; seq_lens (B,) int32, all ctx -- and the same values unpaged for the peers: q4
+    (B, Hq, 1, D), k4/v4 (B, Hkv, ctx, D). Cache slots past ctx hold random values too."""
+    d = case.dims
+    b, ctx, blk = d["B"], d["ctx"], d["block"]
+    nb = -(-ctx // blk)
+    q = randn((b, d["Hq"], d["D"]), dtype, device)
+    k_cache = randn((b * nb, blk, d["Hkv"], d["D"]), dtype, device)
+    v_cache = randn((b * nb, blk, d["Hkv"], d["D"]), dtype, device)
+    block_table = torch.randperm(b * nb, device=device).view(b, nb).to(torch.int32)
+    seq_lens = torch.full((b,), ctx, dtype=torch.int32, device=device)
+
+    def unpaged(cache):
+        return cache[block_table.long()].view(b, nb * blk, d["Hkv"], d["D"])[:, :ctx].transpose(1, 2).contiguous()
+
+    k4 = unpaged(k_cache)
+    v4 = unpaged(v_cache)
+    return q, k_cache, v_cache, block_table, seq_lens, q.unsqueeze(2), k4, v4
+
+
+def _sdpa_decode(q, k_cache, v_cache, block_table, seq_lens, q4, k4, v4):
+    return F.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True)
+
+
+def decode_reference(q, k_cache, v_cache, block_table, seq_lens, q4, k4, v4):
+    return attention_reference(q4, k4, v4, False, True)
+
+
+def _decode_ours(get):
+    f = get("decode_attention")
+    # (B, Hq, D) -> (B, Hq, 1, D), SDPA's shape: the view is on our rows' clock, not the peers'
+    return {"warpforge": lambda q, kc, vc, bt, sl, *_: f(q, kc, vc, bt, sl, validate=False).unsqueeze(2),
+            "warpforge[validated]": lambda q, kc, vc, bt, sl, *_: f(q, kc, vc, bt, sl).unsqueeze(2)}
+
+
+def decode_bytes(case: Case, mode: str, s: int) -> int:
+    d = case.dims
+    return (2 * d["B"] * d["ctx"] * d["Hkv"] * d["D"] + 2 * d["B"] * d["Hq"] * d["D"]) * s
+
+
+def decode_flops(case: Case, mode: str) -> int:
+    d = case.dims
+    return 4 * d["B"] * d["Hq"] * d["ctx"] * d["D"]
+
+
+# ----------------------------------------------------------------------------------------------
 # The registry
 # ----------------------------------------------------------------------------------------------
 def _one(fname: str, call: Callable[[Callable], Callable]):
@@ -765,6 +974,33 @@ _register(Workload(
           "them to fp32 (Hugging Face); reference row cublas_gemms: the GEMMs alone (fwd: the logits; "
           "fwd+bwd: also dh and dW), the bar is time / ref <= 1.1 and extra peak memory <= 1.5 GiB",
 ))
+
+_register(Workload(
+    name="attention", module="warpforge.ops.attention",
+    cases=attention_cases, check_cases=attention_check_cases, make=_attn_make, grad_args=(0, 1, 2),
+    ours_fn=_one("scaled_dot_product_attention",
+                 lambda f: lambda q, k, v, causal, gqa: f(q, k, v, is_causal=causal, enable_gqa=gqa)),
+    eager=_sdpa, reference=attention_reference,
+    peers=sdpa_peers(_sdpa, math_max_s=MATH_MAX_S), compile_peer=False,
+    bytes_fn=attention_bytes, flops_fn=attention_flops, only_dtypes=(torch.bfloat16, torch.float16),
+    notes="q, k, v (B, H, S, D); " + SDPA_PEER_NOTES + f"; sdpa[math] is skipped past S = {MATH_MAX_S} (it "
+          "materialises B*H*S^2 scores); FLOPs 4*B*Hq*S^2*D forward (half causal), backward 2.5x; the "
+          "sweep is 16k tokens at hidden 2048 (B = 16384 / S, H = 2048 / D), plus the bar shape B4 H32 "
+          "S4096 D128 and GQA 32/8 heads at it",
+))
+_register(Workload(
+    name="decode_attention", module="warpforge.ops.decode_attention",
+    cases=decode_cases, check_cases=decode_check_cases, make=_decode_make, grad_args=(),
+    ours_fn=_decode_ours, eager=_sdpa_decode, reference=decode_reference,
+    peers=sdpa_peers(_sdpa_decode), compile_peer=False,
+    bytes_fn=decode_bytes, flops_fn=decode_flops, modes=("fwd",), only_dtypes=(torch.bfloat16, torch.float16),
+    notes="one query token per sequence over a paged KV cache (block table a random permutation of the "
+          "pool, every sequence ctx long); warpforge = validate=False, the serving path (no host sync), "
+          "warpforge[validated] = the default (checks block_table/seq_lens on the host); the peers run on "
+          "the same values unpaged, q (B, Hq, 1, D), k/v (B, Hkv, ctx, D), enable_gqa=True; " + SDPA_PEER_NOTES
+          + "; bytes: the KV read (2*B*ctx*Hkv*D*s) plus q and out; forward only",
+))
+
 
 
 def get(names: list[str] | None) -> list[Workload]:
