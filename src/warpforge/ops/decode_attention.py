@@ -69,6 +69,7 @@ import triton.language as tl
 from ..runtime import interpreting, new_empty
 from ..runtime.checks import check_device, check_same, check_tensor
 from ..runtime.heuristics import DECODE_COMBINE_STEP, decode_config
+from ..runtime.launch import LaunchCache, aligned
 from ..runtime.registry import Op
 
 LOG2E = 1.4426950408889634
@@ -276,6 +277,10 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+_SPLIT_LAUNCH = LaunchCache(_decode_attention_split_kernel)
+_COMBINE_LAUNCH = LaunchCache(_decode_attention_combine_kernel)
+
+
 def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int) -> torch.Tensor:
     bsz, hq, d = q.shape
     nblocks, page, hkv, _ = k_cache.shape
@@ -294,26 +299,28 @@ def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num
         acc = new_empty((bsz, hq, splits, d), dtype=torch.float32, device=q.device)
     else:
         m = l = acc = out                      # unused pointers
-    _decode_attention_split_kernel[(bsz * hkv, splits)](
+    # A decode step's kernels run for microseconds; the JIT's per-launch binding would cost more
+    # than that, so the compiled kernels are launched directly (runtime/launch.py), keyed by
+    # everything the JIT specialises on.
+    const = dict(HEAD_DIM=d, BLOCK_D=cfg.block_d, BLOCK_G=cfg.block_g, BLOCK_N=cfg.block_n,
+                 PAGE=page, GRANULE=cfg.granule, SPLIT=splits > 1,
+                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32",      # "tf32" is ignored for 16-bit
+                 UPCAST=interpreting() and q.dtype == torch.bfloat16)
+    key = (q.shape, q.stride(), q.dtype, k_cache.shape, k_cache.stride(), v_cache.stride(), block_table.shape,
+           block_table.stride(), block_table.dtype, seq_lens.dtype, cfg, out.stride(),
+           aligned(q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc))
+    _SPLIT_LAUNCH(key, (bsz * hkv, splits), (
         q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc,
         scale * LOG2E, hkv, group, nblocks, max_blocks, splits,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_table.stride(0), block_table.stride(1),
-        out.stride(0), out.stride(1),
-        HEAD_DIM=d, BLOCK_D=cfg.block_d, BLOCK_G=cfg.block_g, BLOCK_N=cfg.block_n,
-        PAGE=page, GRANULE=cfg.granule, SPLIT=splits > 1,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",      # "tf32" is ignored for 16-bit
-        UPCAST=interpreting() and q.dtype == torch.bfloat16,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+        out.stride(0), out.stride(1)), const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if splits > 1:
-        _decode_attention_combine_kernel[(bsz * hq,)](
-            m, l, acc, out, hq, splits, out.stride(0), out.stride(1),
-            HEAD_DIM=d, BLOCK_D=cfg.block_d, STEP=min(DECODE_COMBINE_STEP, triton.next_power_of_2(splits)),
-            num_warps=4,
-        )
+        _COMBINE_LAUNCH(key, (bsz * hq,), (m, l, acc, out, hq, splits, out.stride(0), out.stride(1)),
+                        dict(HEAD_DIM=d, BLOCK_D=cfg.block_d, STEP=min(DECODE_COMBINE_STEP, triton.next_power_of_2(splits))),
+                        num_warps=4, num_stages=1)
     return out
 
 

@@ -75,3 +75,20 @@ class Desc:
 def aligned(*tensors) -> tuple[bool, ...]:
     """Each tensor's 16-byte alignment (part of every plan key: Triton specialises on it)."""
     return tuple(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def spec_key(args: tuple) -> tuple:
+    """What the JIT specialises a kernel's runtime arguments on, as a plan key: a tensor's dtype
+    and 16-byte alignment; an integer's being 1, its divisibility by 16 and whether it needs 64
+    bits; a float nothing; None as itself."""
+    key = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key.append((a.dtype, a.data_ptr() % 16 == 0))
+        elif isinstance(a, bool) or a is None:
+            key.append(a)
+        elif isinstance(a, int):
+            key.append((a == 1, a % 16 == 0, -2**31 <= a < 2**31))
+        else:
+            key.append(type(a))
+    return tuple(key)
