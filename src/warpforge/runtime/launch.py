@@ -56,7 +56,10 @@ def launch(compiled, grid: tuple, values: tuple) -> None:
     """What the JIT does last: run a compiled kernel on the current stream (``values``: every
     parameter in signature order, constexprs included)."""
     g0, g1, g2 = (*grid, 1, 1)[:3]
-    stream = torch.cuda.current_stream().cuda_stream
+    # the raw handle straight from the C API: torch.cuda.current_stream() builds a Stream object
+    # and resolves the device in Python, the largest host cost of a direct launch (H100 host,
+    # decode at batch 1; benchmarks/NOTES.md)
+    stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
     compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata,
                  compiled.launch_metadata(grid, stream, *values),
                  knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *values)
