@@ -202,6 +202,25 @@ def _seq_bounds(cu_ptr, b, total, fixed_len, VARLEN: tl.constexpr):
 
 
 @triton.jit
+def _query_tile(cu_q_ptr, cu_k_ptr, H, GROUP, len_q_fixed, len_k_fixed, total_q, total_k,
+                BLOCK_M: tl.constexpr, VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """Which query tile a (tile, batch x head) program owns: batch b, query head h, its KV head,
+    both sequences' (start, length), the tile's first row m0 and the causal diagonal's offset."""
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    q_start, len_q = _seq_bounds(cu_q_ptr, b, total_q, len_q_fixed, VARLEN)
+    k_start, len_k = _seq_bounds(cu_k_ptr, b, total_k, len_k_fixed, VARLEN)
+    pid_m = tl.program_id(0)
+    if HAS_RIGHT:
+        pid_m = tl.num_programs(0) - 1 - pid_m          # causal: the longest rows first
+    off = len_k * 0
+    if BOTTOM_RIGHT:
+        off = len_k - len_q
+    return b, h, h // GROUP, q_start, len_q, k_start, len_k, pid_m * BLOCK_M, off
+
+
+@triton.jit
 def _attn_fwd_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, mask_ptr,  # q (.., L, D), k v (.., S, D), o like q, lse fp32, mask (B, H, L, S) view
     cu_q_ptr, cu_k_ptr,                  # (B + 1,) int32 cumulative lengths (VARLEN only)
@@ -213,20 +232,10 @@ def _attn_fwd_kernel(
     VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    hk = h // GROUP
-    q_start, len_q = _seq_bounds(cu_q_ptr, b, total_q, len_q_fixed, VARLEN)
-    k_start, len_k = _seq_bounds(cu_k_ptr, b, total_k, len_k_fixed, VARLEN)
-    pid_m = tl.program_id(0)
-    if HAS_RIGHT:
-        pid_m = tl.num_programs(0) - 1 - pid_m          # causal: the longest rows first
-    m0 = pid_m * BLOCK_M
+    b, h, hk, q_start, len_q, k_start, len_k, m0, off = _query_tile(
+        cu_q_ptr, cu_k_ptr, H, GROUP, len_q_fixed, len_k_fixed, total_q, total_k,
+        BLOCK_M, VARLEN, BOTTOM_RIGHT, HAS_RIGHT)
     if m0 < len_q:
-        off = 0
-        if BOTTOM_RIGHT:
-            off = len_k - len_q
         b64 = b.to(tl.int64)
         q_base = q_ptr + b64 * sqb + h.to(tl.int64) * sqh + q_start.to(tl.int64) * sqm
         k_base = k_ptr + b64 * skb + hk.to(tl.int64) * skh + k_start.to(tl.int64) * skn
@@ -445,20 +454,10 @@ def _attn_bwd_dq_kernel(
     VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    hk = h // GROUP
-    q_start, len_q = _seq_bounds(cu_q_ptr, b, total_q, len_q_fixed, VARLEN)
-    k_start, len_k = _seq_bounds(cu_k_ptr, b, total_k, len_k_fixed, VARLEN)
-    pid_m = tl.program_id(0)
-    if HAS_RIGHT:
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    m0 = pid_m * BLOCK_M
+    b, h, hk, q_start, len_q, k_start, len_k, m0, off = _query_tile(
+        cu_q_ptr, cu_k_ptr, H, GROUP, len_q_fixed, len_k_fixed, total_q, total_k,
+        BLOCK_M, VARLEN, BOTTOM_RIGHT, HAS_RIGHT)
     if m0 < len_q:
-        off = 0
-        if BOTTOM_RIGHT:
-            off = len_k - len_q
         b64 = b.to(tl.int64)
         h64 = h.to(tl.int64)
         q0 = q_start.to(tl.int64)
