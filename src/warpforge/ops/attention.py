@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from ..runtime import interpreting
+from ..runtime import interpreting, unit_last_dim
 from ..runtime.checks import check_same, check_tensor
 from ..runtime.heuristics import AttentionConfig, attention_config
 from ..runtime.launch import LaunchCache, spec_key
@@ -535,11 +535,6 @@ class _Problem:
         return tuple(mask.stride()) if mask is not None else (0, 0, 0, 0)
 
 
-def _rowmajor(t: torch.Tensor) -> torch.Tensor:
-    """The kernels need unit stride along the head dim (anything else is copied)."""
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
 def _out_like(t: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(t)
     if runtime.POISON:
@@ -588,7 +583,7 @@ _DELTA_CFG = AttentionConfig(0, 0, 4, 1)   # the row-dot kernel: 4 warps, nothin
 
 def _attention_fwd(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
                    win_left: int, win_right: int, bottom_right: bool):
-    q, k, v = _rowmajor(q), _rowmajor(k), _rowmajor(v)
+    q, k, v = unit_last_dim(q), unit_last_dim(k), unit_last_dim(v)
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
     o = _out_like(q)
     lse = runtime.new_empty(p.lse_shape(), dtype=torch.float32, device=q.device)
@@ -608,7 +603,7 @@ def _attention_fwd(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale: flo
 
 def _attention_bwd(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
                    win_left: int, win_right: int, bottom_right: bool):
-    do, q, k, v, o = (_rowmajor(t) for t in (do, q, k, v, o))
+    do, q, k, v, o = (unit_last_dim(t) for t in (do, q, k, v, o))
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
     dq, dk, dv = _out_like(q), _out_like(k), _out_like(v)
     if p.B == 0 or p.H == 0 or p.len_q == 0 or p.len_k == 0:
@@ -651,7 +646,7 @@ def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
 def _fwd_fake(q, k, v, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right):
     lse_shape = (q.shape[1], q.shape[0]) if cu_q is not None else q.shape[:-1]
-    return torch.empty_like(q if q.stride(-1) == 1 else q.contiguous()), q.new_empty(lse_shape, dtype=torch.float32)
+    return torch.empty_like(unit_last_dim(q)), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 def _bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -663,8 +658,7 @@ def _bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 
 def _bwd_fake(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right):
-    like = [t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v)]
-    return tuple(torch.empty_like(t) for t in like)
+    return tuple(torch.empty_like(unit_last_dim(t)) for t in (q, k, v))
 
 
 attention_bwd_op = Op("attention_bwd", _bwd_impl, _bwd_fake)

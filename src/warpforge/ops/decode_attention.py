@@ -66,7 +66,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..runtime import interpreting, new_empty
+from ..runtime import interpreting, new_empty, unit_last_dim
 from ..runtime.checks import check_device, check_same, check_tensor
 from ..runtime.heuristics import DECODE_COMBINE_STEP, decode_config
 from ..runtime.launch import LaunchCache, aligned
@@ -273,10 +273,6 @@ def _append_paged_kv_kernel(
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
-def _unit_last(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
 _SPLIT_LAUNCH = LaunchCache(_decode_attention_split_kernel)
 _COMBINE_LAUNCH = LaunchCache(_decode_attention_combine_kernel)
 
@@ -287,7 +283,7 @@ def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num
     out = new_empty((bsz, hq, d), dtype=q.dtype, device=q.device)
     if bsz == 0:
         return out
-    q = _unit_last(q)
+    q = unit_last_dim(q)
     group = hq // hkv
     max_blocks = block_table.shape[1]
     cfg = decode_config(bsz, hkv, group, max_blocks * page, d, page, q.element_size(),
@@ -328,7 +324,7 @@ def _append_launch(key, value, k_cache, v_cache, block_table, cache_seqlens) -> 
     bsz, t, hkv, d = key.shape
     if bsz * t == 0:
         return
-    key, value = _unit_last(key), _unit_last(value)
+    key, value = unit_last_dim(key), unit_last_dim(value)
     block_d = triton.next_power_of_2(d)
     block_h = min(triton.next_power_of_2(hkv), max(1, 4096 // block_d))
     _append_paged_kv_kernel[(bsz * t,)](

@@ -58,7 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..runtime import new_empty
+from ..runtime import new_empty, unit_last_dim
 from ..runtime.checks import check_same, check_tensor
 from ..runtime.heuristics import rope_config
 from ..runtime.registry import Op
@@ -240,11 +240,6 @@ def _out_like(x: torch.Tensor, alloc) -> torch.Tensor:
     return alloc((b, h, s, d))
 
 
-def _unit_last(t: torch.Tensor) -> torch.Tensor:
-    """Kernels need a unit stride on the last dim; copy only when it is not (e.g. an expanded grad)."""
-    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
-
-
 def _rope_launch(q, k, cos, sin, position_ids, offset: int, interleaved: bool, backward: bool):
     qo = _out_like(q, lambda shp: new_empty(shp, dtype=q.dtype, device=q.device))
     ko = _out_like(k, lambda shp: new_empty(shp, dtype=k.dtype, device=k.device))
@@ -252,8 +247,8 @@ def _rope_launch(q, k, cos, sin, position_ids, offset: int, interleaved: bool, b
     hk = k.shape[1]
     if bsz * s == 0:
         return qo, ko
-    q, k = _unit_last(q), _unit_last(k)
-    cos, sin = _unit_last(cos), _unit_last(sin)
+    q, k = unit_last_dim(q), unit_last_dim(k)
+    cos, sin = unit_last_dim(cos), unit_last_dim(sin)
     cos3 = cos if cos.dim() == 3 else cos.unsqueeze(0)          # (Bt, T, D or D/2)
     sin3 = sin if sin.dim() == 3 else sin.unsqueeze(0)
 

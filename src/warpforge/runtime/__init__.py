@@ -31,6 +31,12 @@ def interpreting() -> bool:
 POISON = os.environ.get("WARPFORGE_POISON", "0") == "1"
 
 
+def unit_last_dim(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when its last dim has unit stride (what the kernels index; a size-1 dim's stride is
+    never used), else a contiguous copy (e.g. of an expanded gradient)."""
+    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+
+
 def new_empty(shape, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Allocate a kernel's output (NaN-filled when :data:`POISON` is set)."""
     out = torch.empty(shape, dtype=dtype, device=device)
