@@ -15,7 +15,7 @@ from warpforge.bench import report, runner, timing, workloads as W
 
 EXPECTED_OPS = {"add", "sum", "amax", "softmax", "log_softmax", "layer_norm", "rms_norm", "add_rms_norm",
                 "swiglu", "geglu", "rope", "matmul", "matmul_bwd", "linear_gelu", "fp8_matmul", "cross_entropy",
-                "linear_cross_entropy", "attention", "decode_attention"}
+                "linear_cross_entropy", "attention", "decode_attention", "moe", "moe_decode"}
 
 
 def _case(name: str, label: str) -> W.Case:
@@ -559,6 +559,247 @@ def test_bench_runner_decode_attention(monkeypatch):
             assert r["vs_peers"]["eager"] == pytest.approx(2.0 / times[i])
     assert rows[big, "warpforge"]["err_vs_eager"] < 2e-2
     assert any("compile: not a peer of this op" in n for n in res.notes)
+
+# ---------------------------------------------------------------------------------------------- moe
+MOE_SHAPES = {"DeepSeek-V2-Lite": (2048, 1408, 64, 6), "Qwen3-30B-A3B": (2048, 768, 128, 8),
+              "Mixtral-8x7B": (4096, 14336, 8, 2), "OLMoE-1B-7B": (2048, 1024, 64, 8)}   # d, n, E, k
+
+
+def _counts(ids: torch.Tensor, e: int) -> torch.Tensor:
+    return torch.bincount(ids.flatten().long(), minlength=e)
+
+
+@pytest.mark.parametrize("routing", W.MOE_ROUTINGS)
+@pytest.mark.parametrize("t, e, k", [(1, 8, 2), (13, 6, 2), (7, 5, 1), (64, 8, 8), (300, 64, 6), (257, 128, 8)])
+def test_moe_routing_distinct_experts_in_range(routing, t, e, k):
+    ids, w = W.make_moe_routing(t, e, k, routing)
+    assert ids.shape == w.shape == (t, k) and ids.dtype == torch.int32 and w.dtype == torch.float32
+    assert ids.device.type == w.device.type == "cpu"
+    assert ids.min() >= 0 and ids.max() < e
+    srt = ids.sort(dim=-1).values
+    assert (srt[:, 1:] > srt[:, :-1]).all(), "each token's k experts are distinct"
+    assert (w > 0).all() and torch.allclose(w.sum(-1), torch.ones(t)), "a softmax over the k choices"
+    again = W.make_moe_routing(t, e, k, routing)
+    assert torch.equal(again[0], ids) and torch.equal(again[1], w), "the same routing every time (fixed seed)"
+    ids.fill_(-1)
+    w.fill_(0)
+    assert W.make_moe_routing(t, e, k, routing)[0].min() >= 0, "a caller's copy: the cached routing is untouched"
+    with pytest.raises(ValueError, match="1 <= k <= E"):
+        W.make_moe_routing(t, e, e + 1, routing)
+
+
+def test_moe_routing_balance_and_skew():
+    for t, e, k in ((48, 8, 2), (96, 8, 2), (8192, 64, 6), (1024, 128, 8), (9, 3, 3)):   # E divides T*k
+        assert (_counts(W.make_moe_routing(t, e, k, "balanced")[0], e) == t * k // e).all(), (t, e, k)
+    c = _counts(W.make_moe_routing(13, 6, 2, "balanced")[0], 6)
+    assert c.max() - c.min() == 1, "otherwise off by one at most"
+    ids, _ = W.make_moe_routing(64, 8, 2, "balanced")
+    assert not torch.equal(ids[1], (ids[0] + 2) % 8), "the tokens are dealt in a shuffled order"
+    for e, k in ((8, 2), (64, 6), (128, 8)):
+        t = 8192
+        mean = t * k / e
+        z, r = (_counts(W.make_moe_routing(t, e, k, kind)[0], e) for kind in ("zipf", "random"))
+        assert z.max() > 2 * mean and z.min() < mean / 2, (e, k, z.max() / mean)
+        assert 0.7 * mean < r.min() and r.max() < 1.3 * mean, (e, k)
+    with pytest.raises(ValueError, match="unknown routing 'skewed'"):
+        W.make_moe_routing(4, 4, 1, "skewed")
+
+
+def test_moe_workloads(capsys):
+    wl, de = W.WORKLOADS["moe"], W.WORKLOADS["moe_decode"]
+    full, quick = wl.cases(False), wl.cases(True)
+    assert len(full) == 24 == len({c.label for c in full})
+    assert [(c.dims["model"], c.dims["T"], c.dims["routing"]) for c in full] == [
+        (m, t, r) for m in MOE_SHAPES for t in (8192, 16384) for r in ("balanced", "random", "zipf")]
+    assert all((c.dims["d"], c.dims["n"], c.dims["E"], c.dims["k"]) == MOE_SHAPES[c.dims["model"]] and not c.small
+               for c in full + quick)
+    assert [(c.dims["model"], c.dims["T"], c.dims["routing"]) for c in quick] == [
+        ("DeepSeek-V2-Lite", 8192, "random"), ("Qwen3-30B-A3B", 8192, "random"), ("Mixtral-8x7B", 8192, "random")]
+    head = "DeepSeek-V2-Lite T8192 d2048 n1408 E64 k6 random"
+    assert [c.label for c in full if c.headline] == [c.label for c in quick if c.headline] == [head]
+    assert wl.modes == W.MODES and wl.grad_args == (0, 1, 2, 3) and wl.only_dtypes == (torch.bfloat16,)
+    assert wl.measure_memory and not wl.compile_peer and wl.eager is W.moe_loop and wl.reference is W.moe_reference
+    assert list(wl.peers()) == ["grouped_mm"] and wl.module == "warpforge.ops.moe"
+    assert wl.liger[:2] == ("liger_kernel.ops.fused_moe", "LigerFusedMoEFunction") and not wl.liger_writes_inputs
+    assert all(s in wl.notes for s in ("6*T*k*d*n", "balanced", "random", "zipf", "eager", "grouped_mm", "Liger",
+                                       "host sync", "extra GiB"))
+
+    # the FLOP and byte models at the headline case: every expert gets tokens there
+    c = _case("moe", head)
+    T, d, n, E, k = 8192, 2048, 1408, 64, 6
+    f = 6 * T * k * d * n
+    assert wl.flops(c, "fwd") == f == 850_403_524_608
+    assert wl.flops(c, "bwd") == 2 * f and wl.flops(c, "fwd+bwd") == 3 * f
+    assert W.moe_active_experts(c) == E
+    weights = 3 * E * d * n * 2
+    assert wl.bytes(c, "fwd", 2) == weights + 2 * T * d * 2 + 8 * T * k
+    assert wl.bytes(c, "bwd", 2) == 2 * weights + 3 * T * d * 2 + 12 * T * k
+    assert wl.bytes(c, "fwd+bwd", 2) == wl.bytes(c, "fwd", 2) + wl.bytes(c, "bwd", 2)
+    for case in full + quick:
+        assert all(wl.flops(case, m) > 0 and wl.bytes(case, m, 2) > 0 for m in wl.modes)
+
+    # decode: a workload of its own (forward only), bytes = the weights of the experts it touches
+    dfull, dquick = de.cases(False), de.cases(True)
+    assert [(c.dims["model"], c.dims["T"]) for c in dfull] == [(m, t) for m in MOE_SHAPES for t in (1, 8, 64, 256)]
+    assert [(c.dims["model"], c.dims["T"]) for c in dquick] == [
+        (m, t) for m in ("DeepSeek-V2-Lite", "Qwen3-30B-A3B", "Mixtral-8x7B") for t in (1, 64)]
+    assert all(c.small and c.dims["routing"] == "random" for c in dfull + dquick)
+    assert [c.label for c in dfull if c.headline] == [c.label for c in dquick if c.headline] == [
+        "DeepSeek-V2-Lite T64 d2048 n1408 E64 k6 random"]
+    assert de.modes == ("fwd",) and de.measure_memory and not de.compile_peer and de.eager is W.moe_loop
+    assert list(de.peers()) == ["grouped_mm"] and de.liger == wl.liger and de.module == wl.module
+    one = _case("moe_decode", "Mixtral-8x7B T1 d4096 n14336 E8 k2 random")
+    assert W.moe_active_experts(one) == 2
+    assert de.bytes(one, "fwd", 2) == 3 * 2 * 4096 * 14336 * 2 + 2 * 4096 * 2 + 8 * 2
+    assert de.flops(one, "fwd") == 6 * 2 * 4096 * 14336
+    eight = _case("moe_decode", "DeepSeek-V2-Lite T8 d2048 n1408 E64 k6 random")
+    ids, _ = W.make_moe_routing(8, 64, 6, "random")
+    assert W.moe_active_experts(eight) == len(set(ids.flatten().tolist())) < 48, "counted, not min(E, T*k)"
+
+    # registered, and listed where the known ops are named
+    assert [w.name for w in W.get(["moe", "moe_decode"])] == ["moe", "moe_decode"]
+    with pytest.raises(ValueError, match="known: .*moe, moe_decode"):
+        W.get(["nope"])
+    from warpforge import cli
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    assert "moe, moe_decode" in " ".join(capsys.readouterr().out.split())
+
+
+def test_moe_inputs_and_plain_peers_against_the_reference():
+    """The inputs (shapes, dtypes, routing from make_moe_routing, outputs O(1)); the loop (eager) against
+    the reference forward and backward; the pipelines agree with each other."""
+    wl = W.WORKLOADS["moe"]
+    for case in wl.check_cases() + W.WORKLOADS["moe_decode"].check_cases():
+        dm = case.dims
+        t, d, n, e, k = dm["T"], dm["d"], dm["n"], dm["E"], dm["k"]
+        x, w1, w2, tw, ti = args = wl.make(case, torch.bfloat16, "cpu")
+        assert x.shape == (t, d) and w1.shape == (e, 2 * n, d) and w2.shape == (e, d, n)
+        assert x.dtype == w1.dtype == w2.dtype == torch.bfloat16
+        assert tw.shape == ti.shape == (t, k) and tw.dtype == torch.float32 and ti.dtype == torch.int32
+        ids, weights = W.make_moe_routing(t, e, k, dm["routing"])
+        assert torch.equal(ti, ids) and torch.equal(tw, weights)
+        ref = W.moe_reference(*args)
+        assert ref.dtype == torch.float32 and ref.shape == (t, d) and 0.1 < ref.std() < 3, case.label
+        out = W.moe_loop(*args)
+        assert out.dtype == torch.bfloat16 and runner.rel_err(out, ref) < 2e-2, case.label
+        assert runner.rel_err(W.moe_loop(x, w1, w2, tw, ti.long()), ref) < 2e-2, "int64 ids too"
+
+        # float32 against the float64 reference, forward and the four gradients
+        args32 = wl.make(case, torch.float32, "cpu")
+        a = runner.with_grad(args32, wl.grad_args)
+        r = runner._float64(args32, wl.grad_args, grad=True)
+        out, ref = W.moe_loop(*a), W.moe_reference(*r)
+        assert ref.dtype == torch.float64 and runner.rel_err(out, ref) < 1e-5
+        dy = torch.randn_like(out)
+        got = torch.autograd.grad(out, [a[i] for i in wl.grad_args], dy)
+        want = torch.autograd.grad(ref, [r[i] for i in wl.grad_args], dy.double())
+        for g, gw, what in zip(got, want, ("x", "w_gate_up", "w_down", "topk_weights")):
+            assert g.dtype == torch.float32, what
+            assert runner.rel_err(g, gw) < 1e-5, (case.label, what)
+
+
+def test_moe_grouped_mm_peer():
+    """The grouped_mm peer declines off CUDA (a Skipped row, not a failure); the pipeline itself
+    agrees with the reference wherever this torch runs torch._grouped_mm (the forward on CPU too)."""
+    wl = W.WORKLOADS["moe"]
+    case = wl.check_cases()[0]
+    args = wl.make(case, torch.bfloat16, DEVICE)
+    if DEVICE == "cpu":
+        with pytest.raises(W.Skipped, match="CUDA only"):
+            W._grouped_mm_peer(*args)
+    if not hasattr(torch, "_grouped_mm"):
+        with pytest.raises(W.Skipped, match="no torch._grouped_mm"):
+            W._grouped_mm_peer(*args)
+        pytest.skip("this torch has no torch._grouped_mm")
+    try:
+        out = W.moe_grouped_mm(*args)
+    except (RuntimeError, NotImplementedError) as e:
+        pytest.skip(f"torch._grouped_mm does not run here: {e}")
+    ref = W.moe_reference(*args)
+    assert out.dtype == torch.bfloat16 and runner.rel_err(out, ref) < 2e-2
+    assert runner.rel_err(out, W.moe_loop(*args)) < 2e-2
+
+
+def test_moe_liger_adapter():
+    """Liger's apply takes (x, gate_up_proj, down_proj, top_k_index int32, top_k_weights)."""
+    seen = []
+
+    class FakeLiger:
+        @staticmethod
+        def apply(*a):
+            seen.append(a)
+            return a[0]
+
+    x, w1, w2, tw, ti = W.WORKLOADS["moe"].make(W.WORKLOADS["moe"].check_cases()[0], torch.bfloat16, "cpu")
+    W._liger_moe(FakeLiger)(x, w1, w2, tw, ti.long())
+    (a,) = seen
+    assert a[0] is x and a[1] is w1 and a[2] is w2 and a[4] is tw
+    assert a[3].dtype == torch.int32 and torch.equal(a[3], ti)
+
+
+def test_check_run_moe_workloads(monkeypatch):
+    """The MoE workloads' inputs, calls and float64 reference wired up in the correctness run (bf16
+    only), with the plain-PyTorch loop standing in for ours (the real op: the next test)."""
+    wls = [W.WORKLOADS["moe"], W.WORKLOADS["moe_decode"]]
+    for wl in wls:
+        monkeypatch.setattr(wl, "ours_fn", lambda get: {"warpforge": W.moe_loop})
+    res = runner.run_check(wls, [torch.float32, torch.bfloat16])
+    assert [(r["op"], r["dtype"], r["direction"], r["status"]) for r in res.rows] == [
+        (wl.name, "bf16", d, "ok") for wl in wls for _ in wl.check_cases() for d in ("fwd", "bwd")]
+    assert all(r["ok"] and r["rel_err"] < 1e-2 for r in res.rows)
+
+
+def test_check_run_moe_real_op():
+    """warpforge.ops.moe.moe_experts through the correctness run (the interpreter on a CPU); skipped
+    until the op exists."""
+    wls = [W.WORKLOADS["moe"], W.WORKLOADS["moe_decode"]]
+    try:
+        wls[0].ours()
+    except W.OpUnavailable as e:
+        pytest.skip(f"moe_experts not available yet: {e}")
+    res = runner.run_check(wls, [torch.bfloat16], device=DEVICE)
+    assert len(res.rows) == 2 * sum(len(wl.check_cases()) for wl in wls)
+    bad = [(r["op"], r["shape"], r["direction"], r["status"], r["rel_err"]) for r in res.rows if not r["ok"]]
+    assert not bad, bad
+
+
+def test_bench_runner_moe(monkeypatch):
+    """The moe workload through the GPU runner (timers and memory counters replaced, ours the loop):
+    bf16 only; eager (the loop) and grouped_mm as peers (grouped_mm a skipped row off CUDA); no
+    compile row; extra_gib and vs_peers on our rows; every mode."""
+    wl = W.WORKLOADS["moe"]
+    monkeypatch.setattr(wl, "ours_fn", lambda get: {"warpforge": W.moe_loop})
+    monkeypatch.setattr(wl, "cases", lambda quick: [W._moe_case("tiny", 32, 24, 6, 2, 16, "zipf", headline=True)])
+    times = {"warpforge": 1.0, "eager": 2.0, "grouped_mm": 1.6}
+    current = {}
+    _fake_timers(monkeypatch, times, current)
+    gib = {"warpforge": 0.25, "eager": 1.0, "grouped_mm": 0.5}
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 2**30)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: int(2**30 * (1 + gib[current["impl"]])))
+    res = runner.run_bench([wl], list(W.MODES), [torch.float32, torch.bfloat16], use_compile=True, use_liger=False,
+                           copy_gbps=1.0, device=DEVICE)
+    assert any("compile: not a peer of this op" in n and "moe" in n for n in res.notes)
+    assert any(n.startswith("moe: x (T, d) through E SwiGLU experts") for n in res.notes)
+    rows = {(r["mode"], r["impl"]): r for r in res.rows}
+    assert {r["dtype"] for r in res.rows} == {"bf16"} and {m for m, _ in rows} == set(W.MODES)
+    assert {i for _, i in rows} == {"warpforge", "eager", "grouped_mm"}
+    for mode in W.MODES:
+        ours, gm = rows[mode, "warpforge"], rows[mode, "grouped_mm"]
+        assert ours["status"] == "ok" and ours["extra_gib"] == pytest.approx(0.25)
+        assert ours["flops"] == wl.flops(wl.cases(False)[0], mode)
+        assert rows[mode, "eager"]["status"] == "ok" and rows[mode, "eager"]["extra_gib"] == pytest.approx(1.0)
+        if DEVICE == "cpu":
+            assert gm["status"] == "skipped: torch._grouped_mm is timed on CUDA only, not cpu"
+        else:   # a GPU whose torch cannot run it: a failed row, never a stopped run
+            assert gm["status"] == "ok" or gm["status"].startswith(("failed: ", "skipped: ")), gm
+        ran = [p for p in ("eager", "grouped_mm") if rows[mode, p]["status"] == "ok"]
+        assert ours["vs_peers"] == {p: times[p] for p in ran}
+        assert ours["best_peer"] == ("grouped_mm" if "grouped_mm" in ran else "eager")
+    assert rows["fwd", "warpforge"]["err_vs_eager"] < 1e-2
+
 
 # ---------------------------------------------------------------------------------------------- reports
 def _rows():

@@ -25,13 +25,19 @@ element of the benchmark dtype; weight vectors of N elements are counted too:
                               bwd (4*B*Hq*S*D + 4*B*Hkv*S*D)*s      (read q, k, v, o, do; write dq, dk,
                                                                      dv; the lse vector not counted)
     decode_attention          2*B*ctx*Hkv*D*s + 2*B*Hq*D*s (the KV bytes read; q read, out written)
+    moe (T tokens, k of E     fwd 3*Ea*d*n*s + 2*T*d*s + 8*T*k   (read the weights of the Ea experts
+    experts of d x n)                                           with a token, x, int32 ids, fp32
+                                                                weights; write out)
+                              bwd 3*Ea*d*n*s + 3*E*d*n*s + 3*T*d*s + 12*T*k   (read W, write dW of all
+                                                                E; read x, dy; write dx, d(weights))
 
 ``fwd+bwd`` is always the sum of the two. FLOP models are a few FLOPs per element: every op here
 is memory-bound by two orders of magnitude, the FLOPs only place points on the roofline. (The
 cross-entropy ops have no separate "bwd": their gradient is formed in the forward, so fwd+bwd is
 the floor itself, not a sum.) The GEMMs count 2*M*N*K; linear_cross_entropy 2*T*V*H forward and
 6*T*V*H forward+backward (its three GEMMs); attention 4*B*Hq*S^2*D forward (half when causal),
-backward 2.5x the forward; decode_attention 4*B*Hq*ctx*D.
+backward 2.5x the forward; decode_attention 4*B*Hq*ctx*D; moe 6*T*k*d*n forward
+(gate, up, down: three GEMMs per routed token), 12*T*k*d*n backward.
 
 Beyond the peers, a workload may declare *references* (:class:`Reference`): named callables timed
 in the same run that are not a competitor but a yardstick -- e.g. the cuBLAS GEMMs that
@@ -49,6 +55,7 @@ exist yet is reported as "not available" and skipped.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 from collections.abc import Callable
@@ -754,6 +761,236 @@ def decode_flops(case: Case, mode: str) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
+# Mixture of experts: x (T, d) through E SwiGLU experts, each token to k of them.
+# w_gate_up (E, 2n, d) (rows [0, n) gate, [n, 2n) up: the transformers v5 / Liger layout),
+# w_down (E, d, n), topk_weights (T, k) float32, topk_ids (T, k) int32
+# ----------------------------------------------------------------------------------------------
+# (name, d, n, E, k): hidden size, expert intermediate size, routed experts, experts per token
+MOE_MODELS = (("DeepSeek-V2-Lite", 2048, 1408, 64, 6), ("Qwen3-30B-A3B", 2048, 768, 128, 8),
+              ("Mixtral-8x7B", 4096, 14336, 8, 2), ("OLMoE-1B-7B", 2048, 1024, 64, 8))
+MOE_TOKENS = (8192, 16384)
+MOE_ROUTINGS = ("balanced", "random", "zipf")
+MOE_QUICK_MODELS = ("DeepSeek-V2-Lite", "Qwen3-30B-A3B", "Mixtral-8x7B")
+MOE_HEADLINE = ("DeepSeek-V2-Lite", 8192, "random")
+MOE_DECODE_TOKENS = (1, 8, 64, 256)
+MOE_DECODE_QUICK_TOKENS = (1, 64)
+MOE_DECODE_HEADLINE = ("DeepSeek-V2-Lite", 64)
+ZIPF_EXPONENT = 1.2
+MOE_SEED = 0
+
+
+def _moe_case(name: str, d: int, n: int, e: int, k: int, t: int, routing: str, small: bool = False,
+              headline: bool = False) -> Case:
+    return Case(f"{name} T{t} d{d} n{n} E{e} k{k} {routing}",
+                {"model": name, "T": t, "d": d, "n": n, "E": e, "k": k, "routing": routing},
+                small=small, headline=headline)
+
+
+def moe_cases(quick: bool) -> list[Case]:
+    """The four models x T in {8192, 16384} x routing (full); quick: DeepSeek-V2-Lite (the headline),
+    Qwen3-30B-A3B and Mixtral at T 8192, random routing."""
+    out = []
+    for name, d, n, e, k in MOE_MODELS:
+        if quick and name not in MOE_QUICK_MODELS:
+            continue
+        for t in (MOE_TOKENS[:1] if quick else MOE_TOKENS):
+            for r in (("random",) if quick else MOE_ROUTINGS):
+                out.append(_moe_case(name, d, n, e, k, t, r, headline=(name, t, r) == MOE_HEADLINE))
+    return out
+
+
+def moe_decode_cases(quick: bool) -> list[Case]:
+    """Decode batches, T in {1, 8, 64, 256} tokens, random routing, each of the four models (quick:
+    DeepSeek-V2-Lite, Qwen3, Mixtral at T 1 and 64); all small: per-call overhead counts here."""
+    out = []
+    for name, d, n, e, k in MOE_MODELS:
+        if quick and name not in MOE_QUICK_MODELS:
+            continue
+        for t in (MOE_DECODE_QUICK_TOKENS if quick else MOE_DECODE_TOKENS):
+            out.append(_moe_case(name, d, n, e, k, t, "random", small=True, headline=(name, t) == MOE_DECODE_HEADLINE))
+    return out
+
+
+def moe_check_cases() -> list[Case]:
+    """Tiny and odd, for the interpreter: k = 2 of 6 random, k = 1 of 5 zipf, balanced 3 of 4."""
+    return [_moe_case("tiny", 32, 24, 6, 2, 13, "random"), _moe_case("tiny", 48, 40, 5, 1, 7, "zipf"),
+            _moe_case("tiny", 16, 56, 4, 3, 9, "balanced")]
+
+
+def moe_decode_check_cases() -> list[Case]:
+    """Decode-sized: one token, and three (each of k = 3 of 8 experts)."""
+    return [_moe_case("tiny", 32, 24, 6, 2, 1, "random"), _moe_case("tiny", 40, 16, 8, 3, 3, "random")]
+
+
+@functools.lru_cache(maxsize=16)
+def _moe_routing_cpu(t: int, e: int, k: int, routing: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if not 1 <= k <= e:
+        raise ValueError(f"k = {k} experts per token out of {e}: expected 1 <= k <= E")
+    g = torch.Generator().manual_seed(seed)
+    expert_perm = torch.randperm(e, generator=g)   # which expert is "first": no structure in the ids
+    if routing == "balanced":
+        # token t takes slots t'k .. t'k+k-1 (t' = a random permutation of the tokens) modulo E:
+        # k consecutive residues are distinct for k <= E, and the T*k slots cover each residue
+        # floor or ceil(T*k / E) times -- exactly equal where E divides T*k
+        slot = torch.randperm(t, generator=g)[:, None] * k + torch.arange(k)          # (T, k)
+        ids = expert_perm[slot % e]
+    elif routing == "random":
+        ids = torch.rand(t, e, generator=g).topk(k, dim=-1).indices                    # k distinct, uniform
+    elif routing == "zipf":
+        p = 1.0 / torch.arange(1, e + 1, dtype=torch.float64) ** ZIPF_EXPONENT       # by popularity rank
+        prob = torch.empty(e, dtype=torch.float64)
+        prob[expert_perm] = p                                                          # expert_perm[0] most popular
+        ids = torch.multinomial(prob.expand(t, e), k, replacement=False, generator=g)
+    else:
+        raise ValueError(f"unknown routing {routing!r}: expected one of {', '.join(MOE_ROUTINGS)}")
+    weights = torch.randn(t, k, generator=g).softmax(dim=-1)                           # (T, k) float32
+    return ids.to(torch.int32), weights
+
+
+def make_moe_routing(t: int, e: int, k: int, routing: str, seed: int = MOE_SEED) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_ids (T, k) int32, topk_weights (T, k) float32) on the CPU, the same for a given
+    (T, E, k, routing, seed) on every machine: each token's k experts are distinct. ``balanced``:
+    every expert gets T*k/E slots (+-1); ``random``: k experts uniformly at random; ``zipf``: k
+    experts drawn without replacement with probability proportional to 1/rank^1.2 (ranks a fixed
+    random permutation of the experts). Weights: a softmax of N(0, 1) logits over the k choices."""
+    ids, w = _moe_routing_cpu(t, e, k, routing, seed)
+    return ids.clone(), w.clone()
+
+
+def moe_active_experts(case: Case) -> int:
+    """The experts that get at least one token in the case's routing (their weights must be read)."""
+    d = case.dims
+    ids, _ = _moe_routing_cpu(d["T"], d["E"], d["k"], d["routing"], MOE_SEED)
+    return int(torch.unique(ids).numel())
+
+
+def _moe_make(case, dtype, device):
+    """x ~ N(0, 1); weights N(0, 1/fan_in) (gate/up pre-activations ~N(0, 1), outputs O(1));
+    the routing from :func:`make_moe_routing`, made on the CPU and moved."""
+    d = case.dims
+    t, dm, n, e, k = d["T"], d["d"], d["n"], d["E"], d["k"]
+    ids, w = make_moe_routing(t, e, k, d["routing"])
+    x = randn((t, dm), dtype, device)
+    w_gate_up = randn((e, 2 * n, dm), dtype, device, dm ** -0.5)
+    w_down = randn((e, dm, n), dtype, device, n ** -0.5)
+    return x, w_gate_up, w_down, w.to(device), ids.to(device)
+
+
+def moe_reference(x, w_gate_up, w_down, topk_weights, topk_ids):
+    """Every expert on every token in float32 (float64 given float64), each token's output the sum
+    of its experts' outputs weighted by its routing weight (0 where not routed): E times the work
+    of the op, for the tiny check shapes only. Returns float32 (float64)."""
+    ct = torch.promote_types(x.dtype, torch.float32)
+    x, w_gate_up, w_down, topk_weights = (a.to(ct) for a in (x, w_gate_up, w_down, topk_weights))
+    n = w_gate_up.shape[1] // 2
+    out = torch.zeros(x.shape, dtype=ct, device=x.device)
+    for e in range(w_gate_up.shape[0]):
+        we = (topk_weights * (topk_ids == e)).sum(dim=-1)                                # (T,)
+        h = x @ w_gate_up[e].T                                                           # (T, 2n)
+        out = out + we[:, None] * ((F.silu(h[:, :n]) * h[:, n:]) @ w_down[e].T)          # (T, d)
+    return out
+
+
+def _moe_slots(topk_ids):
+    """The (token, choice) slots sorted by expert (stable), and each slot's token."""
+    flat = topk_ids.reshape(-1)                                                          # (T*k,)
+    order = torch.argsort(flat, stable=True)
+    return flat, order, order // topk_ids.shape[1]
+
+
+def moe_loop(x, w_gate_up, w_down, topk_weights, topk_ids):
+    """The per-expert loop in PyTorch (transformers' "eager" experts): slots sorted by expert, one
+    host sync for the per-expert counts, then for each expert with tokens: gather them, gate/up
+    F.linear, silu(gate) * up, down F.linear, scale by the routing weight, index_add_ into out."""
+    e_count = w_gate_up.shape[0]
+    flat, order, tok = _moe_slots(topk_ids)
+    counts = torch.bincount(flat, minlength=e_count).tolist()                           # the host sync
+    w = topk_weights.reshape(-1)
+    out = torch.zeros_like(x)
+    start = 0
+    for e, c in enumerate(counts):
+        if c == 0:
+            continue
+        sl, tk = order[start:start + c], tok[start:start + c]
+        start += c
+        gate, up = F.linear(x[tk], w_gate_up[e]).chunk(2, dim=-1)                        # (c, n) each
+        y = F.linear(F.silu(gate) * up, w_down[e])                                       # (c, d)
+        out.index_add_(0, tk, y * w[sl, None].to(y.dtype))
+    return out
+
+
+def moe_grouped_mm(x, w_gate_up, w_down, topk_weights, topk_ids):
+    """The torch._grouped_mm pipeline, no host sync: slots sorted by expert (stable argsort), group
+    ends by searchsorted on the sorted ids, gather x, one grouped GEMM for gate/up, silu(gate) * up,
+    one for down, scale by the routing weight, index_add_ into out. Differentiable (grouped_mm has
+    an autograd formula)."""
+    e_count = w_gate_up.shape[0]
+    flat, order, tok = _moe_slots(topk_ids)
+    offs = torch.searchsorted(flat[order], torch.arange(e_count, dtype=flat.dtype, device=flat.device),
+                              right=True, out_int32=True)                              # (E,) group ends
+    h = torch._grouped_mm(x[tok], w_gate_up.transpose(1, 2), offs=offs)                 # (T*k, 2n)
+    gate, up = h.chunk(2, dim=-1)
+    y = torch._grouped_mm(F.silu(gate) * up, w_down.transpose(1, 2), offs=offs)        # (T*k, d)
+    y = y * topk_weights.reshape(-1)[order, None].to(y.dtype)
+    return torch.zeros_like(x).index_add_(0, tok, y)
+
+
+def _grouped_mm_peer(x, *rest):
+    """The grouped_mm row: declined where torch has no _grouped_mm or off CUDA (there it is a
+    fallback loop whose backward also wants 16-byte-aligned strides: not a peer worth timing)."""
+    if not hasattr(torch, "_grouped_mm"):
+        raise Skipped(f"torch {torch.__version__} has no torch._grouped_mm")
+    if x.device.type != "cuda":
+        raise Skipped(f"torch._grouped_mm is timed on CUDA only, not {x.device.type}")
+    return moe_grouped_mm(x, *rest)
+
+
+def _liger_moe(cls):
+    return lambda x, w1, w2, tw, ti: cls.apply(x, w1, w2, ti.to(torch.int32), tw)
+
+
+def moe_flops(case: Case, mode: str) -> int:
+    """Three GEMMs of 2*d*n FLOPs per routed token forward (gate, up, down): 6*T*k*d*n; the
+    backward twice that (dx and dW of each); no padding counted."""
+    d = case.dims
+    f = 6 * d["T"] * d["k"] * d["d"] * d["n"]
+    return _by_mode(f, 2 * f)(mode)
+
+
+def moe_bytes(case: Case, mode: str, s: int) -> int:
+    """fwd: the weights of the experts that get a token, read once (3*E_active*d*n*s), x read, out
+    written, the routing read (8*T*k: int32 ids, fp32 weights). bwd: those weights read again, dW
+    written for all E experts (3*E*d*n*s), x and dy read, dx written, the routing read and
+    d(topk_weights) written (4*T*k)."""
+    d = case.dims
+    t, dm, n, e, k = d["T"], d["d"], d["n"], d["E"], d["k"]
+    weights_read = 3 * moe_active_experts(case) * dm * n * s
+    fwd = weights_read + 2 * t * dm * s + 8 * t * k
+    bwd = weights_read + 3 * e * dm * n * s + 3 * t * dm * s + 12 * t * k
+    return _by_mode(fwd, bwd)(mode)
+
+
+MOE_NOTES = (
+    "x (T, d) through E SwiGLU experts, w_gate_up (E, 2n, d) (gate rows, then up: the transformers v5 / "
+    "Liger layout), w_down (E, d, n); each token to k distinct experts, topk_ids int32, topk_weights fp32; "
+    "out[t] = sum_j w[t, j] * down(silu(gate(x[t])) * up(x[t])). Routing made on the CPU with a fixed seed "
+    "(every device times the same assignment): balanced = a random token order dealt round-robin, every "
+    "expert T*k/E slots; random = k distinct experts uniformly (topk of uniform noise); zipf = k distinct "
+    "experts drawn with probability proportional to 1/rank^1.2 (a fixed random ranking of the experts); "
+    "weights a softmax of N(0, 1) logits over the k. FLOPs 6*T*k*d*n forward (three GEMMs of 2*d*n per "
+    "routed token), 12*T*k*d*n backward, 18*T*k*d*n fwd+bwd, no padding counted. Bytes: the active "
+    "experts' weights read once (3*E_active*d*n*s, E_active counted on the routing), x read, out written, "
+    "the routing read; the backward adds dW written for all E experts, x and dy read, dx written. "
+    "eager = the per-expert loop (transformers' 'eager' experts: slots sorted by expert, one host sync "
+    "for the counts, then per expert gather, F.linear gate/up, silu * up, F.linear down, weighted "
+    "index_add_; PERF.md's 'PyTorch eager' column); no compile peer (the loop's shapes come from the "
+    "routing, through a host sync: a graph per expert size); grouped_mm = the torch._grouped_mm pipeline "
+    "(stable argsort, searchsorted group ends, gather, grouped GEMM gate/up, silu * up, grouped GEMM down, "
+    "weighted index_add_; no host sync), CUDA only; liger = LigerFusedMoEFunction (same layout). "
+    "extra GiB: each row's extra peak memory; the bar is ours <= grouped_mm's")
+
+
+# ----------------------------------------------------------------------------------------------
 # The registry
 # ----------------------------------------------------------------------------------------------
 def _one(fname: str, call: Callable[[Callable], Callable]):
@@ -999,6 +1236,35 @@ _register(Workload(
           "warpforge[validated] = the default (checks block_table/seq_lens on the host); the peers run on "
           "the same values unpaged, q (B, Hq, 1, D), k/v (B, Hkv, ctx, D), enable_gqa=True; " + SDPA_PEER_NOTES
           + "; bytes: the KV read (2*B*ctx*Hkv*D*s) plus q and out; forward only",
+))
+
+
+_register(Workload(
+    name="moe", module="warpforge.ops.moe",
+    cases=moe_cases, check_cases=moe_check_cases, make=_moe_make, grad_args=(0, 1, 2, 3),
+    ours_fn=_one("moe_experts", lambda f: lambda x, w1, w2, tw, ti: f(x, w1, w2, tw, ti, validate=False)),
+    eager=moe_loop, reference=moe_reference,
+    peers=lambda: {"grouped_mm": _grouped_mm_peer}, compile_peer=False,
+    liger=("liger_kernel.ops.fused_moe", "LigerFusedMoEFunction", _liger_moe),
+    measure_memory=True, bytes_fn=moe_bytes, flops_fn=moe_flops, only_dtypes=(torch.bfloat16,),
+    notes=MOE_NOTES + "; warpforge runs with validate=False (no host check of the ids, like the peers); bwd: dx, dW_gate_up, dW_down and d(topk_weights)",
+))
+_register(Workload(
+    name="moe_decode", module="warpforge.ops.moe",
+    cases=moe_decode_cases, check_cases=moe_decode_check_cases, make=_moe_make, grad_args=(0, 1, 2, 3),
+    ours_fn=lambda get: {
+        "warpforge": (lambda f: lambda x, w1, w2, tw, ti: f(x, w1, w2, tw, ti, validate=False))(get("moe_experts")),
+        "warpforge[validated]": get("moe_experts")},
+    eager=moe_loop, reference=moe_reference,
+    peers=lambda: {"grouped_mm": _grouped_mm_peer}, compile_peer=False,
+    liger=("liger_kernel.ops.fused_moe", "LigerFusedMoEFunction", _liger_moe),
+    measure_memory=True, bytes_fn=moe_bytes, flops_fn=moe_flops, only_dtypes=(torch.bfloat16,),
+    modes=("fwd",),
+    notes="the moe workload at decode batches (T 1 to 256 tokens, random routing), forward only (a "
+          "warpforge = validate=False, warpforge[validated] = the default: one host check of the ids; "
+          "workload of its own: a case cannot restrict the modes); bound by the bytes of the active experts' "
+          "weights (the T*k slots touch at most min(E, T*k) experts; the byte model counts them on the "
+          "routing), so GB/s against the copy roof is the figure; " + MOE_NOTES,
 ))
 
 

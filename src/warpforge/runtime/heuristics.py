@@ -477,3 +477,60 @@ def attention_config(kind: str, head_dim: int, elem_bytes: int) -> AttentionConf
     if head_dim <= 128:                         # dkdv
         return AttentionConfig(64, 128, 8, 4)
     return AttentionConfig(32, 64, 4, 2)
+
+
+# ----------------------------------------------------------------------------------------------
+# Mixture of Experts (ops/moe.py)
+# ----------------------------------------------------------------------------------------------
+MOE_ALIGN_CHUNK = 128   # slots per alignment program: the rank step is a 128 x 128 compare
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8
+
+
+def moe_block_m(slots: int, experts: int, elem_bytes: int) -> int:
+    """Rows per tile of the expert GEMMs (and the padding unit of the sorted layout): about the
+    rows an expert gets. At training sizes (hundreds to thousands of rows an expert) 128-row tiles;
+    at decode (T * k slots over min(E, T * k) experts, often 1-4 rows each) 16, the smallest tile
+    tl.dot takes, so padding wastes at most 15 rows of tensor-core work per expert while each
+    program streams its strip of weights once."""
+    if interpreting():
+        return 16
+    per_expert = slots / max(1, min(experts, slots))
+    cap = 64 if elem_bytes == 4 else 128
+    for bm in (16, 32, 64):
+        if per_expert <= bm:
+            return min(bm, cap)
+    return cap
+
+
+def moe_config(kind: str, block_m: int, elem_bytes: int) -> MoEConfig:
+    """Tiles of the MoE kernels. ``kind``: "up" (gate and up accumulators, SwiGLU epilogue; BLOCK_N
+    columns of each), "down" (down projection / dX rows), "dgrad" (dout @ Wd with the SwiGLU
+    backward epilogue), "wgrad" (weight gradients; block_m is then the output tile, not the row
+    tile). ``block_m``: the row tile of the sorted layout."""
+    if interpreting():
+        return MoEConfig(16, 16, 16, 4, 1, 2)
+    if elem_bytes == 4:
+        return MoEConfig(block_m if kind != "wgrad" else 64, 32, 32, 4, 2)
+    if kind == "wgrad":
+        # H100, DeepSeek-V2-Lite / Mixtral at T = 8192 (benchmarks/NOTES.md): 32-deep K steps, 5
+        # stages: 387 / 396 TFLOP/s for dW_gate_up against 348 / 383 with 64-deep, 4 stages
+        return MoEConfig(128, 128, 32, 8, 5)
+    if block_m <= 32:
+        # decode: stream weight strips; many programs, long K steps
+        return MoEConfig(block_m, 64, 128, 4, 4)
+    warps = 8 if block_m >= 128 else 4
+    if kind == "up":        # two 128 x 128 accumulators: 456 / 501 TFLOP/s against 440 / 435 at 64 columns
+        return MoEConfig(block_m, 128, 64, warps, 3)
+    if kind == "dgrad":     # 233 / 302 TFLOP/s (the epilogue moves 5 tiles: z in, dz, w*h out)
+        return MoEConfig(block_m, 64, 128, warps, 3)
+    # down and dX: 256-column tiles, 3 stages: 499 / 589 (down), 575 / 662 (dX) against 394-512 at 128
+    return MoEConfig(block_m, 256, 64, warps, 3)

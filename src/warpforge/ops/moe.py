@@ -1,0 +1,649 @@
+"""Mixture of Experts: the routed SwiGLU experts of a DeepSeek/Qwen/Mixtral-style MoE layer, forward and
+backward, as grouped GEMMs over tokens sorted by expert.
+
+    for each token t and each of its k choices j (expert e = ids[t, j], weight w[t, j]):
+        z_g = x[t] @ Wg[e]^T,  z_u = x[t] @ Wu[e]^T          (gate and up: w_gate_up[e] = [Wg; Wu], (2n, d))
+        h   = silu(z_g) * z_u                                  (n)
+        out[t] += w[t, j] * h @ Wd[e]^T                        (w_down[e]: (d, n))
+
+FLOP model (no padding counted): forward 6*T*k*d*n (three GEMMs of 2*T*k*d*n), backward 12*T*k*d*n
+(dX and dW of each), forward+backward 18*T*k*d*n. Bytes: every active expert's weights once,
+3*E_active*d*n*s, plus x and out: at training sizes (T = 8192, k = 6, d = 2048, n = 1408 in bf16:
+0.43 TFLOP over 1.2 GB, ~360 FLOP/byte) the experts are compute bound (an H100's ridge is ~300);
+at decode (T <= 256) they stream weights and the roof is the copy bandwidth.
+
+How the work is laid out, and why:
+
+- *Alignment without a host sync.* Each (token, choice) pair is a *slot*, s = t*k + j. The slots are
+  sorted by expert, stably (token order inside an expert), into a padded row space where every
+  expert starts on a multiple of the GEMM tile height BLOCK_M. Three small kernels do it: a
+  histogram per chunk of 128 slots, one program that turns the chunk histograms into prefix sums
+  (the expert offsets, and which expert owns each BLOCK_M-row tile), and a scatter that places every
+  slot at offset + rank (rank among the same expert's slots of its chunk: a 128 x 128 compare).
+  The row count is never copied to the host: the GEMMs' grids are sized to the upper bound,
+  ceil(T*k / BLOCK_M) + min(E, T*k) tiles, and a tile no expert owns exits at once. (Liger's fused
+  MoE syncs here; the torch._grouped_mm pipeline's bincount/argsort path does not need to.)
+- *Gather fused into the first GEMM.* A row of the up-projection tile is x[slot // k]: the A loads
+  read the token rows directly (no (T*k, d) gathered copy of x is written or read back).
+- *Gate and up in one program, SwiGLU in its epilogue.* A program holds a BLOCK_M x BLOCK_N gate
+  accumulator and the matching up accumulator (columns n apart in w_gate_up), shares every A tile
+  between the two dots, and writes h = silu(z_g) * z_u once. The pre-activations z = [z_g, z_u] are
+  written only when a backward will need them (bf16, (rows, 2n): less than the (T*k, d) gathered x
+  + (T*k, 2n) + (T*k, n) + (T*k, d) the torch._grouped_mm pipeline's autograd keeps).
+- *Down projection with the routing weight in the epilogue*, into the padded rows; then a combine
+  kernel sums each token's k rows in a fixed order, in fp32: deterministic, bit for bit, no atomics.
+- *Backward* (rows in the same padded order, from the saved metadata and z):
+    g  = dout[t] @ Wd[e]                 (grouped GEMM, gather of dout fused)          (rows, n)
+    epilogue: h = silu(z_g) * z_u recomputed, dw[s] = g . h (partial per column tile; the routing
+    weight's gradient without ever storing the experts' outputs), dh = w * g,
+    dz_g = dh * z_u * silu'(z_g), dz_u = dh * silu(z_g), hw = w * h
+    dWd[e] = dout[rows]^T @ hw[rows]      (K = the expert's rows: a grouped GEMM with a variable K)
+    dWgu[e] = dz[rows]^T @ x[rows]        (idem, x gathered)
+    dx[t] = sum_j (dz @ Wgu[e])[s]       (grouped GEMM into the padded rows, then the combine)
+  An expert with no tokens gets an exact-zero weight gradient (its K loop is empty; the tile is
+  still written). Padding rows are exact zeros in every intermediate (their A loads are masked), so
+  the weight-gradient loops need no row masks for them.
+- Ids outside [0, E) never cause an out-of-bounds access: the kernels drop such slots (they get no
+  row and add nothing). ``validate=True`` (the default) raises on them first, with one host sync.
+
+The decode path (T <= 256) is the same pipeline with BLOCK_M = 16 (or 32/64 as the rows per expert
+grow) and K tiles of 128: each program streams a 64-column strip of an expert's weights, the tokens
+of that expert riding along as the M side of the dot.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..runtime import interpreting, new_empty, unit_last_dim
+from ..runtime.checks import check_device, check_tensor
+from ..runtime.heuristics import MOE_ALIGN_CHUNK, MoEConfig, moe_block_m, moe_config
+from ..runtime.launch import LaunchCache, spec_key
+from ..runtime.registry import Op
+from .matmul import _dot, _precision, _tile_coords, _upcast
+
+MOE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_EXPERTS = 4096
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference
+# ----------------------------------------------------------------------------------------------
+def moe_experts_reference(x, w_gate_up, w_down, topk_weights, topk_ids) -> torch.Tensor:
+    """Ground truth: a per-expert loop in float64 (float32 on GPUs), cast back to x's dtype."""
+    wide = torch.float64 if x.device.type == "cpu" else torch.float32
+    d = x.shape[-1]
+    xs = x.reshape(-1, d).to(wide)
+    k = topk_ids.shape[-1]
+    ids = topk_ids.reshape(-1, k).long()
+    wts = topk_weights.reshape(-1, k).to(wide)
+    n = w_gate_up.shape[1] // 2
+    out = torch.zeros_like(xs)
+    for e in range(w_gate_up.shape[0]):
+        tok, j = (ids == e).nonzero(as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        z = xs[tok] @ w_gate_up[e].to(wide).T
+        h = torch.nn.functional.silu(z[:, :n]) * z[:, n:]
+        out.index_add_(0, tok, (h @ w_down[e].to(wide).T) * wts[tok, j, None])
+    return out.to(x.dtype).reshape(x.shape)
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels: alignment
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _moe_count_kernel(
+    ids_ptr,            # (S,) int32 expert of each slot
+    chunk_ptr,          # (chunks, E) int32 out: per-chunk histogram
+    sorted_ptr,         # (P,) int32 out: filled with -1 here (padding), the scatter overwrites real rows
+    S, P, fill_per,
+    E: tl.constexpr, NB: tl.constexpr, CHUNK: tl.constexpr,
+):
+    c = tl.program_id(0)
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    ids = tl.load(ids_ptr + offs, mask=offs < S, other=E)
+    ok = (offs < S) & (ids >= 0) & (ids < E)
+    hist = tl.histogram(tl.where(ok, ids, 0), NB, mask=ok)
+    bins = tl.arange(0, NB)
+    tl.store(chunk_ptr + c * E + bins, hist, mask=bins < E)
+    lo = c * fill_per
+    for r in range(0, fill_per, CHUNK):
+        rows = lo + r + tl.arange(0, CHUNK)
+        tl.store(sorted_ptr + rows, tl.full([CHUNK], -1, tl.int32), mask=(rows < P) & (rows < lo + fill_per))
+
+
+@triton.jit
+def _moe_offsets_kernel(
+    chunk_ptr,          # (chunks, E) int32: histograms in, exclusive prefix over chunks out
+    counts_ptr,         # (E,) int32 out: slots per expert
+    start_ptr,          # (E + 1,) int32 out: first padded row of each expert (and the padded total)
+    tile_expert_ptr,    # (tiles_max,) int32 out: expert owning each BLOCK_M-row tile, -1 past the end
+    chunks, tiles_max,
+    E: tl.constexpr, NB: tl.constexpr, BLOCK_M: tl.constexpr, CB: tl.constexpr, TB: tl.constexpr,
+):
+    bins = tl.arange(0, NB)
+    emask = bins < E
+    running = tl.zeros([NB], dtype=tl.int32)
+    for c0 in range(0, chunks, CB):
+        rows = c0 + tl.arange(0, CB)
+        ptrs = chunk_ptr + rows[:, None] * E + bins[None, :]
+        m = (rows < chunks)[:, None] & emask[None, :]
+        hist = tl.load(ptrs, mask=m, other=0)
+        incl = tl.cumsum(hist, axis=0)
+        tl.store(ptrs, incl - hist + running[None, :], mask=m)
+        running += tl.sum(hist, axis=0)
+    tl.store(counts_ptr + bins, running, mask=emask)
+    tiles = tl.where(emask, (running + BLOCK_M - 1) // BLOCK_M, 0)
+    tile_end = tl.cumsum(tiles, axis=0)
+    tl.store(start_ptr + bins, (tile_end - tiles) * BLOCK_M, mask=emask)
+    tl.store(start_ptr + E, tl.sum(tiles, axis=0) * BLOCK_M)
+    for t0 in range(0, tiles_max, TB):
+        t = t0 + tl.arange(0, TB)
+        owner = tl.sum(((tile_end[None, :] <= t[:, None]) & emask[None, :]).to(tl.int32), axis=1)
+        tl.store(tile_expert_ptr + t, tl.where(owner < E, owner, -1), mask=t < tiles_max)
+
+
+@triton.jit
+def _moe_scatter_kernel(
+    ids_ptr,            # (S,) int32
+    chunk_ptr,          # (chunks, E) int32: slots of each expert in earlier chunks
+    start_ptr,          # (E + 1,) int32
+    sorted_ptr,         # (P,) int32 out: slot of each padded row
+    pos_ptr,            # (S,) int32 out: padded row of each slot (-1: dropped, id out of range)
+    S,
+    E: tl.constexpr, CHUNK: tl.constexpr,
+):
+    c = tl.program_id(0)
+    lane = tl.arange(0, CHUNK)
+    offs = c * CHUNK + lane
+    ids = tl.load(ids_ptr + offs, mask=offs < S, other=-1)
+    ok = (offs < S) & (ids >= 0) & (ids < E)
+    e = tl.where(ok, ids, 0)
+    # rank among the earlier slots of this chunk with the same expert: a CHUNK x CHUNK compare
+    same = (ids[:, None] == ids[None, :]) & (lane[None, :] < lane[:, None]) & ok[None, :]
+    rank = tl.sum(same.to(tl.int32), axis=1)
+    base = tl.load(chunk_ptr + c * E + e, mask=ok, other=0) + tl.load(start_ptr + e, mask=ok, other=0)
+    pos = base + rank
+    tl.store(sorted_ptr + pos, offs, mask=ok)
+    tl.store(pos_ptr + offs, tl.where(ok, pos, -1), mask=offs < S)
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels: grouped GEMMs and the combine
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _moe_gemm_kernel(
+    a_ptr,              # A: (T, K) read at row slot // TOPK (GATHER_A), or (P, K) at the padded row
+    b_ptr,              # B: (E, K, N) any strides (a view of w_gate_up or w_down)
+    c_ptr,              # C: (P, N); (P, 2 * N) for EPI 2 (dz = [dz_g, dz_u])
+    z_ptr,              # (P, 2 * N) pre-activations [z_g, z_u]: written by EPI 1 (STORE_Z), read by EPI 2
+    hw_ptr,             # (P, N) EPI 2: w * h, for dWd
+    dw_ptr,             # (P, tiles_n) fp32 EPI 2: partial g . h per column tile
+    w_ptr,              # (S,) fp32 routing weight of each slot
+    sorted_ptr,         # (P,) int32 slot of each padded row, -1 padding
+    tile_expert_ptr,    # (tiles_max,) int32
+    K, N, tiles_n,
+    s_am, s_ak, s_be, s_bk, s_bn, s_cm, s_zm,
+    TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, GATHER_A: tl.constexpr, EPI: tl.constexpr, SCALE_ROWS: tl.constexpr,
+    STORE_Z: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """One BLOCK_M x BLOCK_N tile of one expert's rows. EPI 0: C = acc (times the routing weight
+    with SCALE_ROWS); EPI 1: gate and up accumulators (B columns N apart), C = silu(z_g) * z_u;
+    EPI 2: the SwiGLU backward on acc = dout @ Wd (see the module docstring)."""
+    pid = tl.program_id(0)
+    tiles_m = tl.num_programs(0) // tiles_n
+    pid_m, pid_n = _tile_coords(pid, tiles_m, tiles_n, GROUP_M)
+    e = tl.load(tile_expert_ptr + pid_m)
+    if e < 0:
+        return
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows64 = rows.to(tl.int64)
+    slot = tl.load(sorted_ptr + rows)
+    valid = slot >= 0
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    if GATHER_A:
+        a_rows = tl.where(valid, slot // TOPK, 0).to(tl.int64)
+    else:
+        a_rows = rows64
+    a_ptrs = a_ptr + a_rows[:, None] * s_am + offs_k[None, :] * s_ak
+    b_ptrs = b_ptr + e.to(tl.int64) * s_be + offs_k[:, None] * s_bk + offs_n[None, :] * s_bn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if EPI == 1:
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        up_off = N * s_bn
+    if EPI == 2:
+        # the epilogue's operands are loaded before the K loop: their latency hides behind it
+        # instead of stalling the epilogue of a program that then has nothing else to do
+        z_ptrs = z_ptr + rows64[:, None] * s_zm + offs_n[None, :]
+        zg = tl.load(z_ptrs, mask=mask_n[None, :], other=0.0)
+        zu = tl.load(z_ptrs + N, mask=mask_n[None, :], other=0.0)
+        w = tl.load(w_ptr + slot, mask=valid, other=0.0)[:, None]
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+            b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
+        else:
+            kin = (k0 + offs_k) < K
+            a = tl.load(a_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=kin[:, None] & mask_n[None, :], other=0.0)
+        acc = _dot(a, b, acc, PRECISION, UPCAST)
+        if EPI == 1:
+            if EVEN_K:
+                bu = tl.load(b_ptrs + up_off, mask=mask_n[None, :], other=0.0)
+            else:
+                bu = tl.load(b_ptrs + up_off, mask=kin[:, None] & mask_n[None, :], other=0.0)
+            acc_u = _dot(a, bu, acc_u, PRECISION, UPCAST)
+        a_ptrs += BLOCK_K * s_ak
+        b_ptrs += BLOCK_K * s_bk
+
+    out_ty = c_ptr.dtype.element_ty
+    c_ptrs = c_ptr + rows64[:, None] * s_cm + offs_n[None, :]
+    mask = mask_n[None, :]
+    if EPI == 0:
+        if SCALE_ROWS:
+            acc = acc * tl.load(w_ptr + slot, mask=valid, other=0.0)[:, None]
+        tl.store(c_ptrs, acc.to(out_ty), mask=mask)
+    elif EPI == 1:
+        h = acc * tl.sigmoid(acc) * acc_u
+        tl.store(c_ptrs, h.to(out_ty), mask=mask)
+        if STORE_Z:
+            z_ptrs = z_ptr + rows64[:, None] * s_zm + offs_n[None, :]
+            tl.store(z_ptrs, acc.to(out_ty), mask=mask)
+            tl.store(z_ptrs + N, acc_u.to(out_ty), mask=mask)
+    else:
+        zg = zg.to(tl.float32)
+        zu = zu.to(tl.float32)
+        sig = tl.sigmoid(zg)
+        act = zg * sig
+        h = act * zu
+        tl.store(dw_ptr + rows64 * tiles_n + pid_n, tl.sum(acc * h, axis=1))
+        dh = acc * w
+        tl.store(c_ptrs, (dh * zu * (sig + act * (1.0 - sig))).to(out_ty), mask=mask)
+        tl.store(c_ptrs + N, (dh * act).to(out_ty), mask=mask)
+        tl.store(hw_ptr + rows64[:, None] * N + offs_n[None, :], (h * w).to(out_ty), mask=mask)
+
+
+@triton.jit
+def _moe_wgrad_kernel(
+    a_ptr,              # A: (T, M) read at row slot // TOPK (GATHER_A), or (P, M) at the padded row
+    b_ptr,              # B: (T, N) gathered (GATHER_B), or (P, N)
+    c_ptr,              # C: (E, M, N) any strides: C[e] = A[rows of e]^T @ B[rows of e]
+    sorted_ptr,         # (P,) int32
+    start_ptr,          # (E + 1,) int32 padded row offsets
+    M, N,
+    s_ar, s_am, s_br, s_bn, s_ce, s_cm, s_cn,
+    TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, GATHER_A: tl.constexpr, GATHER_B: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """One BLOCK_M x BLOCK_N tile of one expert's weight gradient: a K loop over that expert's
+    padded rows (none for an expert without tokens: the tile is written as exact zeros)."""
+    pid = tl.program_id(0)
+    e = tl.program_id(1)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = _tile_coords(pid, tiles_m, tiles_n, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    start = tl.load(start_ptr + e)
+    end = tl.load(start_ptr + e + 1)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for r0 in range(start, end, BLOCK_K):
+        r = r0 + tl.arange(0, BLOCK_K)
+        if GATHER_A or GATHER_B:
+            slot = tl.load(sorted_ptr + r)
+            valid = slot >= 0
+            tok = tl.where(valid, slot // TOPK, 0).to(tl.int64)
+        else:
+            valid = r >= 0
+        if GATHER_A:
+            a = tl.load(a_ptr + tok[None, :] * s_ar + offs_m[:, None] * s_am,
+                        mask=mask_m[:, None] & valid[None, :], other=0.0)
+        else:
+            a = tl.load(a_ptr + r.to(tl.int64)[None, :] * s_ar + offs_m[:, None] * s_am, mask=mask_m[:, None], other=0.0)
+        if GATHER_B:
+            b = tl.load(b_ptr + tok[:, None] * s_br + offs_n[None, :] * s_bn,
+                        mask=valid[:, None] & mask_n[None, :], other=0.0)
+        else:
+            b = tl.load(b_ptr + r.to(tl.int64)[:, None] * s_br + offs_n[None, :] * s_bn, mask=mask_n[None, :], other=0.0)
+        acc = _dot(a, b, acc, PRECISION, UPCAST)
+    c_ptrs = c_ptr + e.to(tl.int64) * s_ce + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _moe_combine_kernel(
+    y_ptr,              # (P, D) per-row results (padded order)
+    pos_ptr,            # (T * TOPK,) int32 padded row of each slot (-1: none)
+    out_ptr,            # (T, D) out
+    D, s_y, s_o,
+    TOPK: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """out[t] = sum_j y[pos[t, j]] in fp32, j in order: deterministic."""
+    t = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    m = offs < D
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for j in tl.static_range(TOPK):
+        p = tl.load(pos_ptr + t * TOPK + j)
+        acc += tl.load(y_ptr + p.to(tl.int64) * s_y + offs, mask=m & (p >= 0), other=0.0).to(tl.float32)
+    tl.store(out_ptr + t.to(tl.int64) * s_o + offs, acc.to(out_ptr.dtype.element_ty), mask=m)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+_COUNT = LaunchCache(_moe_count_kernel)
+_OFFSETS = LaunchCache(_moe_offsets_kernel)
+_SCATTER = LaunchCache(_moe_scatter_kernel)
+_GEMM = LaunchCache(_moe_gemm_kernel)
+_WGRAD = LaunchCache(_moe_wgrad_kernel)
+_COMBINE = LaunchCache(_moe_combine_kernel)
+
+
+def _launch(cache: LaunchCache, grid: tuple, args: tuple, cfg: MoEConfig | tuple, **const) -> None:
+    warps, stages = (cfg.num_warps, cfg.num_stages) if isinstance(cfg, MoEConfig) else cfg
+    key = (spec_key(args), tuple(const.items()), warps, stages)
+    cache(key, grid, args, const, num_warps=warps, num_stages=stages)
+
+
+def _tiles_max(slots: int, experts: int, block_m: int) -> int:
+    """Upper bound on the BLOCK_M-row tiles of the padded layout: every expert adds at most one
+    partial tile, and at most min(E, slots) experts have any."""
+    return triton.cdiv(slots, block_m) + min(experts, slots)
+
+
+def _align(ids: torch.Tensor, experts: int, block_m: int):
+    """Sort the slots by expert into the padded row space (see the module docstring); no host sync.
+    Returns (sorted_slot (P,), slot_pos (S,), tile_expert (tiles_max,), expert_start (E + 1,),
+    counts (E,)), all int32."""
+    S = ids.numel()
+    dev = ids.device
+    tiles_max = _tiles_max(S, experts, block_m)
+    P = tiles_max * block_m
+    chunk = MOE_ALIGN_CHUNK
+    chunks = triton.cdiv(S, chunk)
+    nb = triton.next_power_of_2(experts + 1)
+    hist = torch.empty((chunks, experts), dtype=torch.int32, device=dev)
+    sorted_slot = torch.empty(P, dtype=torch.int32, device=dev)
+    slot_pos = torch.empty(S, dtype=torch.int32, device=dev)
+    tile_expert = torch.empty(tiles_max, dtype=torch.int32, device=dev)
+    start = torch.empty(experts + 1, dtype=torch.int32, device=dev)
+    counts = torch.empty(experts, dtype=torch.int32, device=dev)
+    fill_per = triton.cdiv(triton.cdiv(P, chunks), chunk) * chunk
+    _launch(_COUNT, (chunks,), (ids, hist, sorted_slot, S, P, fill_per), (4, 1), E=experts, NB=nb, CHUNK=chunk)
+    cb = max(1, min(64, 4096 // nb))
+    tb = max(1, min(64, 4096 // nb))
+    _launch(_OFFSETS, (1,), (hist, counts, start, tile_expert, chunks, tiles_max), (4, 1),
+            E=experts, NB=nb, BLOCK_M=block_m, CB=triton.next_power_of_2(cb), TB=triton.next_power_of_2(tb))
+    _launch(_SCATTER, (chunks,), (ids, hist, start, sorted_slot, slot_pos, S), (8, 1), E=experts, CHUNK=chunk)
+    return sorted_slot, slot_pos, tile_expert, start, counts
+
+
+def _gemm(a, b_view, c, *, meta, K: int, N: int, cfg: MoEConfig, topk: int, gather_a: bool, epi: int,
+          weights=None, scale_rows=False, z=None, store_z=False, hw=None, dw=None) -> None:
+    """Launch _moe_gemm_kernel over every possible tile. ``b_view``: (E, K, N) strides of B."""
+    sorted_slot, tile_expert = meta
+    tiles_n = triton.cdiv(N, cfg.block_n)
+    grid = (tile_expert.numel() * tiles_n,)
+    s_be, s_bk, s_bn, b = b_view
+    dummy = sorted_slot
+    args = (a, b, c, dummy if z is None else z, dummy if hw is None else hw, dummy if dw is None else dw,
+            dummy if weights is None else weights, sorted_slot, tile_expert,
+            K, N, tiles_n, a.stride(0), a.stride(1), s_be, s_bk, s_bn, c.stride(0),
+            0 if z is None else z.stride(0))
+    _launch(_GEMM, grid, args, cfg, TOPK=topk, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m, GATHER_A=gather_a, EPI=epi, SCALE_ROWS=scale_rows, STORE_Z=store_z,
+            EVEN_K=(K % cfg.block_k == 0), PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype))
+
+
+def _wgrad(a, b, c, *, sorted_slot, start, M: int, N: int, topk: int, gather_a: bool, gather_b: bool,
+           cfg: MoEConfig) -> None:
+    E = c.shape[0]
+    grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n), E)
+    args = (a, b, c, sorted_slot, start, M, N, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            c.stride(0), c.stride(1), c.stride(2))
+    _launch(_WGRAD, grid, args, cfg, TOPK=topk, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m, GATHER_A=gather_a, GATHER_B=gather_b,
+            PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype))
+
+
+def _combine(y, slot_pos, T: int, topk: int, D: int, dtype) -> torch.Tensor:
+    out = new_empty((T, D), dtype=dtype, device=y.device)
+    if T == 0:
+        return out
+    block_d = min(triton.next_power_of_2(D), 64 if interpreting() else 2048)
+    _launch(_COMBINE, (T, triton.cdiv(D, block_d)), (y, slot_pos, out, D, y.stride(0), out.stride(0)),
+            (4 if block_d <= 1024 else 8, 1), TOPK=topk, BLOCK_D=block_d)
+    return out
+
+
+def _b_fwd_up(w1):      # B[k, j] = w_gate_up[e, j, k]: (E, d, 2n)
+    return (w1.stride(0), w1.stride(2), w1.stride(1), w1)
+
+
+def _b_fwd_down(w2):    # B[k, j] = w_down[e, j, k]: (E, n, d)
+    return (w2.stride(0), w2.stride(2), w2.stride(1), w2)
+
+
+def _b_bwd_down(w2):    # B[k, j] = w_down[e, k, j]: (E, d, n)
+    return (w2.stride(0), w2.stride(1), w2.stride(2), w2)
+
+
+def _b_bwd_up(w1):      # B[k, j] = w_gate_up[e, k, j]: (E, 2n, d)
+    return (w1.stride(0), w1.stride(1), w1.stride(2), w1)
+
+
+def _moe_fwd(x, w1, w2, weights, ids, block_m: int, save_z: bool):
+    T, d = x.shape
+    E, n2, _ = w1.shape
+    n = n2 // 2
+    topk = ids.shape[1]
+    S = T * topk
+    P = _tiles_max(S, E, block_m) * block_m
+    if S == 0:
+        empty = torch.empty(0, dtype=torch.int32, device=x.device)
+        return (torch.zeros((T, d), dtype=x.dtype, device=x.device), x.new_empty((0, n2)), empty, empty, empty,
+                torch.zeros(E + 1, dtype=torch.int32, device=x.device), torch.zeros(E, dtype=torch.int32, device=x.device))
+    sorted_slot, slot_pos, tile_expert, start, counts = _align(ids.view(-1), E, block_m)
+    meta = (sorted_slot, tile_expert)
+    h = new_empty((P, n), dtype=x.dtype, device=x.device)
+    z = new_empty((P, n2), dtype=x.dtype, device=x.device) if save_z else x.new_empty((0, n2))
+    _gemm(x, _b_fwd_up(w1), h, meta=meta, K=d, N=n, cfg=moe_config("up", block_m, x.element_size()), topk=topk,
+          gather_a=True, epi=1, z=z if save_z else None, store_z=save_z)
+    y = new_empty((P, d), dtype=x.dtype, device=x.device)
+    _gemm(h, _b_fwd_down(w2), y, meta=meta, K=n, N=d, cfg=moe_config("down", block_m, x.element_size()),
+          topk=topk, gather_a=False, epi=0, weights=weights.view(-1), scale_rows=True)
+    out = _combine(y, slot_pos, T, topk, d, x.dtype)
+    return out, z, sorted_slot, slot_pos, tile_expert, start, counts
+
+
+def _moe_bwd(dout, x, w1, w2, weights, z, sorted_slot, slot_pos, tile_expert, start, block_m: int,
+             need_x: bool, need_w: bool, need_weights: bool):
+    T, d = x.shape
+    E, n2, _ = w1.shape
+    n = n2 // 2
+    topk = weights.shape[1]
+    dev, s = x.device, x.element_size()
+    dx = dw1 = dw2 = dwts = None
+    if T * topk == 0:
+        return (torch.zeros_like(x), torch.zeros_like(w1), torch.zeros_like(w2),
+                torch.zeros(weights.shape, dtype=torch.float32, device=dev))
+    P = sorted_slot.numel()
+    meta = (sorted_slot, tile_expert)
+    cfg = moe_config("dgrad", block_m, s)
+    tiles_n = triton.cdiv(n, cfg.block_n)
+    dz = new_empty((P, n2), dtype=x.dtype, device=dev)
+    hw = new_empty((P, n), dtype=x.dtype, device=dev)
+    dwp = new_empty((P, tiles_n), dtype=torch.float32, device=dev)
+    _gemm(dout, _b_bwd_down(w2), dz, meta=meta, K=d, N=n, cfg=cfg, topk=topk, gather_a=True, epi=2,
+          weights=weights.view(-1), z=z, hw=hw, dw=dwp)
+    if need_weights:
+        pos = slot_pos.long()
+        dwts = torch.where(pos >= 0, dwp.sum(1)[pos.clamp_min(0)], 0.0).view(T, topk)
+    if need_w:
+        wcfg = moe_config("wgrad", block_m, s)
+        dw2 = new_empty(w2.shape, dtype=w2.dtype, device=dev)
+        _wgrad(dout, hw, dw2, sorted_slot=sorted_slot, start=start, M=d, N=n, topk=topk,
+               gather_a=True, gather_b=False, cfg=wcfg)
+        dw1 = new_empty(w1.shape, dtype=w1.dtype, device=dev)
+        _wgrad(dz, x, dw1, sorted_slot=sorted_slot, start=start, M=n2, N=d, topk=topk,
+               gather_a=False, gather_b=True, cfg=wcfg)
+    if need_x:
+        rows = new_empty((P, d), dtype=x.dtype, device=dev)
+        _gemm(dz, _b_bwd_up(w1), rows, meta=meta, K=n2, N=d, cfg=moe_config("down", block_m, s), topk=topk,
+              gather_a=False, epi=0)
+        dx = _combine(rows, slot_pos, T, topk, d, x.dtype)
+    return dx, dw1, dw2, dwts
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch operators
+# ----------------------------------------------------------------------------------------------
+def _fwd_impl(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, weights: torch.Tensor,
+              ids: torch.Tensor, block_m: int, save_z: bool
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                         torch.Tensor]:
+    return _moe_fwd(x, w_gate_up, w_down, weights, ids, block_m, save_z)
+
+
+def _fwd_fake(x, w_gate_up, w_down, weights, ids, block_m, save_z):
+    T, d = x.shape
+    E, n2, _ = w_gate_up.shape
+    S = ids.numel()
+    tiles = _tiles_max(S, E, block_m) if S else 0
+    i32 = torch.int32
+    return (x.new_empty((T, d)), x.new_empty((tiles * block_m if save_z else 0, n2)),
+            x.new_empty((tiles * block_m,), dtype=i32), x.new_empty((S if tiles else 0,), dtype=i32),
+            x.new_empty((tiles,), dtype=i32), x.new_empty((E + 1,), dtype=i32), x.new_empty((E,), dtype=i32))
+
+
+def _bwd_impl(dout: torch.Tensor, x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+              weights: torch.Tensor, z: torch.Tensor, sorted_slot: torch.Tensor, slot_pos: torch.Tensor,
+              tile_expert: torch.Tensor, start: torch.Tensor, block_m: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _moe_bwd(unit_last_dim(dout).contiguous(), x, w_gate_up, w_down, weights, z, sorted_slot, slot_pos,
+                    tile_expert, start, block_m, True, True, True)
+
+
+def _bwd_fake(dout, x, w_gate_up, w_down, weights, z, sorted_slot, slot_pos, tile_expert, start, block_m):
+    return (torch.empty_like(x), torch.empty_like(w_gate_up), torch.empty_like(w_down),
+            weights.new_empty(weights.shape, dtype=torch.float32))
+
+
+moe_experts_bwd_op = Op("moe_experts_bwd", _bwd_impl, _bwd_fake)
+
+
+def _setup(ctx, inputs, output):
+    x, w1, w2, weights, ids, block_m, save_z = inputs
+    _, z, sorted_slot, slot_pos, tile_expert, start, _ = output
+    ctx.save_for_backward(x, w1, w2, weights, z, sorted_slot, slot_pos, tile_expert, start)
+    ctx.block_m = block_m
+    ctx.weights_dtype = weights.dtype
+
+
+def _backward(ctx, dout, *unused):
+    x, w1, w2, weights, z, sorted_slot, slot_pos, tile_expert, start = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(x)
+    if z.shape[0] != sorted_slot.shape[0]:
+        raise RuntimeError("warpforge: moe_experts ran without saving its pre-activations (save_z=False), "
+                           "so it cannot be differentiated; call it with grad enabled")
+    dx, dw1, dw2, dwts = moe_experts_bwd_op(dout, x, w1, w2, weights, z, sorted_slot, slot_pos, tile_expert,
+                                            start, ctx.block_m)
+    return dx, dw1, dw2, dwts, None, None, None
+
+
+moe_experts_op = Op("moe_experts", _fwd_impl, _fwd_fake, backward=_backward, setup_context=_setup)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public functions
+# ----------------------------------------------------------------------------------------------
+def _check(x, w_gate_up, w_down, topk_weights, topk_ids):
+    check_tensor("x", x, dtypes=MOE_DTYPES)
+    for name, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
+        check_tensor(name, w, dtypes=MOE_DTYPES, min_dim=1)
+        if w.dim() != 3:
+            raise ValueError(f"warpforge: '{name}' has shape {tuple(w.shape)}; expected a 3-d "
+                             f"{'(n_experts, 2 * expert_dim, d_model)' if name == 'w_gate_up' else '(n_experts, d_model, expert_dim)'} tensor")
+        if w.dtype != x.dtype:
+            raise TypeError(f"warpforge: '{name}' has dtype {w.dtype} but 'x' has {x.dtype}; expected the same dtype")
+        if w.device != x.device:
+            raise RuntimeError(f"warpforge: '{name}' is on {w.device} but 'x' is on {x.device}")
+    E, n2, d = w_gate_up.shape
+    if d != x.shape[-1] or n2 % 2 or n2 == 0:
+        raise ValueError(f"warpforge: 'w_gate_up' has shape {tuple(w_gate_up.shape)}; expected (n_experts, "
+                         f"2 * expert_dim, {x.shape[-1]}) (gate rows then up rows, d_model = x.shape[-1])")
+    if tuple(w_down.shape) != (E, d, n2 // 2):
+        raise ValueError(f"warpforge: 'w_down' has shape {tuple(w_down.shape)}; expected ({E}, {d}, {n2 // 2}) "
+                         f"to match 'w_gate_up' {tuple(w_gate_up.shape)}")
+    if E > MAX_EXPERTS:
+        raise ValueError(f"warpforge: {E} experts; at most {MAX_EXPERTS} are supported")
+    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dtype not in (torch.int32, torch.int64):
+        got = topk_ids.dtype if isinstance(topk_ids, torch.Tensor) else type(topk_ids).__name__
+        raise TypeError(f"warpforge: 'topk_ids' must be an int32 or int64 tensor; got {got}")
+    check_tensor("topk_weights", topk_weights, dtypes=MOE_DTYPES)
+    lead = tuple(x.shape[:-1])
+    if topk_ids.dim() != x.dim() or tuple(topk_ids.shape[:-1]) != lead:
+        raise ValueError(f"warpforge: 'topk_ids' has shape {tuple(topk_ids.shape)}; expected (*x.shape[:-1], top_k) "
+                         f"= {(*lead, 'top_k')}")
+    if topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"warpforge: 'topk_weights' has shape {tuple(topk_weights.shape)} but 'topk_ids' has "
+                         f"{tuple(topk_ids.shape)}; expected the same shape")
+    k = topk_ids.shape[-1]
+    if k < 1 or k > E:
+        raise ValueError(f"warpforge: top_k = {k} (the last dim of 'topk_ids'); expected 1 <= top_k <= n_experts = {E}")
+    for name, t in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+        if t.device != x.device:
+            raise RuntimeError(f"warpforge: '{name}' is on {t.device} but 'x' is on {x.device}")
+
+
+def _validate_ids(ids: torch.Tensor, E: int) -> None:
+    if ids.numel() == 0 or torch.compiler.is_compiling() or (ids.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    low, high = torch.stack([ids.min(), ids.max()]).tolist()
+    if low < 0 or high >= E:
+        raise ValueError(f"warpforge: 'topk_ids' holds expert ids in [{low}, {high}]; expected ids in [0, {E - 1}] "
+                         f"(n_experts = {E})")
+
+
+def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor, *, validate: bool = True) -> torch.Tensor:
+    """The routed experts of an MoE layer from precomputed routing (the functional form).
+
+    x (..., d); w_gate_up (E, 2n, d): each expert's gate rows then up rows (the Hugging Face
+    transformers / Liger layout); w_down (E, d, n); topk_ids (..., k) int32/int64 expert ids and
+    topk_weights (..., k) their weights. Returns (..., d):
+    out[t] = sum_j topk_weights[t, j] * (silu(x[t] Wg^T) * (x[t] Wu^T)) Wd^T for e = topk_ids[t, j].
+    fp16, bf16 (fp32 accumulation) or fp32. Differentiable w.r.t. x, both weights and
+    topk_weights; deterministic forward and backward (no atomics). ``validate`` checks the ids
+    are in [0, E) with one host sync; without it an id out of range is dropped (never read out of
+    bounds) -- pass False in CUDA graphs or when the router is trusted.
+    """
+    _check(x, w_gate_up, w_down, topk_weights, topk_ids)
+    E = w_gate_up.shape[0]
+    if validate:
+        _validate_ids(topk_ids, E)
+    d, k = x.shape[-1], topk_ids.shape[-1]
+    x2 = x.reshape(-1, d)
+    ids = topk_ids.reshape(-1, k)
+    ids = ids if ids.dtype == torch.int32 and ids.is_contiguous() else ids.to(torch.int32).contiguous()
+    weights = topk_weights.reshape(-1, k)
+    weights = weights if weights.dtype == torch.float32 and weights.is_contiguous() else weights.float().contiguous()
+    x2 = unit_last_dim(x2)
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, w_gate_up, w_down, topk_weights))
+    block_m = moe_block_m(x2.shape[0] * k, E, x.element_size())
+    out = moe_experts_op(x2, w_gate_up, w_down, weights, ids, block_m, grad)[0]
+    return out.reshape(x.shape)
+
+
+__all__ = ["moe_experts", "moe_experts_reference"]

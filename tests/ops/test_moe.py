@@ -1,0 +1,194 @@
+"""warpforge.moe_experts (ops/moe.py) and warpforge.nn.MoE: forward and every gradient against a float64
+per-expert loop (experts with no tokens, all tokens on one expert, k = 1, E not a power of two, T not
+a multiple of the tile, layouts), determinism, torch.compile, opcheck, bad input, and ids out of
+range with validation off staying in bounds."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import warpforge as wf
+from warpforge.ops.moe import moe_experts, moe_experts_op, moe_experts_reference
+from warpforge.ops.moe_routing import moe_route_reference
+
+from conftest import DEVICE, ON_GPU, assert_close, randn
+
+SMALL = (13, 32, 24, 6, 2) if not ON_GPU else (300, 256, 192, 12, 3)
+
+
+def _inputs(T, d, n, E, k, dtype, ids=None):
+    x = randn(T, d, dtype=dtype, requires_grad=True)
+    w1 = randn(E, 2 * n, d, dtype=dtype, scale=d ** -0.5, requires_grad=True)
+    w2 = randn(E, d, n, dtype=dtype, scale=n ** -0.5, requires_grad=True)
+    if ids is None:
+        ids = torch.rand(T, E, device=DEVICE).topk(k, -1).indices.int()
+    wts = torch.softmax(torch.randn(T, ids.shape[-1], device=DEVICE), -1).requires_grad_()
+    return x, w1, w2, wts, ids
+
+
+def _check(x, w1, w2, wts, ids, dtype, scale=1.0):
+    out = moe_experts(x, w1, w2, wts, ids)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    leaves = [t.detach().double().requires_grad_() for t in (x, w1, w2, wts)]
+    ref = moe_experts_reference(*leaves, ids)
+    ref.backward(dout.double())
+    assert_close(out, ref, dtype, scale=scale, what="out")
+    for name, t, r in zip(("dx", "dw_gate_up", "dw_down", "dweights"), (x, w1, w2, wts), leaves):
+        assert t.grad.dtype == t.dtype
+        assert_close(t.grad, r.grad, dtype, scale=2 * scale, what=name)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_forward_backward(dtype):
+    _check(*_inputs(*SMALL, dtype), dtype)
+
+
+@pytest.mark.parametrize("shape", [(37, 48, 40, 5, 1),      # k = 1, odd sizes
+                                   (20, 32, 16, 60, 4),     # E = 60, most experts get no token
+                                   (1, 16, 16, 3, 2)])      # a single token
+def test_shapes(shape):
+    _check(*_inputs(*shape, torch.float32), torch.float32)
+
+
+def test_empty_experts_get_exact_zero_gradients():
+    T, d, n, E, k = 9, 32, 16, 7, 2
+    ids = torch.tensor([[0, 2]] * T, dtype=torch.int32, device=DEVICE)       # experts 1, 3-6 idle
+    x, w1, w2, wts, ids = _inputs(T, d, n, E, k, torch.float32, ids)
+    _check(x, w1, w2, wts, ids, torch.float32)
+    for e in (1, 3, 4, 5, 6):
+        assert torch.count_nonzero(w1.grad[e]) == 0 and torch.count_nonzero(w2.grad[e]) == 0
+    assert torch.count_nonzero(w1.grad[0]) > 0
+
+
+def test_all_tokens_on_one_expert_and_repeats():
+    T, d, n, E, k = 21, 16, 32, 4, 2
+    ids = torch.full((T, k), 3, dtype=torch.int64, device=DEVICE)           # int64 ids, one expert chosen twice
+    _check(*_inputs(T, d, n, E, k, torch.float32, ids), torch.float32)
+
+
+def test_layouts():
+    """3-d x, strided x rows, weights stored transposed (non-contiguous), bf16 routing weights."""
+    T, d, n, E, k = 10, 32, 24, 5, 2
+    x = randn(2, T, 2 * d)[..., :d].requires_grad_()
+    w1 = randn(E, d, 2 * n, scale=d ** -0.5).transpose(1, 2).requires_grad_()
+    w2 = randn(E, n, d, scale=n ** -0.5).transpose(1, 2).requires_grad_()
+    ids = torch.rand(2, T, E, device=DEVICE).topk(k, -1).indices
+    wts = torch.softmax(torch.randn(2, T, k, device=DEVICE), -1).to(torch.bfloat16).requires_grad_()
+    out = moe_experts(x, w1, w2, wts, ids)
+    assert out.shape == (2, T, d)
+    out.sum().backward()
+    leaves = [t.detach().double().requires_grad_() for t in (x, w1, w2, wts)]
+    ref = moe_experts_reference(*leaves, ids)
+    ref.sum().backward()
+    assert_close(out, ref, torch.float32, scale=50, what="out")   # bf16 weights: their rounding is in both
+    assert wts.grad.dtype == torch.bfloat16
+    for t, r in zip((x, w1, w2), leaves):
+        assert_close(t.grad, r.grad, torch.float32, scale=50)
+
+
+def test_deterministic():
+    args = _inputs(*SMALL, torch.bfloat16)
+    outs, grads = [], []
+    for _ in range(2):
+        for t in args[:4]:
+            t.grad = None
+        out = moe_experts(*args)
+        out.backward(torch.ones_like(out))
+        outs.append(out)
+        grads.append([t.grad.clone() for t in args[:4]])
+    assert torch.equal(outs[0], outs[1])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_no_grad_and_empty():
+    x, w1, w2, wts, ids = _inputs(*SMALL, torch.float32)
+    with torch.no_grad():
+        out = moe_experts(x, w1, w2, wts, ids)
+    assert_close(out, moe_experts_reference(x.double(), w1.double(), w2.double(), wts.double(), ids), torch.float32)
+    e = moe_experts(x[:0], w1, w2, wts[:0], ids[:0])
+    assert e.shape == (0, x.shape[1])
+    e.sum().backward()
+    assert torch.count_nonzero(w1.grad) == 0
+
+
+def test_out_of_range_ids_unvalidated_are_dropped():
+    T, d, n, E, k = 8, 16, 16, 4, 2
+    x, w1, w2, wts, ids = _inputs(T, d, n, E, k, torch.float32)
+    bad = ids.clone()
+    bad[1, 0], bad[5, 1] = 9, -3
+    with pytest.raises(ValueError, match="topk_ids"):
+        moe_experts(x, w1, w2, wts, bad)
+    out = moe_experts(x, w1, w2, wts, bad, validate=False)
+    keep = wts.detach().clone()
+    keep[1, 0] = keep[5, 1] = 0.0
+    ref = moe_experts_reference(x.double(), w1.double(), w2.double(), keep.double(), bad.clamp(0, E - 1))
+    assert_close(out, ref, torch.float32)
+
+
+def test_compile_fullgraph():
+    x, w1, w2, wts, ids = _inputs(*SMALL, torch.float32)
+    f = torch.compile(lambda *a: moe_experts(*a, validate=False), fullgraph=True)
+    out = f(x, w1, w2, wts, ids)
+    out.sum().backward()
+    ref = moe_experts_reference(*[t.detach().double() for t in (x, w1, w2, wts)], ids)
+    assert_close(out, ref, torch.float32)
+    assert torch.isfinite(w1.grad).all() and torch.count_nonzero(x.grad) > 0
+
+
+def test_opcheck():
+    x, w1, w2, wts, ids = _inputs(7, 16, 16, 3, 2, torch.float32)
+    torch.library.opcheck(moe_experts_op.overload, (x, w1, w2, wts.detach(), ids, 16, True),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+def test_bad_input():
+    x, w1, w2, wts, ids = _inputs(5, 16, 8, 4, 2, torch.float32)
+    cases = [
+        ((x, w1, w2, torch.rand(5, 5, device=DEVICE), torch.zeros(5, 5, dtype=torch.int32, device=DEVICE)),
+         ValueError, "top_k"),
+        ((x, w1[:, :15], w2, wts, ids), ValueError, "w_gate_up"),
+        ((x, w1, w2[:, :, :7], wts, ids), ValueError, "w_down"),
+        ((x, w1, w2[:3], wts, ids), ValueError, "w_down"),
+        ((x, w1[0], w2, wts, ids), ValueError, "w_gate_up"),
+        ((x, w1.half(), w2, wts, ids), TypeError, "w_gate_up"),
+        ((x, w1, w2, wts, ids.float()), TypeError, "topk_ids"),
+        ((x, w1, w2, wts[:, :1], ids), ValueError, "topk_weights"),
+        ((x, w1, w2, wts, ids[:4]), ValueError, "topk_ids"),
+        ((x.int(), w1, w2, wts, ids), TypeError, "'x'"),
+    ]
+    for args, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            moe_experts(*args)
+
+
+def test_module_matches_reference():
+    torch.manual_seed(0)
+    d, n, E, k, ns = 32, 16, 8, 2, 1
+    m = wf.nn.MoE(d, n, E, k, n_shared=ns, score="sigmoid", n_group=4, topk_group=2, routed_scaling_factor=2.0,
+                  bias_update_rate=0.01, aux_loss_coef=0.0, device=DEVICE)
+    x = randn(3, 5, d, requires_grad=True)
+    y = m(x)
+    r = moe_route_reference(x.reshape(-1, d).double() @ m.router.double().T, k, score="sigmoid", n_group=4,
+                            topk_group=2, renormalize=True, routed_scaling_factor=2.0,
+                            correction_bias=torch.zeros(E, device=DEVICE))
+    ids = torch.cat([r.ids.long(), torch.full((15, ns), E, device=DEVICE)], 1)
+    wts = torch.cat([r.weights, torch.ones(15, ns, device=DEVICE, dtype=r.weights.dtype)], 1)
+    ref = moe_experts_reference(x.reshape(-1, d).double(), m.w_gate_up.double(), m.w_down.double(), wts.double(), ids)
+    assert_close(y.reshape(-1, d), ref, torch.float32, scale=5)
+    y.sum().backward()
+    assert m.router.grad is not None and torch.isfinite(m.router.grad).all() and m.router.grad.abs().sum() > 0
+    assert m.w_gate_up.grad[E].abs().sum() > 0                    # the shared expert saw every token
+    assert int(m.counts.sum()) == 15 * k
+    assert m.correction_bias.abs().sum() > 0                      # the training forward nudged the bias
+    with pytest.raises(ValueError, match="n_group"):
+        wf.nn.MoE(d, n, 6, 2, n_group=4)
+    with pytest.raises(ValueError, match="top_k"):
+        wf.nn.MoE(d, n, 4, 5)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU: the training-size shapes are too slow for the interpreter")
+@pytest.mark.parametrize("shape", [(2048, 512, 384, 64, 6), (1000, 1024, 512, 8, 2), (4, 2048, 768, 128, 8)])
+def test_large_gpu(shape):
+    _check(*_inputs(*shape, torch.bfloat16), torch.bfloat16)
