@@ -61,9 +61,7 @@ for name in a.shapes.split(","):
                         f = lambda: M._gemm(h, M._b_fwd_down(w2), y, meta=meta, K=n, N=d, cfg=cfg, topk=k, gather_a=False, epi=0, weights=wts.view(-1), scale_rows=True)
                         flops = fl
                     elif kind == "dgrad":
-                        tn = triton.cdiv(n, cfg.block_n)
-                        dwp = torch.empty(P, tn, device=dev)
-                        f = lambda: M._gemm(dout, M._b_bwd_down(w2), dz, meta=meta, K=d, N=n, cfg=cfg, topk=k, gather_a=True, epi=2, weights=wts.view(-1), z=z, hw=hw, dw=dwp)
+                        f = lambda: M._gemm(dout, M._b_bwd_down(w2), hw, meta=meta, K=d, N=n, cfg=cfg, topk=k, gather_a=True, epi=0)
                         flops = fl
                     elif kind == "dx":
                         f = lambda: M._gemm(dz, M._b_bwd_up(w1), y, meta=meta, K=2 * n, N=d, cfg=cfg, topk=k, gather_a=False, epi=0)

@@ -34,9 +34,10 @@ How the work is laid out, and why:
   kernel sums each token's k rows in a fixed order, in fp32: deterministic, bit for bit, no atomics.
 - *Backward* (rows in the same padded order, from the saved metadata and z):
     g  = dout[t] @ Wd[e]                 (grouped GEMM, gather of dout fused)          (rows, n)
-    epilogue: h = silu(z_g) * z_u recomputed, dw[s] = g . h (partial per column tile; the routing
-    weight's gradient without ever storing the experts' outputs), dh = w * g,
-    dz_g = dh * z_u * silu'(z_g), dz_u = dh * silu(z_g), hw = w * h
+    a row-wise pass: h = silu(z_g) * z_u recomputed, dw[s] = g . h (the routing weight's gradient
+    without ever storing the experts' outputs), dh = w * g, dz_g = dh * z_u * silu'(z_g),
+    dz_u = dh * silu(z_g), hw = w * h (fused into the GEMM's epilogue instead, this pass measured
+    3x slower: NOTES.md)
     dWd[e] = dout[rows]^T @ hw[rows]      (K = the expert's rows: a grouped GEMM with a variable K)
     dWgu[e] = dz[rows]^T @ x[rows]        (idem, x gathered)
     dx[t] = sum_j (dz @ Wgu[e])[s]       (grouped GEMM into the padded rows, then the combine)
@@ -177,11 +178,9 @@ def _moe_scatter_kernel(
 def _moe_gemm_kernel(
     a_ptr,              # A: (T, K) read at row slot // TOPK (GATHER_A), or (P, K) at the padded row
     b_ptr,              # B: (E, K, N) any strides (a view of w_gate_up or w_down)
-    c_ptr,              # C: (P, N); (P, 2 * N) for EPI 2 (dz = [dz_g, dz_u])
-    z_ptr,              # (P, 2 * N) pre-activations [z_g, z_u]: written by EPI 1 (STORE_Z), read by EPI 2
-    hw_ptr,             # (P, N) EPI 2: w * h, for dWd
-    dw_ptr,             # (P, tiles_n) fp32 EPI 2: partial g . h per column tile
-    w_ptr,              # (S,) fp32 routing weight of each slot
+    c_ptr,              # C: (P, N)
+    z_ptr,              # (P, 2 * N) pre-activations [z_g, z_u], written by EPI 1 with STORE_Z
+    w_ptr,              # (S,) fp32 routing weight of each slot (SCALE_ROWS)
     sorted_ptr,         # (P,) int32 slot of each padded row, -1 padding
     tile_expert_ptr,    # (tiles_max,) int32
     K, N, tiles_n,
@@ -191,8 +190,7 @@ def _moe_gemm_kernel(
     STORE_Z: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """One BLOCK_M x BLOCK_N tile of one expert's rows. EPI 0: C = acc (times the routing weight
-    with SCALE_ROWS); EPI 1: gate and up accumulators (B columns N apart), C = silu(z_g) * z_u;
-    EPI 2: the SwiGLU backward on acc = dout @ Wd (see the module docstring)."""
+    with SCALE_ROWS); EPI 1: gate and up accumulators (B columns N apart), C = silu(z_g) * z_u."""
     pid = tl.program_id(0)
     tiles_m = tl.num_programs(0) // tiles_n
     pid_m, pid_n = _tile_coords(pid, tiles_m, tiles_n, GROUP_M)
@@ -216,13 +214,6 @@ def _moe_gemm_kernel(
     if EPI == 1:
         acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         up_off = N * s_bn
-    if EPI == 2:
-        # the epilogue's operands are loaded before the K loop: their latency hides behind it
-        # instead of stalling the epilogue of a program that then has nothing else to do
-        z_ptrs = z_ptr + rows64[:, None] * s_zm + offs_n[None, :]
-        zg = tl.load(z_ptrs, mask=mask_n[None, :], other=0.0)
-        zu = tl.load(z_ptrs + N, mask=mask_n[None, :], other=0.0)
-        w = tl.load(w_ptr + slot, mask=valid, other=0.0)[:, None]
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
@@ -255,17 +246,44 @@ def _moe_gemm_kernel(
             z_ptrs = z_ptr + rows64[:, None] * s_zm + offs_n[None, :]
             tl.store(z_ptrs, acc.to(out_ty), mask=mask)
             tl.store(z_ptrs + N, acc_u.to(out_ty), mask=mask)
-    else:
-        zg = zg.to(tl.float32)
-        zu = zu.to(tl.float32)
+
+
+@triton.jit
+def _moe_swiglu_bwd_kernel(
+    g_ptr,              # (P, N) g = dout[token] @ Wd[e] (the dgrad GEMM's output)
+    z_ptr,              # (P, 2 * N) saved pre-activations [z_g, z_u]
+    dz_ptr,             # (P, 2 * N) out: [dz_g, dz_u]
+    hw_ptr,             # (P, N) out: w * h, the B operand of dWd
+    dw_ptr,             # (P,) fp32 out: g . h, the routing weight's gradient of each row
+    w_ptr, sorted_ptr, tile_expert_ptr,
+    N,
+    TILE_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """The SwiGLU backward over ROWS rows of one tile (ROWS divides TILE_M), row sums in fp32."""
+    r0 = tl.program_id(0) * ROWS
+    if tl.load(tile_expert_ptr + r0 // TILE_M) < 0:
+        return
+    rows = (r0 + tl.arange(0, ROWS)).to(tl.int64)
+    slot = tl.load(sorted_ptr + rows)
+    w = tl.load(w_ptr + slot, mask=slot >= 0, other=0.0)[:, None]
+    dw = tl.zeros([ROWS], dtype=tl.float32)
+    for c0 in range(0, N, BLOCK_N):
+        cols = c0 + tl.arange(0, BLOCK_N)
+        m = (cols < N)[None, :]
+        g = tl.load(g_ptr + rows[:, None] * N + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        zp = z_ptr + rows[:, None] * (2 * N) + cols[None, :]
+        zg = tl.load(zp, mask=m, other=0.0).to(tl.float32)
+        zu = tl.load(zp + N, mask=m, other=0.0).to(tl.float32)
         sig = tl.sigmoid(zg)
         act = zg * sig
         h = act * zu
-        tl.store(dw_ptr + rows64 * tiles_n + pid_n, tl.sum(acc * h, axis=1))
-        dh = acc * w
-        tl.store(c_ptrs, (dh * zu * (sig + act * (1.0 - sig))).to(out_ty), mask=mask)
-        tl.store(c_ptrs + N, (dh * act).to(out_ty), mask=mask)
-        tl.store(hw_ptr + rows64[:, None] * N + offs_n[None, :], (h * w).to(out_ty), mask=mask)
+        dw += tl.sum(g * h, axis=1)
+        dh = g * w
+        dp = dz_ptr + rows[:, None] * (2 * N) + cols[None, :]
+        tl.store(dp, (dh * zu * (sig + act * (1.0 - sig))).to(dz_ptr.dtype.element_ty), mask=m)
+        tl.store(dp + N, (dh * act).to(dz_ptr.dtype.element_ty), mask=m)
+        tl.store(hw_ptr + rows[:, None] * N + cols[None, :], (h * w).to(hw_ptr.dtype.element_ty), mask=m)
+    tl.store(dw_ptr + rows, dw)
 
 
 @triton.jit
@@ -345,6 +363,7 @@ _OFFSETS = LaunchCache(_moe_offsets_kernel)
 _SCATTER = LaunchCache(_moe_scatter_kernel)
 _GEMM = LaunchCache(_moe_gemm_kernel)
 _WGRAD = LaunchCache(_moe_wgrad_kernel)
+_SWIGLU_BWD = LaunchCache(_moe_swiglu_bwd_kernel)
 _COMBINE = LaunchCache(_moe_combine_kernel)
 
 
@@ -388,15 +407,14 @@ def _align(ids: torch.Tensor, experts: int, block_m: int):
 
 
 def _gemm(a, b_view, c, *, meta, K: int, N: int, cfg: MoEConfig, topk: int, gather_a: bool, epi: int,
-          weights=None, scale_rows=False, z=None, store_z=False, hw=None, dw=None) -> None:
+          weights=None, scale_rows=False, z=None, store_z=False) -> None:
     """Launch _moe_gemm_kernel over every possible tile. ``b_view``: (E, K, N) strides of B."""
     sorted_slot, tile_expert = meta
     tiles_n = triton.cdiv(N, cfg.block_n)
     grid = (tile_expert.numel() * tiles_n,)
     s_be, s_bk, s_bn, b = b_view
     dummy = sorted_slot
-    args = (a, b, c, dummy if z is None else z, dummy if hw is None else hw, dummy if dw is None else dw,
-            dummy if weights is None else weights, sorted_slot, tile_expert,
+    args = (a, b, c, dummy if z is None else z, dummy if weights is None else weights, sorted_slot, tile_expert,
             K, N, tiles_n, a.stride(0), a.stride(1), s_be, s_bk, s_bn, c.stride(0),
             0 if z is None else z.stride(0))
     _launch(_GEMM, grid, args, cfg, TOPK=topk, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
@@ -478,16 +496,23 @@ def _moe_bwd(dout, x, w1, w2, weights, z, sorted_slot, slot_pos, tile_expert, st
                 torch.zeros(weights.shape, dtype=torch.float32, device=dev))
     P = sorted_slot.numel()
     meta = (sorted_slot, tile_expert)
-    cfg = moe_config("dgrad", block_m, s)
-    tiles_n = triton.cdiv(n, cfg.block_n)
+    # g = dout @ Wd with a plain store, then the SwiGLU backward as its own pass: fused into the GEMM's
+    # epilogue (5 tiles in and out of registers in the MMA layout) it cost ~0.9 ms of 1.47 at
+    # DeepSeek-V2-Lite T = 8192 on an H100, against ~0.3 ms for the separate pass (NOTES.md)
+    g = new_empty((P, n), dtype=x.dtype, device=dev)
+    _gemm(dout, _b_bwd_down(w2), g, meta=meta, K=d, N=n, cfg=moe_config("dgrad", block_m, s), topk=topk,
+          gather_a=True, epi=0)
     dz = new_empty((P, n2), dtype=x.dtype, device=dev)
     hw = new_empty((P, n), dtype=x.dtype, device=dev)
-    dwp = new_empty((P, tiles_n), dtype=torch.float32, device=dev)
-    _gemm(dout, _b_bwd_down(w2), dz, meta=meta, K=d, N=n, cfg=cfg, topk=topk, gather_a=True, epi=2,
-          weights=weights.view(-1), z=z, hw=hw, dw=dwp)
+    dwrow = new_empty((P,), dtype=torch.float32, device=dev)
+    rows = min(16, block_m)
+    block_n = min(triton.next_power_of_2(n), 32 if interpreting() else 256)
+    _launch(_SWIGLU_BWD, (P // rows,), (g, z, dz, hw, dwrow, weights.view(-1), sorted_slot, tile_expert, n), (4, 1),
+            TILE_M=block_m, ROWS=rows, BLOCK_N=block_n)
+    del g
     if need_weights:
         pos = slot_pos.long()
-        dwts = torch.where(pos >= 0, dwp.sum(1)[pos.clamp_min(0)], 0.0).view(T, topk)
+        dwts = torch.where(pos >= 0, dwrow[pos.clamp_min(0)], 0.0).view(T, topk)
     if need_w:
         wcfg = moe_config("wgrad", block_m, s)
         dw2 = new_empty(w2.shape, dtype=w2.dtype, device=dev)

@@ -523,14 +523,14 @@ def moe_config(kind: str, block_m: int, elem_bytes: int) -> MoEConfig:
     if kind == "wgrad":
         # H100, DeepSeek-V2-Lite / Mixtral at T = 8192 (benchmarks/NOTES.md): 32-deep K steps, 5
         # stages: 387 / 396 TFLOP/s for dW_gate_up against 348 / 383 with 64-deep, 4 stages
-        return MoEConfig(128, 128, 32, 8, 5)
+        return MoEConfig(128, 128, 32, 8, 5, 4)
     if block_m <= 32:
         # decode: stream weight strips; many programs, long K steps
         return MoEConfig(block_m, 64, 128, 4, 4)
     warps = 8 if block_m >= 128 else 4
     if kind == "up":        # two 128 x 128 accumulators: 456 / 501 TFLOP/s against 440 / 435 at 64 columns
         return MoEConfig(block_m, 128, 64, warps, 3)
-    if kind == "dgrad":     # 233 / 302 TFLOP/s (the epilogue moves 5 tiles: z in, dz, w*h out)
-        return MoEConfig(block_m, 64, 128, warps, 3)
+    if kind == "dgrad":     # dout @ Wd, plain store: 490 TFLOP/s at DeepSeek-V2-Lite (64-column tiles: 345)
+        return MoEConfig(block_m, 128, 64, warps, 3, 4)
     # down and dX: 256-column tiles, 3 stages: 499 / 589 (down), 575 / 662 (dX) against 394-512 at 128
     return MoEConfig(block_m, 256, 64, warps, 3)
