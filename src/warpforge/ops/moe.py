@@ -315,22 +315,23 @@ def _moe_wgrad_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for r0 in range(start, end, BLOCK_K):
         r = r0 + tl.arange(0, BLOCK_K)
+        valid = r < end                  # BLOCK_K may exceed the padding unit: stop at the expert's end
         if GATHER_A or GATHER_B:
-            slot = tl.load(sorted_ptr + r)
+            slot = tl.load(sorted_ptr + r, mask=valid, other=-1)
             valid = slot >= 0
             tok = tl.where(valid, slot // TOPK, 0).to(tl.int64)
-        else:
-            valid = r >= 0
         if GATHER_A:
             a = tl.load(a_ptr + tok[None, :] * s_ar + offs_m[:, None] * s_am,
                         mask=mask_m[:, None] & valid[None, :], other=0.0)
         else:
-            a = tl.load(a_ptr + r.to(tl.int64)[None, :] * s_ar + offs_m[:, None] * s_am, mask=mask_m[:, None], other=0.0)
+            a = tl.load(a_ptr + r.to(tl.int64)[None, :] * s_ar + offs_m[:, None] * s_am,
+                        mask=mask_m[:, None] & valid[None, :], other=0.0)
         if GATHER_B:
             b = tl.load(b_ptr + tok[:, None] * s_br + offs_n[None, :] * s_bn,
                         mask=valid[:, None] & mask_n[None, :], other=0.0)
         else:
-            b = tl.load(b_ptr + r.to(tl.int64)[:, None] * s_br + offs_n[None, :] * s_bn, mask=mask_n[None, :], other=0.0)
+            b = tl.load(b_ptr + r.to(tl.int64)[:, None] * s_br + offs_n[None, :] * s_bn,
+                        mask=valid[:, None] & mask_n[None, :], other=0.0)
         acc = _dot(a, b, acc, PRECISION, UPCAST)
     c_ptrs = c_ptr + e.to(tl.int64) * s_ce + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
