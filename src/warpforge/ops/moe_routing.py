@@ -300,9 +300,9 @@ def _moe_route_fwd_kernel(
         for _ in tl.static_range(TOPK_GROUP):
             gm = tl.max(tl.where(gfree, gs, -float("inf")), axis=1)
             gi = tl.min(tl.where(gfree & (gs == gm[:, None]), g[None, :], G_PAD), axis=1)
-            hit = g[None, :] == gi[:, None]
-            gkeep = gkeep | hit
-            gfree = gfree & ~hit
+            ghit = g[None, :] == gi[:, None]
+            gkeep = gkeep | ghit
+            gfree = gfree & ~ghit
         avail = avail & gkeep[:, :, None]
         b = tl.where(gkeep[:, :, None], b, -float("inf"))
     start = avail
