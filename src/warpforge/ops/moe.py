@@ -58,7 +58,7 @@ import triton
 import triton.language as tl
 
 from ..runtime import interpreting, new_empty, unit_last_dim
-from ..runtime.checks import check_device, check_tensor
+from ..runtime.checks import check_same, check_tensor
 from ..runtime.heuristics import MOE_ALIGN_CHUNK, MoEConfig, moe_block_m, moe_config
 from ..runtime.launch import LaunchCache, spec_key
 from ..runtime.registry import Op
@@ -600,10 +600,7 @@ def _check(x, w_gate_up, w_down, topk_weights, topk_ids):
         if w.dim() != 3:
             raise ValueError(f"warpforge: '{name}' has shape {tuple(w.shape)}; expected a 3-d "
                              f"{'(n_experts, 2 * expert_dim, d_model)' if name == 'w_gate_up' else '(n_experts, d_model, expert_dim)'} tensor")
-        if w.dtype != x.dtype:
-            raise TypeError(f"warpforge: '{name}' has dtype {w.dtype} but 'x' has {x.dtype}; expected the same dtype")
-        if w.device != x.device:
-            raise RuntimeError(f"warpforge: '{name}' is on {w.device} but 'x' is on {x.device}")
+        check_same(name, w, "x", x, shape=False)
     E, n2, d = w_gate_up.shape
     if d != x.shape[-1] or n2 % 2 or n2 == 0:
         raise ValueError(f"warpforge: 'w_gate_up' has shape {tuple(w_gate_up.shape)}; expected (n_experts, "
@@ -628,8 +625,7 @@ def _check(x, w_gate_up, w_down, topk_weights, topk_ids):
     if k < 1 or k > E:
         raise ValueError(f"warpforge: top_k = {k} (the last dim of 'topk_ids'); expected 1 <= top_k <= n_experts = {E}")
     for name, t in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
-        if t.device != x.device:
-            raise RuntimeError(f"warpforge: '{name}' is on {t.device} but 'x' is on {x.device}")
+        check_same(name, t, "x", x, shape=False, dtype=False)
 
 
 def _validate_ids(ids: torch.Tensor, E: int) -> None:
