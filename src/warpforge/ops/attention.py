@@ -50,7 +50,7 @@ from .. import runtime
 from ..runtime import interpreting, unit_last_dim
 from ..runtime.checks import check_same, check_tensor
 from ..runtime.heuristics import AttentionConfig, attention_config
-from ..runtime.launch import LaunchCache, spec_key
+from ..runtime.launch import LaunchCache
 from ..runtime.registry import Op
 
 LOG2E = 1.4426950408889634
@@ -559,8 +559,7 @@ def _launch(cache: LaunchCache, grid: tuple, args: tuple, cfg, **const) -> None:
     """``kernel[grid](*args, **const)``, the compiled kernel launched directly after the first call
     with the same specialisation (runtime/launch.py): at S = 512 a forward takes ~20 us on an
     H100, less than the JIT's own per-call argument binding."""
-    key = (spec_key(args), tuple(const.items()), cfg)
-    cache(key, grid, args, const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    cache.specialized(grid, args, const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _dummy(t: torch.Tensor) -> torch.Tensor:

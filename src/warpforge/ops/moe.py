@@ -60,7 +60,7 @@ import triton.language as tl
 from ..runtime import interpreting, new_empty, unit_last_dim
 from ..runtime.checks import check_same, check_tensor
 from ..runtime.heuristics import MOE_ALIGN_CHUNK, MoEConfig, moe_block_m, moe_config
-from ..runtime.launch import LaunchCache, spec_key
+from ..runtime.launch import LaunchCache
 from ..runtime.registry import Op
 from .matmul import _dot, _precision, _tile_coords, _upcast
 
@@ -370,8 +370,7 @@ _COMBINE = LaunchCache(_moe_combine_kernel)
 
 def _launch(cache: LaunchCache, grid: tuple, args: tuple, cfg: MoEConfig | tuple, **const) -> None:
     warps, stages = (cfg.num_warps, cfg.num_stages) if isinstance(cfg, MoEConfig) else cfg
-    key = (spec_key(args), tuple(const.items()), warps, stages)
-    cache(key, grid, args, const, num_warps=warps, num_stages=stages)
+    cache.specialized(grid, args, const, num_warps=warps, num_stages=stages)
 
 
 def _tiles_max(slots: int, experts: int, block_m: int) -> int:
@@ -484,14 +483,12 @@ def _moe_fwd(x, w1, w2, weights, ids, block_m: int, save_z: bool):
     return out, z, sorted_slot, slot_pos, tile_expert, start, counts
 
 
-def _moe_bwd(dout, x, w1, w2, weights, z, sorted_slot, slot_pos, tile_expert, start, block_m: int,
-             need_x: bool, need_w: bool, need_weights: bool):
+def _moe_bwd(dout, x, w1, w2, weights, z, sorted_slot, slot_pos, tile_expert, start, block_m: int):
     T, d = x.shape
-    E, n2, _ = w1.shape
+    n2 = w1.shape[1]
     n = n2 // 2
     topk = weights.shape[1]
     dev, s = x.device, x.element_size()
-    dx = dw1 = dw2 = dwts = None
     if T * topk == 0:
         return (torch.zeros_like(x), torch.zeros_like(w1), torch.zeros_like(w2),
                 torch.zeros(weights.shape, dtype=torch.float32, device=dev))
@@ -506,27 +503,24 @@ def _moe_bwd(dout, x, w1, w2, weights, z, sorted_slot, slot_pos, tile_expert, st
     dz = new_empty((P, n2), dtype=x.dtype, device=dev)
     hw = new_empty((P, n), dtype=x.dtype, device=dev)
     dwrow = new_empty((P,), dtype=torch.float32, device=dev)
-    rows = min(16, block_m)
+    per_program = min(16, block_m)
     block_n = min(triton.next_power_of_2(n), 32 if interpreting() else 256)
-    _launch(_SWIGLU_BWD, (P // rows,), (g, z, dz, hw, dwrow, weights.view(-1), sorted_slot, tile_expert, n), (4, 1),
-            TILE_M=block_m, ROWS=rows, BLOCK_N=block_n)
+    _launch(_SWIGLU_BWD, (P // per_program,), (g, z, dz, hw, dwrow, weights.view(-1), sorted_slot, tile_expert, n),
+            (4, 1), TILE_M=block_m, ROWS=per_program, BLOCK_N=block_n)
     del g
-    if need_weights:
-        pos = slot_pos.long()
-        dwts = torch.where(pos >= 0, dwrow[pos.clamp_min(0)], 0.0).view(T, topk)
-    if need_w:
-        wcfg = moe_config("wgrad", block_m, s)
-        dw2 = new_empty(w2.shape, dtype=w2.dtype, device=dev)
-        _wgrad(dout, hw, dw2, sorted_slot=sorted_slot, start=start, M=d, N=n, topk=topk,
-               gather_a=True, gather_b=False, cfg=wcfg)
-        dw1 = new_empty(w1.shape, dtype=w1.dtype, device=dev)
-        _wgrad(dz, x, dw1, sorted_slot=sorted_slot, start=start, M=n2, N=d, topk=topk,
-               gather_a=False, gather_b=True, cfg=wcfg)
-    if need_x:
-        rows = new_empty((P, d), dtype=x.dtype, device=dev)
-        _gemm(dz, _b_bwd_up(w1), rows, meta=meta, K=n2, N=d, cfg=moe_config("down", block_m, s), topk=topk,
-              gather_a=False, epi=0)
-        dx = _combine(rows, slot_pos, T, topk, d, x.dtype)
+    pos = slot_pos.long()
+    dwts = torch.where(pos >= 0, dwrow[pos.clamp_min(0)], 0.0).view(T, topk)
+    wcfg = moe_config("wgrad", block_m, s)
+    dw2 = new_empty(w2.shape, dtype=w2.dtype, device=dev)
+    _wgrad(dout, hw, dw2, sorted_slot=sorted_slot, start=start, M=d, N=n, topk=topk,
+           gather_a=True, gather_b=False, cfg=wcfg)
+    dw1 = new_empty(w1.shape, dtype=w1.dtype, device=dev)
+    _wgrad(dz, x, dw1, sorted_slot=sorted_slot, start=start, M=n2, N=d, topk=topk,
+           gather_a=False, gather_b=True, cfg=wcfg)
+    rows = new_empty((P, d), dtype=x.dtype, device=dev)
+    _gemm(dz, _b_bwd_up(w1), rows, meta=meta, K=n2, N=d, cfg=moe_config("down", block_m, s), topk=topk,
+          gather_a=False, epi=0)
+    dx = _combine(rows, slot_pos, T, topk, d, x.dtype)
     return dx, dw1, dw2, dwts
 
 
@@ -555,8 +549,8 @@ def _bwd_impl(dout: torch.Tensor, x: torch.Tensor, w_gate_up: torch.Tensor, w_do
               weights: torch.Tensor, z: torch.Tensor, sorted_slot: torch.Tensor, slot_pos: torch.Tensor,
               tile_expert: torch.Tensor, start: torch.Tensor, block_m: int
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _moe_bwd(unit_last_dim(dout).contiguous(), x, w_gate_up, w_down, weights, z, sorted_slot, slot_pos,
-                    tile_expert, start, block_m, True, True, True)
+    return _moe_bwd(dout.contiguous(), x, w_gate_up, w_down, weights, z, sorted_slot, slot_pos,
+                    tile_expert, start, block_m)
 
 
 def _bwd_fake(dout, x, w_gate_up, w_down, weights, z, sorted_slot, slot_pos, tile_expert, start, block_m):
@@ -661,7 +655,6 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, 
     weights = topk_weights.reshape(-1, k)
     weights = weights if weights.dtype == torch.float32 and weights.is_contiguous() else weights.float().contiguous()
     x2 = unit_last_dim(x2)
-    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, w_gate_up, w_down, topk_weights))
     block_m = moe_block_m(x2.shape[0] * k, E, x.element_size())
     out = moe_experts_op(x2, w_gate_up, w_down, weights, ids, block_m, grad)[0]

@@ -79,7 +79,7 @@ import triton.language as tl
 from ..runtime import new_empty, unit_last_dim
 from ..runtime.checks import check_device, check_same, check_tensor
 from ..runtime.heuristics import warps_for
-from ..runtime.launch import LaunchCache, spec_key
+from ..runtime.launch import LaunchCache
 from ..runtime.registry import Op
 
 MAX_EXPERTS = 1024
@@ -382,8 +382,7 @@ def _route_fwd(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, sigm
     args = (logits, logits if bias is None else bias, weights, ids, counts, t, logits.stride(0), scale)
     warps = warps_for(block_t * g_pad * j_pad)
     # routing runs for microseconds: launch the compiled kernel directly after the first call
-    _FWD((spec_key(args), tuple(const.items())), (triton.cdiv(t, block_t),), args, const,
-         num_warps=warps, num_stages=1)
+    _FWD.specialized((triton.cdiv(t, block_t),), args, const, num_warps=warps, num_stages=1)
     return weights, ids, counts
 
 

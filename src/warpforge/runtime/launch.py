@@ -47,6 +47,12 @@ class LaunchCache:
         compiled, tail = plan
         launch(compiled, grid, (*args, *tail))
 
+    def specialized(self, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int, num_stages: int):
+        """Launch with the plan key the JIT itself would use: :func:`spec_key` of the runtime
+        arguments, the constexprs and the launch shape."""
+        key = (spec_key(args), tuple(constexprs.items()), num_warps, num_stages)
+        self(key, grid, args, constexprs, num_warps=num_warps, num_stages=num_stages)
+
     def get(self, key):
         """(compiled kernel, constexpr values) recorded for ``key``, or None."""
         return self.plans.get(key)
