@@ -146,6 +146,32 @@ def profile(table):
     ce.STATS_LAUNCH = None
 
 
+def step_profile(table, copy, T=8192, V=128256):
+    """Every kernel of one training step (loss, then its backward) at the headline shape, with
+    each kernel's device time, against the step's measured time and the byte floor."""
+    from torch.profiler import ProfilerActivity, profile as prof
+    torch.manual_seed(0)
+    x = (torch.randn(T, V, device="cuda") * 2).bfloat16().requires_grad_()
+    t = torch.randint(0, V, (T,), device="cuda")
+    floor = 2 * T * V * 2 / copy / 1e6
+
+    def step():
+        return torch.autograd.grad(warpforge.cross_entropy(x, t), x)
+    step()
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+    ks = sorted(((e.key, e.device_time_total / 5, e.count / 5) for e in p.key_averages() if e.device_time_total > 0),
+                key=lambda k: -k[1])
+    ms = bench(step)
+    table.append(("step %dx%d" % (T, V), "%.3f ms" % ms, "%.3fx floor (%.3f ms)" % (ms / floor, floor),
+                  "kernels %.1f us" % sum(k[1] for k in ks)))
+    for k, us, n in ks:
+        table.append(("  kernel", k[:60], "%.1f us" % us, "x%.0f" % n))
+
+
 def peak_extra(fn):
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -234,9 +260,15 @@ def assert_check(table):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--skip-linear", action="store_true")
+    ap.add_argument("--step", action="store_true", help="only the training step's kernel profile and time")
     args = ap.parse_args()
     copy = dev.ceilings()["copy_gbps"]
     table = []
+    if args.step:
+        step_profile(table, copy)
+        for r in table:
+            print(*r, sep=" | ", flush=True)
+        return
     sweep = [(8192, 128256, [None, ("split", 8192, 4), ("split", 4096, 4), ("split", 8192, 8), ("split", 16384, 8)]),
              (8192, 262144, [None, ("split", 4096, 4), ("split", 16384, 8)])]
     steps = [check, profile] + [lambda tb, s=s: time_ce(tb, copy, *s) for s in sweep]
