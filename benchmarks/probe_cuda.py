@@ -158,6 +158,39 @@ def memory_ops(log, roof, table):
             del x
 
 
+def reduce_sweep(log, roof, table):
+    """The row reductions' launch knobs (warpforge_cuda::reduce_tuning: deep/wide, chunks per
+    long row, threads per long-row block, the longest row one warp takes) at M*N = 2^27 bf16,
+    against the default and torch.compile in the same process."""
+    ops = cuda.ops()
+    comp = torch.compile(lambda t: t.sum(-1))
+    for m, n in ((32768, 4096), (16384, 8192), (4096, 32768), (2048, 65536), (512, 262144), (131072, 1024),
+                 (1, 2**27), (128, 2**20), (65536, 2048)):
+        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        ref = x.float().sum(-1)
+        gb = (x.numel() + m) * 2 / 1e9
+
+        def pct(ms):
+            return gb / ms * 1e3 / roof * 100
+        comp(x)
+        log(f"sum {m}x{n}: compile {pct(bench(lambda: comp(x))):5.1f}%")
+        cfgs = [(0, 0, 0, 0, 0), (0, 0, 0, 0, 1), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1)]
+        if n >= 65536 and m > 1:
+            cfgs += [(2, 2, 512, 0, 1), (2, 4, 512, 0, 1), (0, 0, 0, 0, 0)]
+        for cfg in cfgs:
+            ops.reduce_tuning(list(cfg))
+            try:
+                y = wf.sum(x, backend="cuda")
+                err = rel(y, ref)
+                p_ = pct(bench(lambda: wf.sum(x, backend="cuda")))
+                log(f"sum {m}x{n} cfg {cfg}: {p_:5.1f}%  err {err:.1e}")
+                table.append(dict(op="sum_sweep", shape=f"{m}x{n}", cfg=str(cfg), pct=p_, err=err))
+            except Exception as ex:  # noqa: BLE001
+                log(f"sum {m}x{n} cfg {cfg}: FAILED {type(ex).__name__}: {str(ex)[:200]}")
+        ops.reduce_tuning([0, 0, 0, 0, 0])
+        del x
+
+
 def matmul_ladder(log, table, extra=()):
     ops = cuda.ops()
     n = 4096
@@ -185,6 +218,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--mma", default="", help="comma-separated extra mma variant names to time")
     ap.add_argument("--only-memory", action="store_true", help="add / sum / amax only")
+    ap.add_argument("--reduce-sweep", action="store_true", help="only the row reductions' launch knobs")
     ap.add_argument("--shapes", default="", help="sweep only these MxN shapes, e.g. 512x262144,2048x65536")
     args = ap.parse_args()
     faulthandler.enable()
@@ -197,12 +231,16 @@ def main():
     t = time.time()
     cuda.load()
     log(f"build+load: {time.time() - t:.1f} s  ({cuda.cache_dir()})")
-    if not args.only_memory:
+    if not (args.only_memory or args.reduce_sweep):
         smoke(log)
     roof = copy_gbps()
     log(f"copy roof: {roof:.0f} GB/s on {torch.cuda.get_device_name()}")
     table: list[dict] = []
-    memory_ops(log, roof, table)
+    if args.reduce_sweep:
+        reduce_sweep(log, roof, table)
+        args.skip_matmul = args.skip_sweep = args.only_memory = True
+    else:
+        memory_ops(log, roof, table)
     if args.only_memory:
         args.skip_matmul = args.skip_sweep = True
     if not args.skip_matmul:

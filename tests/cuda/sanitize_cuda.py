@@ -2,7 +2,9 @@
 compute-sanitizer (not a pytest module; test_cuda_ops.py::test_compute_sanitizer runs it).
 
     compute-sanitizer --tool memcheck  --error-exitcode 1 python tests/cuda/sanitize_cuda.py
-    compute-sanitizer --tool racecheck --error-exitcode 1 python tests/cuda/sanitize_cuda.py
+    compute-sanitizer --tool racecheck --error-exitcode 1 python tests/cuda/sanitize_cuda.py [reduce ...]
+
+(Naming parts -- add, reduce, softmax, matmul -- runs only those.)
 
 Covers, for float32, float16 and bfloat16: add (naive, vectorized; aligned and misaligned
 pointers); sum and amax (warp-per-row, block-per-row, the chunked long-row path with its second
@@ -86,7 +88,9 @@ def run_add(ops) -> None:
 
 def run_reduce(ops) -> None:
     for dtype in DTYPES:
-        for m, n in ((5, 123), (3, 4101), (2, 262144 + 5)):   # warp rows, block rows, chunked + second launch
+        # warp rows (wide; deep at 2,047 bf16), block rows (wide), chunked + second launch, and a
+        # block a row once there are rows for a wave (deep)
+        for m, n in ((5, 123), (7, 2047), (3, 4101), (2, 262144 + 5), (300, 40001)):
             x = rnd(m, n, dtype=dtype, shift=min(0.5, 8000.0 / n))   # sums below fp16 max
             for rows, tag in ((x, "aligned"), (odd_rows(x), "odd row stride"), (misaligned(x), "misaligned")):
                 check(f"sum {dtype} {m}x{n} {tag}", ops.sum(rows, dtype), rows.double().sum(-1), dtype)
@@ -166,7 +170,10 @@ def main() -> int:
     wcuda.load()
     ops = wcuda.ops()
     torch.manual_seed(0)
+    only = set(sys.argv[1:])    # e.g. "reduce": re-check one kernel family
     for part in (run_add, run_reduce, run_softmax, run_matmul):
+        if only and part.__name__[4:] not in only:
+            continue
         t = time.perf_counter()
         part(ops)
         torch.cuda.synchronize()

@@ -196,7 +196,10 @@ def test_add_misaligned_storage(n, dtype, variant):
 # ----------------------------------------------------------------------------------------------
 # sum, amax
 # ----------------------------------------------------------------------------------------------
-RED_SHAPES = [(1, 1), (3, 123), (7, 4097), (2, 262144 + 5), (5000, 33), (1, 2**20 + 1)]
+RED_SHAPES = [(1, 1), (3, 123), (7, 4097), (2, 262144 + 5), (5000, 33), (1, 2**20 + 1),
+              # a block a row: 256 threads (2,049..4,096 bf16), 512 wide; one item a row once there
+              # are rows enough for a wave (deep kernels, misaligned tails)
+              (270, 2049), (600, 3000), (300, 8193), (300, 40001)]
 
 
 def _shift(n: int) -> float:
@@ -232,6 +235,29 @@ def test_reduce_forward_backward(shape, dtype, name):
     xr = leaf64(x)
     _reduce_ref(name, xr).backward(dy.double())
     assert_close(x.grad, xr.grad, dtype, scale=2.0, what="backward")
+
+
+@pytest.mark.parametrize("config", [[1, 0, 0, 0, 0], [2, 0, 0, 0, 0], [2, 3, 256, 0, 1], [1, 5, 128, 512, 0],
+                                    [0, 0, 0, 8192, 0], [0, 0, 0, 0, 1]],
+                         ids=lambda c: "-".join(map(str, c)))
+def test_reduce_tuning_knobs(config):
+    """Every launch shape the probe's knobs reach (deep / wide kernels, forced chunks, threads,
+    the warp-per-row limit) gives the same answer; the knobs are reset afterwards."""
+    ops = wcuda.ops()
+    try:
+        ops.reduce_tuning(config)
+        for dtype in DTYPES:
+            for shape in ((3, 123), (270, 2049), (37, 40001), (2, 2**17 + 3)):
+                for name in ("sum", "amax"):
+                    x = rnd(*shape, dtype=dtype, shift=_shift(shape[-1]))
+                    y = sync(getattr(wf, name)(x, backend="cuda"))
+                    _check_reduce(name, y, x, dtype, what=f"{shape} config {config}")
+    finally:
+        ops.reduce_tuning([0, 0, 0, 0, 0])
+    with pytest.raises(RuntimeError, match="config"):
+        ops.reduce_tuning([3, 0, 0, 0, 0])
+    with pytest.raises(RuntimeError, match="config"):
+        ops.reduce_tuning([0, 0])
 
 
 @pytest.mark.parametrize("keepdim", [False, True])

@@ -26,7 +26,15 @@ cudaError_t add_vectorized(DType dt, const void* x, const void* y, void* out, in
 // y[r] = sum or max of x[r, 0:n] for r < m; rows have unit column stride and row stride sx
 // (elements). y has dtype out_dt. Long rows on few rows are split into chunks whose fp32
 // partials go to `work` (reduce_workspace_floats() of them; may be 0).
-int64_t reduce_workspace_floats(int64_t m, int64_t n, int sms);
+int64_t reduce_workspace_floats(DType in_dt, int64_t m, int64_t n, int sms);
+// Probe knobs for launch-shape sweeps (0 = the heuristic): deep (1 wide: 32 registers, full
+// occupancy; 2 deep: 64 registers, every load of a trip in flight), chunks per long row, threads
+// per long-row block, the longest row (elements) one warp reduces, persistent (1: a grid of one
+// wave, equal items a block). Process-wide; probes only.
+struct ReduceTuning {
+  int deep, chunks, threads, warp_row_max, persistent;
+};
+void set_reduce_tuning(const ReduceTuning& t);
 cudaError_t reduce_rows(DType in_dt, DType out_dt, const void* x, void* y, float* work, int64_t m,
                         int64_t n, int64_t sx, bool is_max, int sms, cudaStream_t stream);
 

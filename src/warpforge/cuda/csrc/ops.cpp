@@ -118,7 +118,7 @@ Tensor reduce(const Tensor& input, c10::ScalarType out_dtype, bool is_max, const
   Tensor out = at::empty({m}, input.options().dtype(out_dtype));
   if (m == 0) return out;
   const int sms = sm_count(input.device().index());
-  const int64_t work_n = wf::reduce_workspace_floats(m, n, sms);
+  const int64_t work_n = wf::reduce_workspace_floats(in_dt, m, n, sms);
   Tensor work = work_n > 0 ? at::empty({work_n}, input.options().dtype(at::kFloat)) : Tensor();
   C10_CUDA_CHECK(wf::reduce_rows(in_dt, out_dt, input.data_ptr(), out.data_ptr(),
                                  work_n > 0 ? work.data_ptr<float>() : nullptr, m, n, input.stride(0), is_max, sms,
@@ -128,6 +128,17 @@ Tensor reduce(const Tensor& input, c10::ScalarType out_dtype, bool is_max, const
 
 Tensor sum(const Tensor& input, c10::ScalarType dtype) { return reduce(input, dtype, false, "sum"); }
 Tensor amax(const Tensor& input) { return reduce(input, input.scalar_type(), true, "amax"); }
+
+// Probe-only: the reductions' launch knobs (launch.h), [deep, chunks, threads, warp_row_max, persistent].
+void reduce_tuning(c10::IntArrayRef config) {
+  TORCH_CHECK(config.size() == 5, "warpforge_cuda::reduce_tuning: 'config' must be [deep, chunks, threads, "
+              "warp_row_max, persistent]; got ", num(config.size()), " values");
+  TORCH_CHECK(config[0] >= 0 && config[0] <= 2 && config[1] >= 0 && config[2] >= 0 && config[2] <= 512 &&
+              config[2] % 32 == 0 && config[3] >= 0 && config[4] >= 0 && config[4] <= 1,
+              "warpforge_cuda::reduce_tuning: 'config' out of range");
+  wf::set_reduce_tuning({static_cast<int>(config[0]), static_cast<int>(config[1]), static_cast<int>(config[2]),
+                         static_cast<int>(config[3]), static_cast<int>(config[4])});
+}
 
 // ---- softmax -----------------------------------------------------------------------------------
 wf::RowConfig row_config(c10::IntArrayRef cfg, const char* op) {
@@ -238,6 +249,7 @@ TORCH_LIBRARY(warpforge_cuda, m) {
   m.def("softmax(Tensor input, bool log, int[] config) -> Tensor");
   m.def("softmax_backward(Tensor output, Tensor grad_output, bool log, int[] config) -> Tensor");
   m.def("matmul(Tensor a, Tensor b, str variant) -> Tensor");
+  m.def("reduce_tuning(int[] config) -> ()", &reduce_tuning);
 }
 
 namespace {

@@ -4,30 +4,46 @@
 // the measured copy bandwidth, counted on the bytes read.
 //
 // How a row is reduced, bottom up:
-//   thread  each thread folds 16-byte vectors (8 bf16) of its row into one fp32 accumulator,
-//           kUnroll = 8 independent loads in flight per trip (Little's law asks ~25 KB in flight
-//           per SM of an H200; 2,048 threads x 8 x 16 B is 256 KB). Plain loads: the evict-first
-//           hint (__ldcs) measured 1-5 points lower on an H100 (fp32: 93-95% against 96-99%);
+//   thread  each thread folds 16-byte vectors (8 bf16) of its row into two fp32 accumulators,
+//           kUnroll = 8 loads issued before the first add of a trip -- when the kernel is "deep"
+//           (64 registers, __launch_bounds__ promising 2 blocks of 512 an SM); "wide" kernels
+//           (32 registers, full occupancy) let ptxas interleave loads and adds (2-3 in flight a
+//           thread) and win with twice the threads when a thread has under one trip of work.
+//           Plain loads: evict-first hints (__ldcs, or an L2 evict-first cache policy) and 256-byte
+//           L2 prefetch measured within +-1.5 points of them on an H100;
 //   warp    five butterfly shuffles (__shfl_xor_sync) combine the 32 lanes in registers: no
 //           shared memory, no barrier;
 //   block   warp leaders write one value each to shared memory, one barrier, and warp 0 folds the
-//           (at most 32) values with five more shuffles: the block-level tree.
-// Rows of up to kWarpRowMax elements get one warp each (8 rows per 256-thread block): a block per
-// short row would leave most of its warps idle. Longer rows get a 512-thread block each. When the
-// rows are long and few (fewer than ~16 per SM), each row is cut into equal chunks whose fp32
-// partials a second, tiny launch reduces in a fixed order -- deterministic, no atomics. (A
-// persistent grid looping over rows measured no better on an H100 than one block per item.)
+//           (at most 16) values with five more shuffles: the block-level tree.
+// Rows of up to 256 vectors (2,048 bf16) get one warp each (8 rows per 256-thread block): a block
+// per short row would leave most of its warps idle. Longer rows get a block each, two vectors a
+// thread up to 512 threads (4,096 bf16: 256 threads). While there are rows enough for a wave of
+// blocks, a row is one work item; few long rows are cut into equal chunks whose fp32 partials a
+// second, tiny launch reduces in a fixed order -- deterministic, no atomics.
+// H100, M*N = 2^27 bf16 (benchmarks/NOTES.md): 131072 x 1024 ... 512 x 262144 at 90-95% of the copy
+// roof, against 84-94% for the first version (one warp a row up to 4,096; chunks from ~16 work
+// items an SM; 32 registers everywhere).
 // max propagates NaN (PTX max.NaN), as torch.amax does.
 #include "common.cuh"
 
 namespace wf {
 namespace {
 
-constexpr int kWarpRowMax = 4096;   // rows up to this many elements: one warp per row
+constexpr int kWarpRowVectors = 256; // rows up to this many 16-byte vectors: one warp per row
 constexpr int kWarpBlock = 256;     // 8 warps, 8 rows per block
 constexpr int kRowBlock = 512;      // threads per block for long rows
 constexpr int kUnroll = 8;          // independent 16-byte loads in flight per thread
+// Blocks per SM promised to ptxas (__launch_bounds__) by the deep kernels, i.e. 64 registers a
+// thread: room for the kUnroll vectors. At 32-40 registers (the wide kernels: 4 blocks of 512, 6
+// of 256 an SM) ptxas interleaves each load with the previous vector's adds, leaving 2-3 loads in
+// flight, not 8 (sm_90 SASS).
+constexpr int kWarpBlocksPerSM = 4;
+constexpr int kRowBlocksPerSM = 2;
+constexpr int kWarpWideBlocksPerSM = 6;   // 40 registers: at 32 the bf16 sum spilled 8 bytes
 constexpr int kMinChunk = 16384;    // a chunk gives each of 512 threads at least ~4 vectors (bf16)
+
+// Probe knobs (set_reduce_tuning, benchmarks/probe_cuda.py); zeros mean the heuristics below.
+ReduceTuning g_tuning{};
 
 template <bool IS_MAX>
 __device__ __forceinline__ float combine(float a, float b) {
@@ -58,7 +74,7 @@ __device__ __forceinline__ float fold(float acc, const Vec<T>& v) {
 template <typename T, bool IS_MAX>
 __device__ __forceinline__ float fold_range(const T* row, int64_t begin, int64_t end, bool aligned, int lane, int lanes) {
   constexpr int N = Vec<T>::N;
-  float acc = identity<IS_MAX>();
+  float acc = identity<IS_MAX>(), acc2 = identity<IS_MAX>();
   const float fill = identity<IS_MAX>();
   int64_t i = begin + static_cast<int64_t>(lane) * N;
   const int64_t step = static_cast<int64_t>(lanes) * N;
@@ -69,16 +85,30 @@ __device__ __forceinline__ float fold_range(const T* row, int64_t begin, int64_t
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) v[u] = load_vec(row + i + u * step);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) acc = fold<T, IS_MAX>(acc, v[u]);
+      for (int u = 0; u < kUnroll; u += 2) {   // two accumulators: half the dependent chain
+        acc = fold<T, IS_MAX>(acc, v[u]);
+        acc2 = fold<T, IS_MAX>(acc2, v[u + 1]);
+      }
+    }
+    // then kUnroll / 2 at a time (a 1,024-column bf16 row is 4 vectors a lane: without this step
+    // they went one dependent load at a time through the guarded loop below)
+    constexpr int kHalf = kUnroll / 2;
+    for (; i + (kHalf - 1) * step + N <= end; i += kHalf * step) {
+      Vec<T> v[kHalf];
+#pragma unroll
+      for (int u = 0; u < kHalf; ++u) v[u] = load_vec(row + i + u * step);
+#pragma unroll
+      for (int u = 0; u < kHalf; ++u) acc = fold<T, IS_MAX>(acc, v[u]);
     }
   }
+  acc = combine<IS_MAX>(acc, acc2);
   for (; i < end; i += step) acc = fold<T, IS_MAX>(acc, load_vec_guarded(row, i, end, aligned, fill));
   return acc;
 }
 
 // One warp per row, 8 warps per block (warps loop over rows only past the grid's 2^31 blocks).
-template <typename T, typename OutT, bool IS_MAX>
-__global__ void __launch_bounds__(kWarpBlock) reduce_warp_rows_kernel(
+template <typename T, typename OutT, bool IS_MAX, bool DEEP>
+__global__ void __launch_bounds__(kWarpBlock, DEEP ? kWarpBlocksPerSM : kWarpWideBlocksPerSM) reduce_warp_rows_kernel(
     const T* __restrict__ x, OutT* __restrict__ y, int64_t m, int64_t n, int64_t sx, bool aligned) {
   const int lane = threadIdx.x & 31;
   const int64_t step = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
@@ -89,8 +119,8 @@ __global__ void __launch_bounds__(kWarpBlock) reduce_warp_rows_kernel(
 }
 
 // Work item w = (row, chunk) = (w / chunks, w % chunks), all items the same size, one block each. chunks == 1 writes y (OutT); else fp32 partials part[row * chunks + chunk].
-template <typename T, typename OutT, bool IS_MAX>
-__global__ void __launch_bounds__(kRowBlock) reduce_block_rows_kernel(
+template <typename T, typename OutT, bool IS_MAX, bool DEEP>
+__global__ void __launch_bounds__(kRowBlock, DEEP ? kRowBlocksPerSM : 2 * kRowBlocksPerSM) reduce_block_rows_kernel(
     const T* __restrict__ x, OutT* __restrict__ y, float* __restrict__ part, int64_t m, int64_t n, int64_t sx,
     int64_t chunks, int64_t chunk, bool aligned) {
   __shared__ float warp_vals[kRowBlock / 32];
@@ -114,34 +144,74 @@ __global__ void __launch_bounds__(kRowBlock) reduce_block_rows_kernel(
   }
 }
 
-// Chunks per row: enough work items (~16 per SM) that a persistent grid is balanced to a few
-// percent even for a handful of rows, but no chunk under kMinChunk elements.
-int64_t chunks_for(int64_t m, int64_t n, int sms) {
-  if (n <= kWarpRowMax) return 1;
+// The longest row (elements) one warp reduces: 256 vectors, 8 a lane (2,048 bf16, 1,024 fp32).
+// Longer rows take a block of `row_threads` threads, two vectors a thread (a 4,096-column bf16 row
+// over 256 threads measured 93% of the copy roof against 90% for a warp a row), up to 512.
+template <typename T>
+int64_t warp_row_max() {
+  return g_tuning.warp_row_max > 0 ? g_tuning.warp_row_max : kWarpRowVectors * Vec<T>::N;
+}
+
+template <typename T>
+int row_threads(int64_t n) {
+  if (g_tuning.threads > 0) return g_tuning.threads;
+  int t = 128;
+  while (t < kRowBlock && 2LL * t * Vec<T>::N < n) t *= 2;
+  return t;
+}
+
+// Chunks per row: one while there are rows enough for a wave of blocks (a second launch for the
+// partials cost 3-5 points at 2048 x 65536 and 512 x 262144, H100); few long rows are cut into
+// enough work items (~16 per SM) to balance, but no chunk under kMinChunk elements.
+int64_t chunks_for(int64_t m, int64_t n, int64_t warp_max, int sms) {
+  if (n <= warp_max) return 1;
+  if (g_tuning.chunks > 0) return g_tuning.chunks < ceil_div(n, 8) ? g_tuning.chunks : ceil_div(n, 8);
+  if (m >= static_cast<int64_t>(kRowBlocksPerSM) * sms) return 1;
   const int64_t want = ceil_div(16LL * sms, m);
   const int64_t most = ceil_div(n, kMinChunk);
   const int64_t c = want < most ? want : most;
   return c < 1 ? 1 : c;
 }
 
+// Deep (64 registers, all kUnroll loads in flight) when a thread runs at least one full trip of
+// kUnroll vectors and a row is one work item; else wide (32 registers, twice the threads an SM):
+// 131072 x 1024 bf16 measured 94% wide against 87% deep, 4096 x 32768 92.4% deep against 91.1%
+// wide; rows cut into many chunks (1 x 2^27) 84% wide against 78% deep (more blocks at once).
+bool deep_for(int64_t vectors_per_thread, bool one_item_a_row) {
+  if (g_tuning.deep > 0) return g_tuning.deep == 2;
+  return vectors_per_thread >= kUnroll && one_item_a_row;
+}
+
 template <typename T, typename OutT, bool IS_MAX>
 cudaError_t launch(const T* x, OutT* y, float* work, int64_t m, int64_t n, int64_t sx, int sms, cudaStream_t stream) {
   constexpr int N = Vec<T>::N;
   const bool aligned = aligned16(x) && (sx * static_cast<int64_t>(sizeof(T))) % 16 == 0;
-  if (n <= kWarpRowMax) {
-    auto kernel = reduce_warp_rows_kernel<T, OutT, IS_MAX>;
+  const int64_t warp_max = warp_row_max<T>();
+  if (n <= warp_max) {
+    auto kernel = deep_for(ceil_div(n, 32 * N), true) ? reduce_warp_rows_kernel<T, OutT, IS_MAX, true>
+                                                : reduce_warp_rows_kernel<T, OutT, IS_MAX, false>;
     int64_t blocks = ceil_div(m, kWarpBlock / 32);
     if (blocks > 0x7fffffff) blocks = 0x7fffffff;   // warps loop over the rows past that
     kernel<<<static_cast<unsigned>(blocks), kWarpBlock, 0, stream>>>(x, y, m, n, sx, aligned);
     return cudaGetLastError();
   }
-  const int64_t chunks = chunks_for(m, n, sms);
+  const int64_t chunks = chunks_for(m, n, warp_max, sms);
   const int64_t chunk = ceil_div(ceil_div(n, chunks), N) * N;   // a multiple of the vector width
   const int64_t used = ceil_div(n, chunk);                      // rounding may leave fewer chunks
-  auto kernel = reduce_block_rows_kernel<T, OutT, IS_MAX>;
+  const int threads = row_threads<T>(chunk);
+  auto kernel = deep_for(ceil_div(chunk, static_cast<int64_t>(threads) * N), used == 1)
+                    ? reduce_block_rows_kernel<T, OutT, IS_MAX, true>
+                    : reduce_block_rows_kernel<T, OutT, IS_MAX, false>;
   int64_t blocks = m * used;
+  if (g_tuning.persistent > 0) {
+    // as many blocks as hold the same number of items each within one wave
+    const int64_t slots = static_cast<int64_t>(sms) * (kRowBlock / threads) *
+                          (kernel == reduce_block_rows_kernel<T, OutT, IS_MAX, true> ? kRowBlocksPerSM
+                                                                                     : 2 * kRowBlocksPerSM);
+    blocks = ceil_div(blocks, ceil_div(blocks, slots));
+  }
   if (blocks > 0x7fffffff) blocks = 0x7fffffff;   // blocks loop over the items past that
-  kernel<<<static_cast<unsigned>(blocks), kRowBlock, 0, stream>>>(x, y, work, m, n, sx, used, chunk, aligned);
+  kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(x, y, work, m, n, sx, used, chunk, aligned);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || used == 1) return err;
   // the partials: (m, used) fp32, contiguous; a short row each
@@ -150,8 +220,14 @@ cudaError_t launch(const T* x, OutT* y, float* work, int64_t m, int64_t n, int64
 
 }  // namespace
 
-int64_t reduce_workspace_floats(int64_t m, int64_t n, int sms) {
-  const int64_t c = chunks_for(m, n, sms);
+void set_reduce_tuning(const ReduceTuning& t) { g_tuning = t; }
+
+int64_t reduce_workspace_floats(DType in_dt, int64_t m, int64_t n, int sms) {
+  int64_t c = 1;
+  dispatch(in_dt, [&](auto tag) {
+    c = chunks_for(m, n, warp_row_max<decltype(tag)>(), sms);
+    return cudaSuccess;
+  });
   return c > 1 ? m * c : 0;
 }
 
