@@ -125,22 +125,27 @@ def time_ce(table, copy, T=8192, V=128256, configs=None):
     table.append(("ce", "byte floor", "%.3f ms" % floor, "copy %.0f GB/s" % copy))
 
 
-def profile(table):
+def kernel_times(fn, calls=5):
+    """(kernel name, device us per call, launches per call) of every kernel ``fn`` runs, slowest first."""
     from torch.profiler import ProfilerActivity, profile as prof
+    fn()
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return sorted(((e.key, e.device_time_total / calls, e.count / calls) for e in p.key_averages()
+                   if e.device_time_total > 0), key=lambda k: -k[1])
+
+
+def profile(table):
     T, V = 8192, 128256
     x = (torch.randn(T, V, device="cuda") * 2).bfloat16()
     t = torch.randint(0, V, (T,), device="cuda")
     for launch in (None, (8192, 8), (16384, 8)):
         ce.STATS_LAUNCH = launch
         fn = lambda: ce._ce_impl(x, t, None, -100, 1, 0.0, 0.0, 0.0, False)  # noqa: E731
-        fn()
-        torch.cuda.synchronize()
-        with prof(activities=[ProfilerActivity.CUDA]) as p:
-            for _ in range(5):
-                fn()
-            torch.cuda.synchronize()
-        ks = sorted(((e.key, e.device_time_total / e.count if e.count else 0, e.count) for e in p.key_averages()
-                     if e.device_time_total > 0), key=lambda k: -k[1])
+        ks = kernel_times(fn)
         table.append(("prof fwd no-grad %s" % (launch,), "%.3f ms total" % bench(fn),
                       "; ".join("%s %.1f us" % (k[:24], us) for k, us, c in ks[:3])))
     ce.STATS_LAUNCH = None
@@ -149,7 +154,6 @@ def profile(table):
 def step_profile(table, copy, T=8192, V=128256):
     """Every kernel of one training step (loss, then its backward) at the headline shape, with
     each kernel's device time, against the step's measured time and the byte floor."""
-    from torch.profiler import ProfilerActivity, profile as prof
     torch.manual_seed(0)
     x = (torch.randn(T, V, device="cuda") * 2).bfloat16().requires_grad_()
     t = torch.randint(0, V, (T,), device="cuda")
@@ -157,19 +161,12 @@ def step_profile(table, copy, T=8192, V=128256):
 
     def step():
         return torch.autograd.grad(warpforge.cross_entropy(x, t), x)
-    step()
-    torch.cuda.synchronize()
-    with prof(activities=[ProfilerActivity.CUDA]) as p:
-        for _ in range(5):
-            step()
-        torch.cuda.synchronize()
-    ks = sorted(((e.key, e.device_time_total / 5, e.count / 5) for e in p.key_averages() if e.device_time_total > 0),
-                key=lambda k: -k[1])
+    ks = kernel_times(step)
     ms = bench(step)
     table.append(("step %dx%d" % (T, V), "%.3f ms" % ms, "%.3fx floor (%.3f ms)" % (ms / floor, floor),
                   "kernels %.1f us" % sum(k[1] for k in ks)))
     for k, us, n in ks:
-        table.append(("  kernel", k[:60], "%.1f us" % us, "x%.0f" % n))
+        table.append(("  kernel", k[:60], "%.1f us" % us, "x%.1f" % n))
 
 
 def peak_extra(fn):
