@@ -39,6 +39,7 @@ constexpr int kUnroll = 8;          // independent 16-byte loads in flight per t
 // flight, not 8 (sm_90 SASS).
 constexpr int kWarpBlocksPerSM = 4;
 constexpr int kRowBlocksPerSM = 2;
+constexpr int kRowWideBlocksPerSM = 4;    // 32 registers
 constexpr int kWarpWideBlocksPerSM = 6;   // 40 registers: at 32 the bf16 sum spilled 8 bytes
 constexpr int kMinChunk = 16384;    // a chunk gives each of 512 threads at least ~4 vectors (bf16)
 
@@ -120,7 +121,7 @@ __global__ void __launch_bounds__(kWarpBlock, DEEP ? kWarpBlocksPerSM : kWarpWid
 
 // Work item w = (row, chunk) = (w / chunks, w % chunks), all items the same size, one block each. chunks == 1 writes y (OutT); else fp32 partials part[row * chunks + chunk].
 template <typename T, typename OutT, bool IS_MAX, bool DEEP>
-__global__ void __launch_bounds__(kRowBlock, DEEP ? kRowBlocksPerSM : 2 * kRowBlocksPerSM) reduce_block_rows_kernel(
+__global__ void __launch_bounds__(kRowBlock, DEEP ? kRowBlocksPerSM : kRowWideBlocksPerSM) reduce_block_rows_kernel(
     const T* __restrict__ x, OutT* __restrict__ y, float* __restrict__ part, int64_t m, int64_t n, int64_t sx,
     int64_t chunks, int64_t chunk, bool aligned) {
   __shared__ float warp_vals[kRowBlock / 32];
@@ -199,15 +200,13 @@ cudaError_t launch(const T* x, OutT* y, float* work, int64_t m, int64_t n, int64
   const int64_t chunk = ceil_div(ceil_div(n, chunks), N) * N;   // a multiple of the vector width
   const int64_t used = ceil_div(n, chunk);                      // rounding may leave fewer chunks
   const int threads = row_threads<T>(chunk);
-  auto kernel = deep_for(ceil_div(chunk, static_cast<int64_t>(threads) * N), used == 1)
-                    ? reduce_block_rows_kernel<T, OutT, IS_MAX, true>
-                    : reduce_block_rows_kernel<T, OutT, IS_MAX, false>;
+  const bool deep = deep_for(ceil_div(chunk, static_cast<int64_t>(threads) * N), used == 1);
+  auto kernel = deep ? reduce_block_rows_kernel<T, OutT, IS_MAX, true> : reduce_block_rows_kernel<T, OutT, IS_MAX, false>;
   int64_t blocks = m * used;
   if (g_tuning.persistent > 0) {
     // as many blocks as hold the same number of items each within one wave
     const int64_t slots = static_cast<int64_t>(sms) * (kRowBlock / threads) *
-                          (kernel == reduce_block_rows_kernel<T, OutT, IS_MAX, true> ? kRowBlocksPerSM
-                                                                                     : 2 * kRowBlocksPerSM);
+                          (deep ? kRowBlocksPerSM : kRowWideBlocksPerSM);
     blocks = ceil_div(blocks, ceil_div(blocks, slots));
   }
   if (blocks > 0x7fffffff) blocks = 0x7fffffff;   // blocks loop over the items past that
