@@ -158,14 +158,16 @@ def memory_ops(log, roof, table):
             del x
 
 
-def reduce_sweep(log, roof, table):
+def reduce_sweep(log, roof, table, shapes=()):
     """The row reductions' launch knobs (warpforge_cuda::reduce_tuning: deep/wide, chunks per
-    long row, threads per long-row block, the longest row one warp takes) at M*N = 2^27 bf16,
-    against the default and torch.compile in the same process."""
+    long row, threads per long-row block, the longest row one warp takes, persistent grid) at
+    M*N = 2^27 bf16, against the default and torch.compile in the same process. Each
+    configuration is timed twice, in interleaved order, to show the spread."""
     ops = cuda.ops()
     comp = torch.compile(lambda t: t.sum(-1))
-    for m, n in ((32768, 4096), (16384, 8192), (4096, 32768), (2048, 65536), (512, 262144), (131072, 1024),
-                 (1, 2**27), (128, 2**20), (65536, 2048)):
+    default = (0, 0, 0, 0, 0)
+    for m, n in shapes or ((32768, 4096), (16384, 8192), (4096, 32768), (2048, 65536), (512, 262144),
+                           (131072, 1024), (1, 2**27), (128, 2**20), (65536, 2048)):
         x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         ref = x.float().sum(-1)
         gb = (x.numel() + m) * 2 / 1e9
@@ -174,10 +176,10 @@ def reduce_sweep(log, roof, table):
             return gb / ms * 1e3 / roof * 100
         comp(x)
         log(f"sum {m}x{n}: compile {pct(bench(lambda: comp(x))):5.1f}%")
-        cfgs = [(0, 0, 0, 0, 0), (0, 0, 0, 0, 1), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1)]
+        cfgs = [default, (0, 0, 0, 0, 1)]
         if n >= 65536 and m > 1:
-            cfgs += [(2, 2, 512, 0, 1), (2, 4, 512, 0, 1), (0, 0, 0, 0, 0)]
-        for cfg in cfgs:
+            cfgs += [(1, 0, 0, 0, 0), (0, 0, 256, 0, 0), (2, 2, 512, 0, 1), (2, 4, 512, 0, 1)]
+        for cfg in cfgs + cfgs[::-1]:
             ops.reduce_tuning(list(cfg))
             try:
                 y = wf.sum(x, backend="cuda")
@@ -187,7 +189,7 @@ def reduce_sweep(log, roof, table):
                 table.append(dict(op="sum_sweep", shape=f"{m}x{n}", cfg=str(cfg), pct=p_, err=err))
             except Exception as ex:  # noqa: BLE001
                 log(f"sum {m}x{n} cfg {cfg}: FAILED {type(ex).__name__}: {str(ex)[:200]}")
-        ops.reduce_tuning([0, 0, 0, 0, 0])
+        ops.reduce_tuning(list(default))
         del x
 
 
@@ -201,6 +203,18 @@ def matmul_ladder(log, table, extra=()):
         cub = bench(lambda: a @ b)
         log(f"matmul 4096^3 {dt}: cuBLAS {fl/cub/1e9:.0f} TFLOP/s")
         ref = (a.float() @ b.float())
+        for v in extra:   # the extra variants on edge shapes first (m, n, k not multiples of a tile)
+            for (m_, n_, k_) in ((1, 8, 8), (17, 24, 40), (129, 136, 4104), (300, 264, 72), (1000, 520, 2056)):
+                A = torch.randn(m_, k_, device="cuda", dtype=dt)
+                B = torch.randn(k_, n_, device="cuda", dtype=dt)
+                try:
+                    out = ops.matmul(A, B, v)
+                    torch.cuda.synchronize()
+                    e = rel(out, A.double() @ B.double())
+                    bad = "" if e < 1e-2 and not out.isnan().any() else "  <-- WRONG"
+                    log(f"check {v} {m_}x{n_}x{k_}: err {e:.1e}{bad}")
+                except Exception as ex:  # noqa: BLE001
+                    log(f"check {v} {m_}x{n_}x{k_}: FAILED {type(ex).__name__}: {str(ex)[:200]}")
         for v in ("naive", "tiled", "regblock", "mma", *extra):
             try:
                 err = rel(ops.matmul(a, b, v), ref)
@@ -237,7 +251,7 @@ def main():
     log(f"copy roof: {roof:.0f} GB/s on {torch.cuda.get_device_name()}")
     table: list[dict] = []
     if args.reduce_sweep:
-        reduce_sweep(log, roof, table)
+        reduce_sweep(log, roof, table, [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s])
         args.skip_matmul = args.skip_sweep = args.only_memory = True
     else:
         memory_ops(log, roof, table)

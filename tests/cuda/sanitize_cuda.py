@@ -10,7 +10,7 @@ Covers, for float32, float16 and bfloat16: add (naive, vectorized; aligned and m
 pointers); sum and amax (warp-per-row, block-per-row, the chunked long-row path with its second
 launch, unaligned row strides); softmax and log-softmax forward and backward through the
 warp-per-row, block, cluster (2, 4, 8, 16 blocks) and looped launch shapes, aligned and not;
-matmul, every variant, on (17, 33, 45) and (130, 136, 72). Sanitizers slow kernels 10-100x, so the
+matmul, every variant (mma_tma's tile configurations too), on (17, 33, 45) and (130, 136, 72). Sanitizers slow kernels 10-100x, so the
 shapes are small: cluster shapes get few threads per block (e.g. [32, 1, 16, 1]) so that a row of
 a few thousand elements spreads over every block of the cluster. Each op is synchronized and
 checked loosely against a float64 reference (a garbage result fails too); prints
@@ -149,13 +149,14 @@ def run_matmul(ops) -> None:
         for m, n, k in ((17, 33, 45), (130, 136, 72)):
             a, b = rnd(m, k, dtype=dtype), rnd(k, n, dtype=dtype)
             ref = a.double() @ b.double()
-            for variant in ("naive", "tiled", "regblock", "mma"):
-                if variant == "mma" and dtype == torch.float32:
+            for variant in ("naive", "tiled", "regblock", "mma", "mma_tma"):
+                if variant.startswith("mma") and dtype == torch.float32:
                     continue
                 check(f"matmul {variant} {dtype} ({m}, {n}, {k})", wf.matmul(a, b, variant=variant, backend="cuda"),
                       ref, dtype)
             if dtype != torch.float32 and k % 8 == 0 and n % 8 == 0:
-                check(f"matmul mma direct {dtype} ({m}, {n}, {k})", ops.matmul(a, b, "mma"), ref, dtype)
+                for variant in ("mma", "mma_tma", "mma_tma_128x128x32_s4", "mma_tma_128x256x64_s3"):
+                    check(f"matmul {variant} direct {dtype} ({m}, {n}, {k})", ops.matmul(a, b, variant), ref, dtype)
         a = rnd(33, 50, dtype=dtype)[:, :45]                                 # a leading dimension of 50
         b = rnd(45, 17, dtype=dtype)
         for variant in ("naive", "tiled", "regblock"):

@@ -526,7 +526,8 @@ def test_opcheck_matmul():
     # mma needs leading dimensions that are multiples of 8 (the public wrapper pads; the op does not)
     a16 = rnd(24, 40, dtype=torch.bfloat16, requires_grad=True)
     b16 = rnd(40, 56, dtype=torch.bfloat16, requires_grad=True)
-    torch.library.opcheck(ops().matmul.default, (a16, b16, "mma"))
+    for v in ("mma", "mma_tma"):
+        torch.library.opcheck(ops().matmul.default, (a16, b16, v))
 
 
 # ---- launch shapes, explicitly --------------------------------------------------------------------
@@ -586,8 +587,9 @@ def test_softmax_config_of_wrong_length():
 # matmul
 # ----------------------------------------------------------------------------------------------
 MM_SHAPES = [(1, 1, 1), (17, 33, 45), (128, 256, 64), (123, 77, 300), (256, 512, 1024), (1000, 1000, 1000)]  # (M, N, K)
-MM_CASES = [(v, d) for v in ("naive", "tiled", "regblock", "mma") for d in DTYPES
-            if not (v == "mma" and d == torch.float32)]
+TC = ("mma", "mma_tma")   # tensor-core rungs: fp16 / bf16 only
+MM_CASES = [(v, d) for v in ("naive", "tiled", "regblock", *TC) for d in DTYPES
+            if not (v in TC and d == torch.float32)]
 MM_IDS = [f"{v}-{_dt(d)}" for v, d in MM_CASES]
 
 
@@ -605,11 +607,29 @@ def test_matmul(m, n, k, variant, dtype):
     assert_close(c, a.double() @ b.double(), dtype, scale=_ksc(k), what=f"{variant} ({m}, {n}, {k})")
 
 
-@pytest.mark.parametrize("variant", ["auto", "naive", "tiled", "regblock", "mma"])
+@pytest.mark.parametrize("variant", ["mma", "mma_tma", "mma_tma_128x128x32_s4", "mma_tma_128x256x64_s3"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=_dt)
+@pytest.mark.parametrize("m,n,k", [(2056, 2056, 136), (4100, 1032, 72), (8, 8, 4104)],
+                         ids=["289-tiles", "4100x1032x72", "8x8x4104"])
+def test_matmul_tensor_core_configs(m, n, k, variant, dtype):
+    """The tensor-core tile configurations through the operator itself: more tiles than resident
+    blocks (the persistent blocks of mma_tma walk several tiles, their slices numbered across
+    tiles), edges in m and n, a long k of one tile. Output poisoning: a NaN-filled block of the
+    output's size is freed just before the call, so the caching allocator most likely hands it to
+    at::empty -- an element the kernel leaves unwritten then stays NaN (and NaN never passes)."""
+    a, b = rnd(m, k, dtype=dtype), rnd(k, n, dtype=dtype)
+    poison = torch.full((m, n), float("nan"), dtype=dtype, device=DEV)
+    del poison
+    c = sync(ops().matmul(a, b, variant))
+    assert not c.isnan().any(), f"{variant}: unwritten (NaN) output elements"
+    assert_close(c, a.double() @ b.double(), dtype, scale=_ksc(k), what=f"{variant} ({m}, {n}, {k})")
+
+
+@pytest.mark.parametrize("variant", ["auto", "naive", "tiled", "regblock", *TC])
 @pytest.mark.parametrize("dtype", DTYPES, ids=_dt)
 def test_matmul_layouts(dtype, variant):
-    if variant == "mma" and dtype == torch.float32:
-        pytest.skip("mma takes float16/bfloat16 (test_matmul_errors checks the TypeError)")
+    if variant in TC and dtype == torch.float32:
+        pytest.skip(f"{variant} takes float16/bfloat16 (test_matmul_errors checks the TypeError)")
     for m, n, k in ((33, 17, 45), (64, 48, 96)):
         a, w = rnd(m, k, dtype=dtype), rnd(n, k, dtype=dtype)
         b = w.t()                                                     # (K, N), column-major: copied
@@ -630,8 +650,8 @@ def test_matmul_layouts(dtype, variant):
         assert_close(c3, a3.double() @ b.double(), dtype, what=f"{variant} 3-D input")
 
 
-@pytest.mark.parametrize("variant,dtype", [(v, d) for v, d in MM_CASES if v in ("regblock", "mma")],
-                         ids=[i for i, (v, d) in zip(MM_IDS, MM_CASES) if v in ("regblock", "mma")])
+@pytest.mark.parametrize("variant,dtype", [(v, d) for v, d in MM_CASES if v in ("regblock", *TC)],
+                         ids=[i for i, (v, d) in zip(MM_IDS, MM_CASES) if v in ("regblock", *TC)])
 @pytest.mark.parametrize("m,n,k", [(17, 33, 45), (128, 256, 64), (1, 8, 16)])
 def test_matmul_backward(m, n, k, variant, dtype):
     a, b = rnd(m, k, dtype=dtype, requires_grad=True), rnd(k, n, dtype=dtype, requires_grad=True)
@@ -648,8 +668,9 @@ def test_matmul_backward(m, n, k, variant, dtype):
 
 def test_matmul_errors():
     a32, b32 = rnd(8, 16), rnd(16, 8)
-    with pytest.raises(TypeError, match="mma"):
-        wf.matmul(a32, b32, variant="mma", backend="cuda")
+    for v in TC:
+        with pytest.raises(TypeError, match=v):
+            wf.matmul(a32, b32, variant=v, backend="cuda")
     with pytest.raises(ValueError, match=r"'input'.*'other'"):
         wf.matmul(rnd(3, 4), rnd(5, 6), backend="cuda")                # K mismatch
     with pytest.raises(ValueError, match="'other'"):
@@ -773,8 +794,11 @@ def test_op_bad_shapes_and_strides():
         ops().matmul(x, rnd(4, 5), "cublas")
     with pytest.raises(RuntimeError, match="mma"):
         ops().matmul(rnd(8, 16), rnd(16, 8), "mma")             # fp32
-    with pytest.raises(RuntimeError, match="aligned"):
-        ops().matmul(rnd(8, 15, dtype=torch.half), rnd(15, 8, dtype=torch.half), "mma")   # lda = 15
+    for v in TC:
+        with pytest.raises(RuntimeError, match="aligned"):
+            ops().matmul(rnd(8, 15, dtype=torch.half), rnd(15, 8, dtype=torch.half), v)   # lda = 15
+        with pytest.raises(RuntimeError, match="mma"):
+            ops().matmul(rnd(8, 16), rnd(16, 8), v)             # fp32
     with pytest.raises(RuntimeError, match="0 columns"):
         ops().sum(rnd(3, 0), torch.float32)
     sync(None)

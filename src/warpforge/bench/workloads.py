@@ -399,7 +399,7 @@ def rope_flops(case: Case, mode: str) -> int:
 LLAMA_NK = ((4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096))   # q/o, gate/up, down, lm_head
 LLAMA_M = (16, 128, 4096, 16384)                                        # decode ... long prefill
 MATMUL_LADDER = ("naive", "pipelined", "grouped", "autotuned", "persistent", "splitk")
-CUDA_MATMUL_LADDER = ("naive", "tiled", "regblock", "mma")                # backend="cuda"
+CUDA_MATMUL_LADDER = ("naive", "tiled", "regblock", "mma", "mma_tma")     # backend="cuda"
 
 
 _T_CACHE: dict = {}

@@ -13,7 +13,8 @@ import torch
 from ..runtime.heuristics import cuda_softmax_config
 from . import ops
 
-MATMUL_VARIANTS = ("naive", "tiled", "regblock", "mma")
+MATMUL_VARIANTS = ("naive", "tiled", "regblock", "mma", "mma_tma")
+TENSOR_CORE_VARIANTS = ("mma", "mma_tma")   # fp16 / bf16 only
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -44,9 +45,10 @@ def softmax_last(x: torch.Tensor, log: bool) -> torch.Tensor:
 
 
 def matmul_variant(dtype: torch.dtype, variant: str) -> str:
-    """``auto``: the tensor-core rung for 16-bit types, register blocking for fp32."""
+    """``auto``: the fastest tensor-core rung (mma_tma: mma.sync fed by TMA) for 16-bit types,
+    register blocking for fp32."""
     if variant == "auto":
-        return "mma" if dtype in (torch.float16, torch.bfloat16) else "regblock"
+        return "mma_tma" if dtype in (torch.float16, torch.bfloat16) else "regblock"
     return variant
 
 

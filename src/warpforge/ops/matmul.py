@@ -723,8 +723,8 @@ def matmul(input: torch.Tensor, other: torch.Tensor, *, variant: str = "auto", b
     ``variant`` names a rung of the ladder (module docstring); ``"auto"`` is the fastest.
 
     ``backend="cuda"``: the CUDA C++ ladder (warpforge.cuda; ``variant`` "naive", "tiled",
-    "regblock", "mma" or "auto" = "mma" for 16-bit types, "regblock" for fp32), with a 2-D
-    ``other``; operands that are not row-major are copied to row-major first.
+    "regblock", "mma", "mma_tma" or "auto" = "mma_tma" for 16-bit types, "regblock" for fp32),
+    with a 2-D ``other``; operands that are not row-major are copied to row-major first.
     """
     _check_operand("input", input)
     _check_operand("other", other)
@@ -768,9 +768,9 @@ def _matmul_cuda(input: torch.Tensor, other: torch.Tensor, variant: str) -> torc
     if input.shape[-1] != other.shape[0]:
         raise ValueError(f"warpforge: matmul inner dimensions do not match: 'input' {tuple(input.shape)} "
                          f"has K={input.shape[-1]} but 'other' {tuple(other.shape)} has K={other.shape[0]}")
-    if variant == "mma" and input.dtype == torch.float32:
-        raise TypeError("warpforge: matmul variant 'mma' (tensor cores, mma.sync) takes float16 or bfloat16; "
-                        "'input' is float32 (use 'regblock' or 'auto')")
+    if variant in cuda_fn.TENSOR_CORE_VARIANTS and input.dtype == torch.float32:
+        raise TypeError(f"warpforge: matmul variant {variant!r} (tensor cores, mma.sync) takes float16 or "
+                        "bfloat16; 'input' is float32 (use 'regblock' or 'auto')")
     a = input.reshape(-1, input.shape[-1])
     return cuda_fn.matmul_2d(a, other, variant).reshape(*input.shape[:-1], other.shape[1])
 

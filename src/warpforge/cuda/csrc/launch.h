@@ -59,7 +59,8 @@ cudaError_t softmax_bwd(DType dt, const void* y, const void* dy, void* dx, int64
 // ---- matrix multiply (matmul.cu) ----------------------------------------------------------
 // C (m, n) = A (m, k) @ B (k, n), all row-major with leading dimensions lda, ldb, ldc
 // (elements), fp32 accumulation, C written in dt. The ladder of variants; mma runs the default tile
-// configuration, mma_<BM>x<BN>x<BK>_s<STAGES>[_sb] each a named one (matmul.cu, namespace mma).
+// configuration, mma_<BM>x<BN>x<BK>_s<STAGES>[_sb] each a named one (matmul.cu, namespace mma);
+// mma_tma and mma_tma_<config> the same for rung 5 (mma_tma.cu, namespace tma).
 enum class MatmulVariant : int {
   naive = 0,
   tiled = 1,
@@ -71,12 +72,25 @@ enum class MatmulVariant : int {
   mma_128x128x32_s4 = 7,
   mma_128x128x64_s3 = 8,
   mma_128x256x32_s4_sb = 9,
+  // rung 5 (mma_tma.cu): the same math fed by TMA through an mbarrier pipeline
+  mma_tma = 10,
+  mma_tma_128x128x32_s4 = 11,
+  mma_tma_128x256x64_s3 = 12,
 };
+inline bool is_mma_tma(MatmulVariant v) {
+  return static_cast<int>(v) >= static_cast<int>(MatmulVariant::mma_tma) &&
+         static_cast<int>(v) <= static_cast<int>(MatmulVariant::mma_tma_128x256x64_s3);
+}
 // Whether `v` can run this problem as laid out (dtype, alignment); the operator checks this first
 // and reports the reason.
 const char* matmul_unsupported(MatmulVariant v, DType dt, const void* a, const void* b, const void* c,
                                int64_t lda, int64_t ldb, int64_t ldc);
 cudaError_t matmul(MatmulVariant v, DType dt, const void* a, const void* b, void* c, int64_t m, int64_t n,
                    int64_t k, int64_t lda, int64_t ldb, int64_t ldc, cudaStream_t stream);
+// mma_tma.cu (called by matmul for the mma_tma variants); whether the driver gives the tensor-map
+// encoder that rung needs.
+cudaError_t matmul_mma_tma(MatmulVariant v, DType dt, const void* a, const void* b, void* c, int64_t m, int64_t n,
+                           int64_t k, int64_t lda, int64_t ldb, int64_t ldc, cudaStream_t stream);
+bool mma_tma_available();
 
 }  // namespace wf

@@ -12,6 +12,7 @@
 //   tiled      0.25   (fp32, 32x32)     8 (2 LDS.32 per FFMA)  FP32 FFMA       (measured: see benchmarks/results)
 //   regblock   0.0625 (fp32, 128x128)   1 (64 B per 64 FFMA)   FP32 FFMA       (measured: see benchmarks/results)
 //   mma        0.0234 (bf16, 128x256)   0.0625 (ldmatrix)      tensor cores    (measured: see benchmarks/results)
+//   mma_tma    0.0156 (bf16, 128x128)   0.0625 (ldmatrix)      tensor cores    (mma_tma.cu: TMA + mbarriers)
 //
 // ("global bytes / FMA" counts what one block requests from L2/DRAM; the L1/L2 caches turn the
 // naive rung's requests into far fewer DRAM bytes, but not into fewer load instructions.)
@@ -29,6 +30,7 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "mma_sync.cuh"
 
 namespace wf {
 namespace {
@@ -295,7 +297,7 @@ matmul_regblock_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __re
 //     16-byte chunk index is XORed with the row: A chunk c of row r at c ^ ((r >> 1) & 3)
 //     (c ^ (r & 7) for 128-byte rows, BK = 64), B chunk c at c ^ (r & 7) -- a permutation inside
 //     each 128-byte line, so cp.async's writes stay whole lines too.
-//   * L2: blocks walk tiles grouped GROUP_M = 8 tile-rows down a column of tiles, so a wave of
+//   * L2: blocks walk tiles grouped kGroupM = 8 tile-rows down a column of tiles, so a wave of
 //     ~132 blocks reads ~8 A tile-rows and its B columns instead of ~1 A row and all of B.
 //   * epilogue: fp32 -> fp16/bf16 pairs straight from the accumulators, 32-bit stores.
 // The tile shape, pipeline depth, blocks per SM and fragment buffering are template parameters
@@ -332,7 +334,6 @@ matmul_regblock_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __re
 //     register 0 = (k K+2t, n N+g), (k K+2t+1, n N+g) = b[0] above.
 // =================================================================================================
 namespace mma {
-constexpr int GROUP_M = 8;
 
 // One tile configuration of the kernel: block tile BM x BN x BK (BK = one pipeline slice), a
 // WARPS_M x WARPS_N grid of warps each owning a (BM / WARPS_M) x (BN / WARPS_N) tile of C, STAGES
@@ -430,55 +431,11 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3,
-                                                  uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr)
-               : "memory");
-}
-
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4],
-                                                         const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-__device__ __forceinline__ uint32_t pack2(__nv_bfloat16, float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x = lo at the lower address
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-__device__ __forceinline__ uint32_t pack2(__half, float lo, float hi) {
-  const __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
 template <typename T, typename C>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
 matmul_mma_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ c, int64_t m,
                   int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t m_tiles,
                   int64_t n_tiles) {
-  using mma::GROUP_M;
   constexpr int BM = C::BM, BN = C::BN, BK = C::BK, STAGES = C::STAGES;
   constexpr int WM = C::WM, WN = C::WN, MT = C::MT, NT = C::NT, WARPS_N = C::WARPS_N;
   constexpr int B_ROW_BYTES = C::B_ROW_BYTES;
@@ -522,16 +479,10 @@ matmul_mma_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restric
   const int ktiles = static_cast<int>((k + BK - 1) / BK);
 
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    // Grouped order: GROUP_M tile-rows walked down a column of tiles before moving right. The last
-    // group has gm = m_tiles - first_m <= GROUP_M tile-rows, and t < tiles keeps its local index
-    // below gm * n_tiles: every (m tile, n tile) exactly once.
-    const int64_t group_size = GROUP_M * n_tiles;
-    const int64_t group = t / group_size;
-    const int64_t first_m = group * GROUP_M;
-    const int64_t gm = (m_tiles - first_m) < GROUP_M ? (m_tiles - first_m) : GROUP_M;
-    const int64_t local = t - group * group_size;
-    const int64_t m0 = (first_m + local % gm) * BM;
-    const int64_t n0 = (local / gm) * BN;
+    // Grouped order (mma_sync.cuh): kGroupM tile-rows down a column of tiles before moving right.
+    int64_t mi, ni;
+    grouped_tile(t, m_tiles, n_tiles, mi, ni);
+    const int64_t m0 = mi * BM, n0 = ni * BN;
 
     // Loader state for this tile, advanced by one slice per load_slice call (slices are loaded
     // in order 0, 1, 2, ...): source pointers of the thread's first A and B chunk at the current
@@ -574,12 +525,7 @@ matmul_mma_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restric
     };
 
     float acc[MT][NT][4];
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+    zero_acc(acc);
 
     uint32_t af[FB][MT][4];  // FRAG_DB: fragments of k step s live in af[s & 1]; else in af[0]
     uint32_t bf[FB][NT][2];
@@ -659,52 +605,13 @@ matmul_mma_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restric
       }
     }
 
-    // Epilogue: accumulator tile (i, j) element pairs to rows g and g + 8, columns 2t, 2t + 1.
-    // col is even (n0, warp_n * WN, 8 j, 2 tq all are) and ldc % 8 == 0 with a 16-byte aligned c
-    // (matmul_unsupported), so the pair store is 4-byte aligned; col + 1 < n keeps both in range.
-    const int g = lane >> 2, tq = lane & 3;
-#pragma unroll
-    for (int i = 0; i < MT; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t row = m0 + warp_m * WM + i * 16 + g + 8 * h;
-        if (row >= m) continue;
-        T* crow = c + row * ldc;
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          const int64_t col = n0 + warp_n * WN + j * 8 + 2 * tq;
-          const float lo = acc[i][j][2 * h], hi = acc[i][j][2 * h + 1];
-          if (col + 1 < n) {
-            *reinterpret_cast<uint32_t*>(crow + col) = pack2(T{}, lo, hi);
-          } else if (col < n) {
-            crow[col] = from_f32<T>(lo);
-          }
-        }
-      }
-    }
+    store_acc<T>(acc, c, m, n, ldc, m0 + warp_m * WM, n0 + warp_n * WN, lane);
 
     // Before another tile's prologue overwrites the stages: no copies pending, no warp still
     // reading (the last load_frags read a stage that the next prologue may refill).
     cp_async_wait<0>();
     __syncthreads();
   }
-}
-
-// Dynamic shared memory above 48 KB must be opted into, per kernel and per device. The carveout
-// asks for the largest shared-memory share of the unified L1 (the kernel reads global memory only
-// through cp.async.cg, which bypasses L1), so that MIN_BLOCKS blocks fit next to each other.
-template <typename Kernel>
-cudaError_t allow_smem(Kernel kernel, int bytes, std::atomic<uint64_t>& done) {
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  const uint64_t bit = dev < 64 ? (uint64_t{1} << dev) : 0;
-  if (bit && (done.load(std::memory_order_acquire) & bit)) return cudaSuccess;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (err == cudaSuccess)
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-  if (err == cudaSuccess && bit) done.fetch_or(bit, std::memory_order_release);
-  return err;
 }
 
 template <typename T, typename C>
@@ -757,10 +664,15 @@ const char* matmul_unsupported(MatmulVariant v, DType dt, const void* a, const v
     case MatmulVariant::mma_128x128x32_s4:
     case MatmulVariant::mma_128x128x64_s3:
     case MatmulVariant::mma_128x256x32_s4_sb:
+    case MatmulVariant::mma_tma:
+    case MatmulVariant::mma_tma_128x128x32_s4:
+    case MatmulVariant::mma_tma_128x256x64_s3:
       if (dt != DType::f16 && dt != DType::bf16) return "the mma variants need float16 or bfloat16";
       if (lda % 8 != 0 || ldb % 8 != 0 || ldc % 8 != 0 || !aligned16(a) || !aligned16(b) || !aligned16(c))
         return "the mma variants need 16-byte aligned rows: lda, ldb, ldc multiples of 8 and 16-byte "
                "aligned pointers";
+      if (is_mma_tma(v) && !mma_tma_available())
+        return "the mma_tma variants need the driver's cuTensorMapEncodeTiled (CUDA 12 driver or newer)";
       return nullptr;
   }
   return "unknown matmul variant";
@@ -794,6 +706,7 @@ cudaError_t matmul(MatmulVariant v, DType dt, const void* a, const void* b, void
         return cudaGetLastError();
       }
       default:  // the mma configurations (matmul_unsupported let only those through, in fp16/bf16)
+        if (is_mma_tma(v)) return matmul_mma_tma(v, dt, a, b, c, m, n, k, lda, ldb, ldc, stream);
         if constexpr (sizeof(T) == 2) {
           return launch_mma_variant<T>(v, A, B, C, m, n, k, lda, ldb, ldc, stream);
         } else {

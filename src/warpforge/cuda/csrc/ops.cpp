@@ -207,8 +207,11 @@ wf::MatmulVariant matmul_variant(c10::string_view v) {
   if (v == "mma_128x128x32_s4") return wf::MatmulVariant::mma_128x128x32_s4;
   if (v == "mma_128x128x64_s3") return wf::MatmulVariant::mma_128x128x64_s3;
   if (v == "mma_128x256x32_s4_sb") return wf::MatmulVariant::mma_128x256x32_s4_sb;
+  if (v == "mma_tma") return wf::MatmulVariant::mma_tma;
+  if (v == "mma_tma_128x128x32_s4") return wf::MatmulVariant::mma_tma_128x128x32_s4;
+  if (v == "mma_tma_128x256x64_s3") return wf::MatmulVariant::mma_tma_128x256x64_s3;
   TORCH_CHECK(false, "warpforge_cuda::matmul: 'variant' is '", std::string(v),
-              "'; expected 'naive', 'tiled', 'regblock', 'mma' or 'mma_<config>' (see matmul.cu)");
+              "'; expected 'naive', 'tiled', 'regblock', 'mma', 'mma_tma' or 'mma_<config>' / 'mma_tma_<config>' (see matmul.cu, mma_tma.cu)");
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, c10::string_view variant) {
