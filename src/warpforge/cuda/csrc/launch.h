@@ -85,12 +85,13 @@ inline bool is_mma_tma(MatmulVariant v) {
 // and reports the reason.
 const char* matmul_unsupported(MatmulVariant v, DType dt, const void* a, const void* b, const void* c,
                                int64_t lda, int64_t ldb, int64_t ldc);
+// sms: the device's multiprocessor count (the persistent mma_tma grid; the other rungs ignore it).
 cudaError_t matmul(MatmulVariant v, DType dt, const void* a, const void* b, void* c, int64_t m, int64_t n,
-                   int64_t k, int64_t lda, int64_t ldb, int64_t ldc, cudaStream_t stream);
+                   int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int sms, cudaStream_t stream);
 // mma_tma.cu (called by matmul for the mma_tma variants); whether the driver gives the tensor-map
 // encoder that rung needs.
 cudaError_t matmul_mma_tma(MatmulVariant v, DType dt, const void* a, const void* b, void* c, int64_t m, int64_t n,
-                           int64_t k, int64_t lda, int64_t ldb, int64_t ldc, cudaStream_t stream);
+                           int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int sms, cudaStream_t stream);
 bool mma_tma_available();
 
 }  // namespace wf

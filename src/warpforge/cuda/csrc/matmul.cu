@@ -679,8 +679,9 @@ const char* matmul_unsupported(MatmulVariant v, DType dt, const void* a, const v
 }
 
 cudaError_t matmul(MatmulVariant v, DType dt, const void* a, const void* b, void* c, int64_t m, int64_t n,
-                   int64_t k, int64_t lda, int64_t ldb, int64_t ldc, cudaStream_t stream) {
+                   int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int sms, cudaStream_t stream) {
   if (matmul_unsupported(v, dt, a, b, c, lda, ldb, ldc) != nullptr) return cudaErrorInvalidValue;
+  if (is_mma_tma(v)) return matmul_mma_tma(v, dt, a, b, c, m, n, k, lda, ldb, ldc, sms, stream);  // rung 5
   return dispatch(dt, [&](auto tag) -> cudaError_t {
     using T = decltype(tag);
     const T* A = static_cast<const T*>(a);
@@ -706,7 +707,6 @@ cudaError_t matmul(MatmulVariant v, DType dt, const void* a, const void* b, void
         return cudaGetLastError();
       }
       default:  // the mma configurations (matmul_unsupported let only those through, in fp16/bf16)
-        if (is_mma_tma(v)) return matmul_mma_tma(v, dt, a, b, c, m, n, k, lda, ldb, ldc, stream);
         if constexpr (sizeof(T) == 2) {
           return launch_mma_variant<T>(v, A, B, C, m, n, k, lda, ldb, ldc, stream);
         } else {

@@ -290,7 +290,7 @@ bool make_map(CUtensorMap* map, const T* base, int64_t rows, int64_t cols, int64
   const EncodeTiled enc = encoder();
   if (enc == nullptr) return false;
   const CUtensorMapDataType dt =
-      sizeof(T) == 2 && std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+      std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * sizeof(T)};
   const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
@@ -299,20 +299,9 @@ bool make_map(CUtensorMap* map, const T* base, int64_t rows, int64_t cols, int64
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-int sm_count() {
-  static std::atomic<int> cached[64] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  if (dev < 64 && cached[dev].load(std::memory_order_relaxed) > 0) return cached[dev].load(std::memory_order_relaxed);
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
-  if (dev < 64) cached[dev].store(sms, std::memory_order_relaxed);
-  return sms;
-}
-
 template <typename T, typename C>
 cudaError_t launch_tma(const T* a, const T* b, T* c, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
-                       int64_t ldc, cudaStream_t stream) {
+                       int64_t ldc, int sms, cudaStream_t stream) {
   constexpr auto kernel = matmul_mma_tma_kernel<T, C>;
   static std::atomic<uint64_t> smem_set{0};
   cudaError_t err = allow_smem(kernel, C::SMEM_BYTES, smem_set);
@@ -325,8 +314,7 @@ cudaError_t launch_tma(const T* a, const T* b, T* c, int64_t m, int64_t n, int64
     return cudaErrorNotSupported;
   const int64_t m_tiles = ceil_div(m, C::BM), n_tiles = ceil_div(n, C::BN);
   const int64_t tiles = m_tiles * n_tiles;
-  const int sms = sm_count();
-  if (sms <= 0) return cudaErrorInvalidDevice;
+  if (sms <= 0) return cudaErrorInvalidValue;
   const int64_t resident = static_cast<int64_t>(sms) * C::MIN_BLOCKS;
   const unsigned grid = static_cast<unsigned>(tiles < resident ? tiles : resident);
   kernel<<<grid, C::THREADS, C::SMEM_BYTES, stream>>>(map_a, map_b, c, m, n, k, ldc, m_tiles, n_tiles);
@@ -338,7 +326,7 @@ cudaError_t launch_tma(const T* a, const T* b, T* c, int64_t m, int64_t n, int64
 bool mma_tma_available() { return encoder() != nullptr; }
 
 cudaError_t matmul_mma_tma(MatmulVariant v, DType dt, const void* a, const void* b, void* c, int64_t m, int64_t n,
-                           int64_t k, int64_t lda, int64_t ldb, int64_t ldc, cudaStream_t stream) {
+                           int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int sms, cudaStream_t stream) {
   return dispatch(dt, [&](auto tag) -> cudaError_t {
     using T = decltype(tag);
     if constexpr (sizeof(T) != 2) {
@@ -348,11 +336,11 @@ cudaError_t matmul_mma_tma(MatmulVariant v, DType dt, const void* a, const void*
       const T* B = static_cast<const T*>(b);
       T* C = static_cast<T*>(c);
       switch (v) {
-        case MatmulVariant::mma_tma: return launch_tma<T, tma::kDefault>(A, B, C, m, n, k, lda, ldb, ldc, stream);
+        case MatmulVariant::mma_tma: return launch_tma<T, tma::kDefault>(A, B, C, m, n, k, lda, ldb, ldc, sms, stream);
         case MatmulVariant::mma_tma_128x128x32_s4:
-          return launch_tma<T, tma::T128x128x32s4>(A, B, C, m, n, k, lda, ldb, ldc, stream);
+          return launch_tma<T, tma::T128x128x32s4>(A, B, C, m, n, k, lda, ldb, ldc, sms, stream);
         case MatmulVariant::mma_tma_128x256x64_s3:
-          return launch_tma<T, tma::T128x256x64s3>(A, B, C, m, n, k, lda, ldb, ldc, stream);
+          return launch_tma<T, tma::T128x256x64s3>(A, B, C, m, n, k, lda, ldb, ldc, sms, stream);
         default: return cudaErrorInvalidValue;
       }
     }

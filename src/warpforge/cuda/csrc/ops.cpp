@@ -14,6 +14,7 @@
 #include <torch/library.h>
 
 #include <string>
+#include <utility>
 
 #include "launch.h"
 
@@ -196,20 +197,26 @@ Tensor softmax_backward(const Tensor& output, const Tensor& grad_output, bool lo
 
 // ---- matmul ------------------------------------------------------------------------------------
 wf::MatmulVariant matmul_variant(c10::string_view v) {
-  if (v == "naive") return wf::MatmulVariant::naive;
-  if (v == "tiled") return wf::MatmulVariant::tiled;
-  if (v == "regblock") return wf::MatmulVariant::regblock;
-  if (v == "mma") return wf::MatmulVariant::mma;
-  // The tile configurations of the mma rung, timed side by side ("mma" is the default one).
-  if (v == "mma_128x256x32_s4") return wf::MatmulVariant::mma_128x256x32_s4;
-  if (v == "mma_128x256x64_s3") return wf::MatmulVariant::mma_128x256x64_s3;
-  if (v == "mma_256x128x32_s4") return wf::MatmulVariant::mma_256x128x32_s4;
-  if (v == "mma_128x128x32_s4") return wf::MatmulVariant::mma_128x128x32_s4;
-  if (v == "mma_128x128x64_s3") return wf::MatmulVariant::mma_128x128x64_s3;
-  if (v == "mma_128x256x32_s4_sb") return wf::MatmulVariant::mma_128x256x32_s4_sb;
-  if (v == "mma_tma") return wf::MatmulVariant::mma_tma;
-  if (v == "mma_tma_128x128x32_s4") return wf::MatmulVariant::mma_tma_128x128x32_s4;
-  if (v == "mma_tma_128x256x64_s3") return wf::MatmulVariant::mma_tma_128x256x64_s3;
+  using V = wf::MatmulVariant;
+  // The rungs, then the tile configurations of the tensor-core rungs, timed side by side ("mma" and
+  // "mma_tma" run the default one of each).
+  static constexpr std::pair<const char*, V> kNames[] = {
+      {"naive", V::naive},
+      {"tiled", V::tiled},
+      {"regblock", V::regblock},
+      {"mma", V::mma},
+      {"mma_128x256x32_s4", V::mma_128x256x32_s4},
+      {"mma_128x256x64_s3", V::mma_128x256x64_s3},
+      {"mma_256x128x32_s4", V::mma_256x128x32_s4},
+      {"mma_128x128x32_s4", V::mma_128x128x32_s4},
+      {"mma_128x128x64_s3", V::mma_128x128x64_s3},
+      {"mma_128x256x32_s4_sb", V::mma_128x256x32_s4_sb},
+      {"mma_tma", V::mma_tma},
+      {"mma_tma_128x128x32_s4", V::mma_tma_128x128x32_s4},
+      {"mma_tma_128x256x64_s3", V::mma_tma_128x256x64_s3},
+  };
+  for (const auto& [name, variant] : kNames)
+    if (v == name) return variant;
   TORCH_CHECK(false, "warpforge_cuda::matmul: 'variant' is '", std::string(v),
               "'; expected 'naive', 'tiled', 'regblock', 'mma', 'mma_tma' or 'mma_<config>' / 'mma_tma_<config>' (see matmul.cu, mma_tma.cu)");
 }
@@ -239,7 +246,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, c10::string_view variant) {
   TORCH_CHECK(why == nullptr, "warpforge_cuda::matmul: variant '", std::string(variant), "' cannot run this problem: ",
               why ? why : "");
   C10_CUDA_CHECK(wf::matmul(v, dt, a.data_ptr(), b.data_ptr(), c.data_ptr(), m, n, k, lda, ldb, n,
-                            c10::cuda::getCurrentCUDAStream()));
+                            sm_count(a.device().index()), c10::cuda::getCurrentCUDAStream()));
   return c;
 }
 
