@@ -3,6 +3,7 @@ the GPU runner's plumbing with the timers replaced (nothing is timed), and repor
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -164,7 +165,7 @@ def test_bench_runner_plumbing_with_fake_timers(monkeypatch):
     current = {}
     doors = []
 
-    def fake_ms(fn, cfg):
+    def fake_ms(fn, cfg, nbytes=None):
         fn()
         doors.append((current["impl"], registry.FAST_EAGER))
         return times[current["impl"]]
@@ -225,7 +226,7 @@ def test_bench_runner_refs_memory_private_inputs_oom(monkeypatch):
     gib = {"warpforge": 0.25, "eager": 3.0, "liger": 1.0, "cublas_gemms": 2.0}
     current, events, made, seen, dys = {}, [], [], [], []
 
-    def fake_ms(fn, cfg):
+    def fake_ms(fn, cfg, nbytes=None):
         fn()
         events.append(current["impl"])
         return times[current["impl"]]
@@ -336,7 +337,7 @@ def _fake_timers(monkeypatch, times: dict, current: dict, seen: list | None = No
         current["impl"], current["mode"] = impl.name, mode
         return real_measure(wl, case, dtype, mode, impl, *a)
 
-    def fake_ms(fn, cfg):
+    def fake_ms(fn, cfg, nbytes=None):
         fn()
         if seen is not None:
             seen.append((current["impl"], current.get("ctx")))
@@ -854,3 +855,34 @@ def test_plain_text_fallback(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[0] == "softmax" and "warpforge" in out and "2.00x" not in out
     assert report.default_out_dir("NVIDIA H100 80GB HBM3").name.startswith("nvidia-h100-80gb-hbm3-")
+
+
+# ---------------------------------------------------------------------------------------------- timing
+def test_timing_method_on_cpu_is_none():
+    """Without CUDA there is no timing condition (the correctness run times wall clock only)."""
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only behaviour")
+    assert timing.method(2**30) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: times GPU work")
+def test_device_ms_conditions_on_gpu():
+    """The condition follows the byte count (>= 4 L2s: steady, back to back; else clean flushes),
+    and both give a plausible time: a copy in either condition lands between a tenth and 1.3x of the
+    measured copy ceiling (not a benchmark: a guard against a timer that measures the host, an empty
+    region or the L2)."""
+    from warpforge.runtime.device import ceilings
+
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    copy = ceilings()["copy_gbps"]
+    cfg = timing.TimingConfig.quick()
+    for n, want in ((2**20, "clean"), (4 * l2, "steady")):
+        src = torch.randn(n // 2, device="cuda", dtype=torch.bfloat16)   # n bytes read + n written
+        dst = torch.empty_like(src)
+        nbytes = 2 * n
+        assert timing.method(nbytes) == want
+        ms = timing.device_ms(lambda: dst.copy_(src), cfg, nbytes)
+        gbps = nbytes / ms / 1e6
+        assert math.isfinite(ms) and ms > 0
+        if want == "steady":
+            assert 0.1 * copy < gbps < 1.3 * copy, (gbps, copy)

@@ -87,7 +87,7 @@ SUMMARY_COLUMNS = [("op", "op"), ("mode", "mode"), ("dtype", "dtype"), ("shape",
                    ("ours_pct", "warpforge % roof"), ("best_peer", "best peer"), ("peer_pct", "peer % roof"),
                    ("ratio", "ratio (peer ms / ours)"), ("geomean_ratio", "geomean ratio, large shapes")]
 # Columns only some workloads fill (references, memory): shown where a row of the table has them.
-OPTIONAL_COLUMNS = [("vs_ref", "time / ref"), ("extra_gib", "extra GiB")]
+OPTIONAL_COLUMNS = [("vs_ref", "time / ref"), ("extra_gib", "extra GiB"), ("timing", "timing")]
 # The summary's also: each named peer's time over ours at the headline shape (the per-op tables
 # show these as a table of their own, :func:`peer_table`).
 SUMMARY_OPTIONAL_COLUMNS = OPTIONAL_COLUMNS + [("vs_peers", "peer ms / warpforge ms")]
@@ -259,7 +259,12 @@ def results_markdown(rows: list[dict], meta: dict, notes: list[str]) -> str:
         lines.append(f"Measured ceilings: copy {fmt(ceil.get('copy_gbps'))} GB/s (read + write), "
                      f"cuBLAS bf16 GEMM {fmt(ceil.get('bf16_tflops'))} TFLOP/s, "
                      f"fp16 {fmt(ceil.get('fp16_tflops'))} TFLOP/s.")
-    lines += ["", "Time: median of CUDA-event timings, L2 flushed between calls (triton.testing.do_bench). "
+    lines += ["", "Time: median of CUDA-event timings (bench/timing.py); the timing column says under which "
+              "condition: steady = back-to-back calls, no flush, as the copy ceiling is measured (calls "
+              "moving >= 4x the L2); clean = single calls, each after a flush that leaves the L2 holding "
+              "only clean lines; memset = single calls after triton.testing.do_bench's memset flush (runs "
+              "before 2026-11-22's change: the memset's dirty lines were written back inside the timed "
+              "call, which cost read-heavy kernels ~10% against the copy ceiling). "
               "GB/s and TFLOP/s from each op's byte and FLOP model (bench/workloads.py); % roof: of the "
               "measured roofline at the op's FLOP/byte (copy bandwidth x intensity, capped by the cuBLAS "
               "GEMM rate of the dtype). "

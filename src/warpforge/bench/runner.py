@@ -186,7 +186,7 @@ def _measure(wl: Workload, case: Case, dtype: torch.dtype, mode: str, impl: Impl
         "op": wl.name, "mode": mode, "dtype": DTYPE_NAMES[dtype], "shape": case.label, "dims": dict(case.dims),
         "small": case.small, "headline": case.headline, "impl": impl.name, "kind": impl.kind,
         "status": "ok", "ms": None, "host_us": None, "bytes": nbytes, "flops": nflops,
-        "gbps": None, "tflops": None, "pct_copy": None, "pct_roof": None, "best_peer": None, "best_peer_ms": None, "ratio": None,
+        "timing": None, "gbps": None, "tflops": None, "pct_copy": None, "pct_roof": None, "best_peer": None, "best_peer_ms": None, "ratio": None,
         "err_vs_eager": None,
     }
     if wl.references:
@@ -202,7 +202,8 @@ def _measure(wl: Workload, case: Case, dtype: torch.dtype, mode: str, impl: Impl
         with dispatcher_door(impl.dispatch), (impl.context() if impl.context else contextlib.nullcontext()):
             step = impl.fn(mode, args) if impl.kind == "ref" else _step(impl.fn, mode, args, wl.grad_args)
             timing.warm(step, cfg.warm_calls)
-            ms = timing.device_ms(step, cfg)
+            ms = timing.device_ms(step, cfg, nbytes)
+            row["timing"] = timing.method(nbytes)
             if case.small:
                 row["host_us"] = timing.host_us(step, cfg.host_calls)
             if wl.measure_memory:

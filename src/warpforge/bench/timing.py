@@ -1,9 +1,28 @@
 """How one callable is timed on a GPU (METHOD.md in short).
 
-- ``device_ms``: ``triton.testing.do_bench`` -- CUDA events around each call, a warm-up, many
-  repetitions, the L2 cache overwritten before each one, and the *median* (not the mean: one slow
-  outlier from a clock change or another process would move a mean by more than the differences
-  we care about).
+- ``device_ms``: CUDA events around the calls, a warm-up, many repetitions, the *median* (not the
+  mean: one slow outlier from a clock change or another process would move a mean by more than the
+  differences we care about). Two conditions, picked by how many bytes the call moves (its byte
+  model), so that no call is charged memory traffic that is not its own:
+
+  * ``steady`` -- calls that move at least 4x the L2 (every bar shape of the memory-bound ops): back-
+    to-back calls with no flush, a batch between two events, the median of the batches' per-call
+    means. These are the copy ceiling's own conditions (``runtime/device.py`` times back-to-back
+    copies): each call writes back the dirty lines its predecessor left, which for the same op are
+    its own, and a working set of >= 4 L2s streams through the cache without reuse. A GPU sleep
+    ahead of each batch lets the host queue the whole batch first, so host time per call never
+    opens gaps between the calls (what ``device_ms`` measures is GPU time).
+  * ``clean`` -- smaller calls, one at a time, each after a flush that leaves the L2 holding only
+    *clean* lines of an unrelated buffer (a 256 MB memset, then a read pass over twice the L2): the
+    call's inputs come from DRAM and it writes back nothing it did not write.
+
+  Why not ``triton.testing.do_bench``'s flush (a 256 MB memset before each call, which this module
+  used until 2026-11-22): the memset's last ~L2 of writes is still dirty when the call starts, so the
+  call's misses write it back. ncu on the H100 (2026-11-22, `benchmarks/probe_flush.py`): a 512 x
+  262,144 bf16 row sum -- a kernel that writes 1 KB -- wrote 24 MB of DRAM and took 99 us after the
+  memset, 0.2 MB and 90 us after a clean flush. That charged read-heavy kernels ~10% against the
+  copy ceiling (write-heavy ones pay about what they leave behind, so they were not). Rows timed
+  that way carry ``timing: memset`` in merged reports.
 - ``host_us``: what a decode loop feels. 200 back-to-back calls, one synchronize, wall clock per
   call. Below ~20 us of GPU work per call, Python and dispatcher overhead is the cost, and this is
   the number that shows it; ``device_ms`` hides it because events bracket only the GPU work.
@@ -15,6 +34,8 @@ Nothing here runs without CUDA; the correctness run on CPU times with :func:`wal
 """
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,8 +45,8 @@ import torch
 
 @dataclass(frozen=True)
 class TimingConfig:
-    warmup_ms: float = 25.0   # do_bench warm-up budget, milliseconds of GPU time
-    rep_ms: float = 100.0     # do_bench measurement budget, milliseconds of GPU time
+    warmup_ms: float = 25.0   # warm-up budget, milliseconds of GPU time
+    rep_ms: float = 100.0     # measurement budget, milliseconds of GPU time
     warm_calls: int = 3       # explicit calls before timing: JIT/compile, autotune, allocator
     host_calls: int = 200     # back-to-back calls for host_us
 
@@ -42,11 +63,114 @@ def warm(fn: Callable[[], object], calls: int) -> None:
     torch.cuda.synchronize()
 
 
-def device_ms(fn: Callable[[], object], cfg: TimingConfig) -> float:
-    """Median GPU time of one call of ``fn``, milliseconds, L2 flushed between calls."""
-    import triton.testing
+STEADY_L2_MULTIPLE = 4        # calls moving >= this many L2s are timed back to back (``steady``)
+STEADY_BATCH_MS = 2.0         # GPU time of one steady batch (between its two events)
 
-    return float(triton.testing.do_bench(fn, warmup=cfg.warmup_ms, rep=cfg.rep_ms, return_mode="median"))
+
+def method(nbytes: int | None) -> str | None:
+    """The timing condition :func:`device_ms` uses for a call that moves ``nbytes`` ("steady" or
+    "clean"); None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    return "steady" if nbytes and l2 and nbytes >= STEADY_L2_MULTIPLE * l2 else "clean"
+
+
+_FLUSH: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+_CYCLES_PER_MS: dict[int, float] = {}
+
+
+def flush_l2() -> None:
+    """Leave the L2 holding only clean lines of a buffer no timed call touches: a 256 MB memset
+    evicts whatever the last call left, then a read pass over twice the L2 writes the memset's dirty
+    lines back (here, not inside the next timed call)."""
+    dev = torch.cuda.current_device()
+    if dev not in _FLUSH:
+        l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+        wipe = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+        src = torch.ones(max(2 * l2, 64 * 2**20) // 4, dtype=torch.float32, device="cuda")
+        _FLUSH[dev] = (wipe, src)
+    wipe, src = _FLUSH[dev]
+    wipe.zero_()
+    src.sum()
+
+
+def _events(n: int) -> list:
+    return [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+
+
+def _cycles_per_ms() -> float:
+    """GPU clock cycles a millisecond, as ``torch.cuda._sleep`` counts them (measured once)."""
+    dev = torch.cuda.current_device()
+    if dev not in _CYCLES_PER_MS:
+        cycles = 2_000_000
+        torch.cuda._sleep(cycles)   # first launch outside the measurement
+        s, e = _events(2)
+        s.record()
+        torch.cuda._sleep(cycles)
+        e.record()
+        torch.cuda.synchronize()
+        _CYCLES_PER_MS[dev] = cycles / max(s.elapsed_time(e), 1e-3)
+    return _CYCLES_PER_MS[dev]
+
+
+def _estimate_ms(fn: Callable[[], object]) -> float:
+    """GPU ms a call, from five back-to-back calls (after one flush)."""
+    flush_l2()
+    s, e = _events(2)
+    s.record()
+    for _ in range(5):
+        fn()
+    e.record()
+    torch.cuda.synchronize()
+    return max(s.elapsed_time(e) / 5, 1e-4)
+
+
+def _clean_ms(fn: Callable[[], object], cfg: "TimingConfig", est: float) -> float:
+    for _ in range(max(1, int(cfg.warmup_ms / est))):
+        fn()
+    n = min(max(int(cfg.rep_ms / est), 10), 1000)
+    start, end = _events(n), _events(n)
+    for i in range(n):
+        flush_l2()
+        start[i].record()
+        fn()
+        end[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(start, end))
+
+
+def _steady_ms(fn: Callable[[], object], cfg: "TimingConfig", est: float) -> float:
+    batch = min(max(math.ceil(STEADY_BATCH_MS / est), 4), 64)
+    n = min(max(int(cfg.rep_ms / (batch * est)), 5), 100)
+    for _ in range(max(1, int(cfg.warmup_ms / est))):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()       # host time to issue one call (its GPU work runs behind)
+    for _ in range(3):
+        fn()
+    host_ms = (time.perf_counter() - t0) / 3 * 1e3
+    # Enough GPU sleep before each batch for the host to queue all of it: no gaps inside a batch.
+    sleep = int(min(1.5 * batch * host_ms + 0.05, 50.0) * _cycles_per_ms())
+    start, end = _events(n), _events(n)
+    torch.cuda.synchronize()
+    for i in range(n):
+        torch.cuda._sleep(sleep)
+        start[i].record()
+        for _ in range(batch):
+            fn()
+        end[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) / batch for s, e in zip(start, end))
+
+
+def device_ms(fn: Callable[[], object], cfg: TimingConfig, nbytes: int | None = None) -> float:
+    """Median GPU time of one call of ``fn``, milliseconds, under the condition :func:`method`
+    picks for a call moving ``nbytes`` (module docstring)."""
+    est = _estimate_ms(fn)
+    if method(nbytes) == "steady":
+        return _steady_ms(fn, cfg, est)
+    return _clean_ms(fn, cfg, est)
 
 
 def host_us(fn: Callable[[], object], calls: int = 200, warmup: int = 1, include_device: bool = True) -> float:
