@@ -411,7 +411,7 @@ def test_split_path_single_chunk(monkeypatch, op):
     from warpforge.ops import norms as mod
     from warpforge.runtime.heuristics import RowConfig
 
-    monkeypatch.setattr(mod, "row_config", lambda n: RowConfig("split", triton.next_power_of_2(n), 1, 4, 1))
+    monkeypatch.setattr(mod, "norm_fwd_config", lambda n, layer: RowConfig("split", triton.next_power_of_2(n), 1, 4, 1))
     monkeypatch.setattr(mod, "norm_bwd_config", lambda n, layer: RowConfig("split", triton.next_power_of_2(n), 1, 4, 1))
     n = 37
     x = randn(5, n, requires_grad=True) + 100.0

@@ -7,7 +7,7 @@ from conftest import DTYPES, ON_GPU, DEVICE, assert_close, gpu_only, noncontig, 
 
 SHAPES = [(1,), (3, 7), (2, 3, 123), (5, 4097), (2, 20000)]      # block path, and the loop path past 16,384
 if ON_GPU:
-    SHAPES += [(64, 32768), (8, 65536), (3, 262144), (4097, 1024)]   # the split path on the GPU
+    SHAPES += [(64, 32768), (8, 65536), (3, 262144), (4097, 1024)]   # wide blocks and the split path on the GPU
 
 
 @pytest.mark.parametrize("log", [False, True])
@@ -110,7 +110,7 @@ def test_split_path_single_chunk(monkeypatch, log):
     from warpforge.ops import softmax as mod
     from warpforge.runtime.heuristics import RowConfig
 
-    monkeypatch.setattr(mod, "row_config", lambda n: RowConfig("split", triton.next_power_of_2(n), 1, 4, 1))
+    monkeypatch.setattr(mod, "softmax_config", lambda n, backward: RowConfig("split", triton.next_power_of_2(n), 1, 4, 1))
     x = randn(5, 37, requires_grad=True)
     fn, tfn = (wf.log_softmax, torch.log_softmax) if log else (wf.softmax, torch.softmax)
     y = fn(x)

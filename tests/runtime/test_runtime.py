@@ -39,6 +39,39 @@ def test_row_config_paths():
     assert heuristics.row_config(1).block_n == 1
 
 
+def test_norm_fwd_config_paths():
+    """Short rows as every row op; on a GPU one 32-warp program holds rows to 32K, and past that
+    the split chunk grows (LayerNorm's sooner); the interpreter keeps the plain row config."""
+    for layer in (False, True):
+        assert heuristics.norm_fwd_config(4096, layer) == heuristics.row_config(4096)
+        for n in (20000, 32768, 65536, 262144):
+            c = heuristics.norm_fwd_config(n, layer)
+            if wf.interpreting():
+                assert c == heuristics.row_config(n)
+            elif n <= 32768:
+                assert (c.mode, c.block_n, c.rows, c.num_warps) == ("block", 32768, 1, 32)
+            else:
+                assert c.mode == "split" and c.chunks * c.block_n >= n
+                assert c.block_n == (16384 if n > 65536 else 8192 if layer else 4096)
+
+
+def test_softmax_config_paths():
+    """One 32-warp program a row to 32K on a GPU, forward and backward; 262K rows split in fatter
+    chunks (backward fatter still); the interpreter keeps the plain row config."""
+    for backward in (False, True):
+        assert heuristics.softmax_config(4096, backward) == heuristics.row_config(4096)
+        for n in (20000, 65536, 262144):
+            c = heuristics.softmax_config(n, backward)
+            if wf.interpreting():
+                assert c == heuristics.row_config(n)
+            elif n <= 32768:
+                assert (c.mode, c.block_n, c.num_warps) == ("block", 32768, 32)
+            elif n <= 65536:
+                assert c == heuristics.row_config(n)
+            else:
+                assert c.mode == "split" and c.block_n == (16384 if backward else 8192)
+
+
 def test_persistent_grid_keeps_groups_whole():
     g = heuristics.persistent_grid(1000, per_group=7, resident=100)
     assert g % 7 == 0 and g <= 100

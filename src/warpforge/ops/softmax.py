@@ -28,7 +28,7 @@ import triton.language as tl
 
 from ..runtime import new_empty
 from ..runtime.checks import check_backend, check_tensor, normalize_dim
-from ..runtime.heuristics import row_config
+from ..runtime.heuristics import softmax_config
 from ..runtime.registry import Op
 from ._rows import as_rows, exp_minus, gather_row_stats, online_finish, online_update, publish_row_stats, split_launch
 
@@ -226,7 +226,7 @@ def _softmax_fwd(x: torch.Tensor, log: bool) -> torch.Tensor:
     y = new_empty((m, n), device=x.device, dtype=x.dtype)
     if m == 0:
         return y.view(x.shape)
-    cfg = row_config(n)
+    cfg = softmax_config(n, backward=False)
     args = (x2, y, m, n, x2.stride(0), y.stride(0))
     if cfg.mode == "block":
         _softmax_fwd_block_kernel[(triton.cdiv(m, cfg.rows),)](
@@ -244,7 +244,7 @@ def _softmax_bwd(y: torch.Tensor, dy: torch.Tensor, log: bool) -> torch.Tensor:
     dx = new_empty((m, n), device=y.device, dtype=y.dtype)
     if m == 0:
         return dx.view(y.shape)
-    cfg = row_config(n)
+    cfg = softmax_config(n, backward=True)
     args = (y2, dy2, dx, m, n, y2.stride(0), dy2.stride(0), dx.stride(0))
     if cfg.mode == "block":
         _softmax_bwd_block_kernel[(triton.cdiv(m, cfg.rows),)](

@@ -1,0 +1,169 @@
+"""Launch shapes of the norm forward (and backward) at long rows, N = 32K-262K bf16, M*N = 2^27 (not
+the benchmark). Forces `ops/norms.py`'s row config to each variant -- the split path (C programs a
+row exchanging statistics) at several chunk sizes and warp counts, and the two-pass loop path (one
+program a row; its second pass re-reads the row, from L2 when the rows in flight fit it) -- checks
+each against a float64 reference, and times it with the bench's own timer (`bench/timing.py`).
+
+    python benchmarks/probe_norm_long.py [--ns 32768,65536,262144] [--bwd]
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import warpforge as wf
+from warpforge.bench import timing
+from warpforge.ops import norms
+from warpforge.runtime import device as dev
+from warpforge.runtime.heuristics import RowConfig, row_config
+
+BF16 = torch.bfloat16
+FWD_VARIANTS = [("split", 4096, 4), ("split", 8192, 4), ("split", 16384, 8), ("split", 16384, 16),
+                ("split", 32768, 16), ("loop", 16384, 16), ("loop", 32768, 32), ("block", 32768, 16),
+                ("block", 32768, 32)]
+BWD_VARIANTS = [("split", 4096, 4), ("split", 8192, 4), ("split", 8192, 8), ("split", 16384, 8),
+                ("split", 16384, 16), ("loop", 4096, 16), ("loop", 8192, 16)]
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ns", default="32768,65536,262144")
+    ap.add_argument("--bwd", action="store_true")
+    ap.add_argument("--softmax", action="store_true", help="softmax / log-softmax forward and backward instead")
+    ap.add_argument("--defaults-only", action="store_true", help="forward: the heuristic and the old row config only")
+    args = ap.parse_args()
+    copy = dev.ceilings()["copy_gbps"]
+    cfg_t = timing.TimingConfig.quick()
+    real = norms.norm_fwd_config
+    table = []
+    if args.softmax:
+        return softmax_sweep(args, copy, cfg_t)
+    for n in (int(v) for v in args.ns.split(",")):
+        m = 2**27 // n
+        x = torch.randn(m, n, device="cuda", dtype=BF16) * 2 + 0.5
+        w = torch.rand(n, device="cuda", dtype=BF16) + 0.5
+        b = torch.randn(n, device="cuda", dtype=BF16)
+        res = torch.randn_like(x)
+        refs = {"rms": norms.rms_norm_reference(x[:8], w, 1e-6),
+                "ln": norms.layer_norm_reference(x[:8], w, b, 1e-5),
+                "add": norms.add_rms_norm_reference(x[:8], res[:8], w, 1e-6)[0]}
+        calls = {"rms": lambda: wf.rms_norm(x, (n,), w, eps=1e-6),
+                 "ln": lambda: wf.layer_norm(x, (n,), w, b, eps=1e-5),
+                 "add": lambda: wf.add_rms_norm(x, res, w, eps=1e-6)[0]}
+        for name in ("rms", "ln", "add"):
+            nbytes = (4 if name == "add" else 2) * m * n * 2
+            comp = torch.compile({"rms": lambda t: torch.nn.functional.rms_norm(t, (n,), w, 1e-6),
+                                  "ln": lambda t: torch.nn.functional.layer_norm(t, (n,), w, b, 1e-5),
+                                  "add": lambda t: torch.nn.functional.rms_norm(t + res, (n,), w, 1e-6)}[name])
+            comp(x)
+            ms = timing.device_ms(lambda c=comp: c(x), cfg_t, nbytes)
+            table.append((n, name, "compile", ms, 100 * nbytes / ms / 1e6 / copy, 0.0))
+            print(table[-1], flush=True)
+            print(f"  default config: {real(n, name == 'ln')}", flush=True)
+            variants = [("default", 0, 0), ("old", 0, 0)] + ([] if args.defaults_only else FWD_VARIANTS)
+            for mode, chunk, warps in variants:
+                if chunk > n or (mode == "block" and chunk != n):
+                    continue
+                c = (real(n, name == "ln") if mode == "default" else row_config(n) if mode == "old"
+                     else RowConfig(mode, chunk, 1, warps, -(-n // chunk)))
+                norms.norm_fwd_config = lambda _n, layer=False, _c=c: _c
+                try:
+                    y = calls[name]()
+                    err = rel(y[:8], refs[name])
+                    if not err < 2e-2:
+                        raise AssertionError(f"rel err {err}")
+                    ms = timing.device_ms(calls[name], cfg_t, nbytes)
+                    table.append((n, name, f"{mode} {c.block_n}x{c.num_warps}w", ms, 100 * nbytes / ms / 1e6 / copy, err))
+                except Exception as e:  # noqa: BLE001
+                    table.append((n, name, f"{mode} {chunk}x{warps}w FAILED {type(e).__name__}: {str(e)[:80]}", 0, 0, 0))
+                finally:
+                    norms.norm_fwd_config = real
+                print(table[-1], flush=True)
+        if args.bwd:
+            dy = torch.randn_like(x)
+            bbytes = 3 * m * n * 2
+            realb = norms.norm_bwd_config
+            for name in ("rms", "ln"):
+                xg = x.detach().requires_grad_()
+                wg = w.detach().requires_grad_()
+                bg = b.detach().requires_grad_()
+                y = (wf.rms_norm(xg, (n,), wg, eps=1e-6) if name == "rms" else
+                     wf.layer_norm(xg, (n,), wg, bg, eps=1e-5))
+                ins = (xg, wg) if name == "rms" else (xg, wg, bg)
+                ref = torch.autograd.grad(y, ins, dy, retain_graph=True)
+                print(f"  bwd default: {realb(n, name == 'ln')}", flush=True)
+                for mode, chunk, warps in BWD_VARIANTS:
+                    c = RowConfig(mode, chunk, 1, warps, -(-n // chunk))
+                    norms.norm_bwd_config = lambda _n, layer=False, _c=c: _c
+                    what = f"bwd {mode} {chunk}x{warps}w"
+                    try:
+                        got = torch.autograd.grad(y, ins, dy, retain_graph=True)
+                        err = max(rel(g, r) for g, r in zip(got, ref))
+                        if not err < 1e-2:
+                            raise AssertionError(f"rel err {err} against the default config")
+                        ms = timing.device_ms(lambda: torch.autograd.grad(y, ins, dy, retain_graph=True), cfg_t, bbytes)
+                        table.append((n, name, what, ms, 100 * bbytes / ms / 1e6 / copy, err))
+                    except Exception as e:  # noqa: BLE001
+                        table.append((n, name, f"{what} FAILED {type(e).__name__}: {str(e)[:80]}", 0, 0, 0))
+                    finally:
+                        norms.norm_bwd_config = realb
+                    print(table[-1], flush=True)
+                del y, ref
+            del dy
+        del x
+    print(f"\ncopy {copy:,.0f} GB/s; forward, % of copy (bf16, M*N = 2^27), default = {row_config(32768)}")
+    for n, name, what, ms, pct, err in table:
+        print(f"{n:7d} {name:4s} {what:28s} {ms * 1e3:8.1f} us {pct:6.1f}%  err {err:.1e}")
+
+
+SOFTMAX_VARIANTS = [("default", 0, 0), ("block", 32768, 16), ("block", 32768, 32), ("split", 8192, 4),
+                    ("split", 16384, 8)]
+
+
+def softmax_sweep(args, copy, cfg_t):
+    from warpforge.ops import softmax as S
+
+    real = S.row_config
+    table = []
+    for n in (int(v) for v in args.ns.split(",")):
+        m = 2**27 // n
+        x = torch.randn(m, n, device="cuda", dtype=BF16) * 3
+        dy = torch.randn_like(x)
+        for log in (False, True):
+            ref = (torch.log_softmax if log else torch.softmax)(x[:8].double(), -1)
+            y = S._softmax_fwd(x, log)
+            dref = S._softmax_bwd(y, dy, log)
+            for mode, chunk, warps in SOFTMAX_VARIANTS:
+                if chunk > n or (mode == "block" and chunk != n):
+                    continue
+                c = real(n) if mode == "default" else RowConfig(mode, chunk, 1, warps, -(-n // chunk))
+                S.row_config = lambda _n, _c=c: _c
+                name = f"{'log_' if log else ''}softmax"
+                try:
+                    got = S._softmax_fwd(x, log)
+                    err = rel(got[:8], ref)
+                    derr = rel(S._softmax_bwd(y, dy, log), dref)
+                    if not (err < 2e-2 and derr < 2e-2):
+                        raise AssertionError(f"rel err {err} / {derr}")
+                    ms = timing.device_ms(lambda: S._softmax_fwd(x, log), cfg_t, 4 * m * n)
+                    table.append((n, name, f"fwd {mode} {c.block_n}x{c.num_warps}w", ms, 100 * 4 * m * n / ms / 1e6 / copy, err))
+                    ms = timing.device_ms(lambda: S._softmax_bwd(y, dy, log), cfg_t, 6 * m * n)
+                    table.append((n, name, f"bwd {mode} {c.block_n}x{c.num_warps}w", ms, 100 * 6 * m * n / ms / 1e6 / copy, derr))
+                except Exception as e:  # noqa: BLE001
+                    table.append((n, name, f"{mode} {chunk}x{warps}w FAILED {type(e).__name__}: {str(e)[:80]}", 0, 0, 0))
+                finally:
+                    S.row_config = real
+                print(table[-1], flush=True)
+        del x, dy
+    print(f"\ncopy {copy:,.0f} GB/s; softmax, % of copy (bf16, M*N = 2^27)")
+    for n, name, what, ms, pct, err in table:
+        print(f"{n:7d} {name:12s} {what:28s} {ms * 1e3:8.1f} us {pct:6.1f}%  err {err:.1e}")
+
+
+if __name__ == "__main__":
+    main()
