@@ -68,7 +68,7 @@ def test_noncontiguous(name):
     assert_close(fn(big), tfn(big.double(), -1), torch.float32, what="strided rows, partials path")
 
 
-@pytest.mark.parametrize("n", [4, 123, 20000])
+@pytest.mark.parametrize("n", [4, 123, 20000] + ([40000, 262144] if ON_GPU else []))   # GPU: block, split
 def test_amax_ties(n):
     """The gradient is shared evenly among all elements equal to the max (torch's rule)."""
     x = randn(4, n)
@@ -92,6 +92,26 @@ def test_amax_ties(n):
     br = b.detach().clone().requires_grad_()
     gr = torch.autograd.grad(br.amax(-1), br, torch.ones(16, device=DEVICE, dtype=torch.bfloat16))[0]
     torch.testing.assert_close(gb, gr)
+
+
+def test_amax_backward_split_single_chunk(monkeypatch):
+    """The split backward's prefetch/publish/gather and tie sharing, on CPU too: forced with one
+    chunk a row (more would wait forever in the interpreter); the GPU shapes above run C > 1."""
+    import triton
+    from warpforge.runtime.heuristics import RowConfig
+
+    monkeypatch.setattr(R, "softmax_config", lambda n, backward: RowConfig("split", triton.next_power_of_2(n), 1, 4, 1))
+    n = 37
+    x = randn(5, n)
+    x[1, [0, 5, 36]] = x.abs().max() + 1                                 # three ties in row 1
+    x[3, 7] = float("nan")                                              # a NaN row: NaN gradients
+    x.requires_grad_()
+    dy = randn(5)
+    (g,) = torch.autograd.grad(amax(x), x, dy)
+    xr = x.detach().clone().requires_grad_()
+    (gr,) = torch.autograd.grad(xr.amax(-1), xr, dy)
+    torch.testing.assert_close(g, gr, equal_nan=True)
+    assert g[3].isnan().all()
 
 
 @pytest.mark.parametrize("n", [7, 20000])

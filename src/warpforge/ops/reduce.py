@@ -24,10 +24,13 @@ Paths by N (``runtime/heuristics.py``):
   no spin-waits, so it also runs in the interpreter. The partials are 1/8,192 of the input
   (4 B per 16 KB of bf16), a rounding error in the byte count; the price is one more launch
   (~3 us), which matters only for inputs under a few MB.
-- amax backward is a row op (count the ties, then scatter). ``block``: one program per ROWS rows,
-  count and scatter in registers, 2*M*N*s bytes. Past 16,384 the count comes from chunk partials
-  (as above) and a second pass re-reads x to scatter: 3*M*N*s, 1.5x the floor, accepted for a
-  rarely-used gradient rather than adding a cross-program exchange.
+- amax backward is a row op (count the ties, then scatter), with softmax's paths: ``block`` (one
+  program holds ROWS rows, or one 32-warp program a row to 32K on a GPU): count and scatter in
+  registers, 2*M*N*s bytes. ``split`` (longer rows on a GPU): C co-resident programs a row each
+  hold a chunk of x, exchange their chunk's tie count (``_rows.py``) and write dx: still 2*M*N*s.
+  ``loop`` (the interpreter past 16,384): the count from chunk partials, then a second pass that
+  re-reads x to scatter, 3*M*N*s. (The count-then-scatter pass was the GPU path too until
+  2026-11-22: 65% of copy at N = 32K-262K on an H100, against 99% at 4K.)
 
 NaN: the hardware max ignores NaN (``max.f32`` returns the other operand), so the kernels count
 NaNs explicitly and return NaN for such a row, matching torch.
@@ -40,9 +43,9 @@ import triton.language as tl
 
 from ..runtime import new_empty
 from ..runtime.checks import FLOAT_DTYPES, check_backend, check_tensor, normalize_dim
-from ..runtime.heuristics import BLOCK_MAX, REDUCE_CHUNK, warps_for, row_config
+from ..runtime.heuristics import BLOCK_MAX, REDUCE_CHUNK, row_config, softmax_config, warps_for
 from ..runtime.registry import Op
-from ._rows import as_rows
+from ._rows import as_rows, gather_row_stats, publish_row_stats, split_launch
 
 
 # ----------------------------------------------------------------------------------------------
@@ -163,6 +166,36 @@ def _amax_bwd_scatter_kernel(
     tl.store(dx_ptr + r * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _amax_bwd_split_kernel(
+    x_ptr, y_ptr, dy_ptr, dx_ptr,  # as the block kernel
+    M, N, stride_x, stride_dy, stride_dx,
+    stats_ptr, C, n_groups,        # the split exchange (``_rows.py``)
+    BLOCK_N: tl.constexpr, CP: tl.constexpr,
+):
+    """Backward for rows too long for one program (GPU): C programs share a row, each holding one
+    chunk of x; they exchange the chunk's tie count and write dx from the x they hold, so x is
+    read once. The next row's chunk is loaded before this row's count is published and awaited."""
+    pid = tl.program_id(0)
+    chunk = pid % C
+    cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    row = pid // C
+    x = tl.load(x_ptr + tl.cast(row, tl.int64) * stride_x + cols, mask=mask & (row < M), other=0.0)
+    for row in range(pid // C, M, n_groups):
+        r = tl.cast(row, tl.int64)
+        m = tl.load(y_ptr + row).to(tl.float32)
+        hit = ((x.to(tl.float32) == m) & mask).to(tl.float32)
+        nxt = row + n_groups
+        x = tl.load(x_ptr + tl.cast(nxt, tl.int64) * stride_x + cols, mask=mask & (nxt < M), other=0.0)
+        cnt = tl.sum(hit, axis=0)
+        publish_row_stats(stats_ptr, row, chunk, C, cnt, cnt)          # one statistic; slot 2 unused
+        a, _b, _valid = gather_row_stats(stats_ptr, row, C, CP)
+        # as the block kernel: hit * (dy / count), NaN for a NaN row (count 0)
+        g = tl.load(dy_ptr + r * stride_dy).to(tl.float32) / tl.sum(a, axis=0)
+        tl.store(dx_ptr + r * stride_dx + cols, (hit * g).to(dx_ptr.dtype.element_ty), mask=mask)
+
+
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
@@ -197,11 +230,13 @@ def _amax_bwd(x: torch.Tensor, y: torch.Tensor, dy: torch.Tensor) -> torch.Tenso
     if m == 0:
         return dx.view(x.shape)
     y1, dy1 = y.reshape(-1), dy.reshape(-1)                     # (M,); dy may have stride 0
-    if n <= BLOCK_MAX:
-        cfg = row_config(n)
+    args = (x2, y1, dy1, dx, m, n, x2.stride(0), dy1.stride(0), dx.stride(0))
+    cfg = softmax_config(n, backward=False)     # one array a row, as the softmax forward
+    if cfg.mode == "block":
         _amax_bwd_block_kernel[(triton.cdiv(m, cfg.rows),)](
-            x2, y1, dy1, dx, m, n, x2.stride(0), dy1.stride(0), dx.stride(0),
-            ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+            *args, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+    elif cfg.mode == "split":
+        split_launch(_amax_bwd_split_kernel, m, cfg, x.device, args, BLOCK_N=cfg.block_n)
     else:
         c = triton.cdiv(n, REDUCE_CHUNK)
         warps = warps_for(REDUCE_CHUNK)
