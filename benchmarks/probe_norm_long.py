@@ -23,7 +23,8 @@ FWD_VARIANTS = [("split", 4096, 4), ("split", 8192, 4), ("split", 16384, 8), ("s
                 ("split", 32768, 16), ("loop", 16384, 16), ("loop", 32768, 32), ("block", 32768, 16),
                 ("block", 32768, 32)]
 BWD_VARIANTS = [("split", 4096, 4), ("split", 8192, 4), ("split", 8192, 8), ("split", 16384, 8),
-                ("split", 16384, 16), ("loop", 4096, 16), ("loop", 8192, 16)]
+                ("split", 16384, 16), ("loop", 4096, 16), ("loop", 8192, 16), ("block", 32768, 16),
+                ("block", 32768, 32)]
 
 
 def rel(a, b):
@@ -98,6 +99,8 @@ def main():
                 ref = torch.autograd.grad(y, ins, dy, retain_graph=True)
                 print(f"  bwd default: {realb(n, name == 'ln')}", flush=True)
                 for mode, chunk, warps in BWD_VARIANTS:
+                    if chunk > n or (mode == "block" and chunk != n):
+                        continue
                     c = RowConfig(mode, chunk, 1, warps, -(-n // chunk))
                     norms.norm_bwd_config = lambda _n, layer=False, _c=c: _c
                     what = f"bwd {mode} {chunk}x{warps}w"
