@@ -64,58 +64,58 @@ def row_config(n: int, split_ok: bool = True) -> RowConfig:
     return RowConfig("loop", CHUNK, 1, warps_for(CHUNK))
 
 
-# Norm forward (ops/norms.py). One pass per row like softmax, but at 16K < N <= 32K a single
-# program of 32 warps still holds the row (32 fp32 values a thread) and beats the split exchange;
-# past that, the split chunk grows with N (fewer programs to wait on per row) and LayerNorm, whose
-# chunk statistics take two reductions, wants fatter chunks sooner. H100, bf16, M*N = 2^27, % of
-# copy (benchmarks/NOTES.md): N = 32K block x 32 warps RMSNorm 97.7, LayerNorm 95.0 (split 4,096 x 4:
-# 89.7 / 79.4; torch.compile 96.1 / 92.5); 65K LayerNorm split 8,192 x 4 84.2 (4,096 x 4: 71.9);
-# 262K split 16,384 x 8: 74.8 / 70.8 (4,096 x 4: 67.7 / 52.5).
-NORM_FWD_BLOCK_MAX = 32768
-NORM_FWD_WIDE_WARPS = 32
+# Rows past BLOCK_MAX, on a GPU (norm forward, softmax forward and backward, amax backward): to 32K
+# a single program of 32 warps still holds the row (32 fp32 values a thread) and beats the split
+# exchange; past that each op picks its split chunk (fewer programs to wait on per row as N grows).
+# H100, bf16, M*N = 2^27, % of copy (benchmarks/NOTES.md): at N = 32K block x 32 warps RMSNorm 97.7,
+# LayerNorm 95.0, softmax forward 94.3 / log-softmax 94.7, backward 97.2 / 100.8 (split 4,096 x 4:
+# 89.7, 79.4, 90.0 / 90.4, 94.7 / 97.1; torch.compile's norms 96.1 / 92.5).
+WIDE_BLOCK_MAX = 32768
+WIDE_WARPS = 32
 
 
+def _wide_row(n: int) -> RowConfig | None:
+    """``row_config(n)`` in the interpreter and for rows a program holds anyway, one 32-warp
+    program a row up to WIDE_BLOCK_MAX on a GPU; None past that (the caller picks its split)."""
+    base = row_config(n)
+    if interpreting() or base.mode == "block":
+        return base
+    block = triton.next_power_of_2(n)
+    return RowConfig("block", block, 1, WIDE_WARPS) if block <= WIDE_BLOCK_MAX else None
+
+
+def _split_or_row(n: int, chunk: int, warps: int) -> RowConfig:
+    chunks = triton.cdiv(n, chunk)
+    return RowConfig("split", chunk, 1, warps, chunks) if chunks <= SPLIT_MAX_CHUNKS else row_config(n)
+
+
+# Norm forward (ops/norms.py) past 32K: LayerNorm, whose chunk statistics take two reductions,
+# wants fatter chunks sooner. 65K LayerNorm split 8,192 x 4 84.2 (4,096 x 4: 71.9); 262K split
+# 16,384 x 8: RMSNorm 74.8, LayerNorm 70.8 (4,096 x 4: 67.7 / 52.5).
 @functools.lru_cache(maxsize=4096)
 def norm_fwd_config(n: int, layer: bool) -> RowConfig:
     """The norm forward's path for rows of ``n`` (LayerNorm if ``layer``, else RMSNorm)."""
-    base = row_config(n)
-    if interpreting() or base.mode == "block":
-        return base
-    block = triton.next_power_of_2(n)
-    if block <= NORM_FWD_BLOCK_MAX:
-        return RowConfig("block", block, 1, NORM_FWD_WIDE_WARPS)
+    wide = _wide_row(n)
+    if wide is not None:
+        return wide
     if n > 16 * CHUNK:
-        chunk, warps = 4 * CHUNK, 8
-    elif layer:
-        chunk, warps = 2 * CHUNK, SPLIT_WARPS
-    else:
-        return base
-    chunks = triton.cdiv(n, chunk)
-    if chunks <= SPLIT_MAX_CHUNKS:
-        return RowConfig("split", chunk, 1, warps, chunks)
-    return base
+        return _split_or_row(n, 4 * CHUNK, 8)
+    return _split_or_row(n, 2 * CHUNK, SPLIT_WARPS) if layer else row_config(n)
 
 
-# Softmax and log-softmax (ops/softmax.py): as the norms, one 32-warp program holds a row to 32K,
-# forward and backward. At 262K fatter split chunks: fewer programs wait on each row's exchange.
-# H100, bf16, M*N = 2^27, % of copy (benchmarks/NOTES.md): N = 32K block x 32 warps forward 94.3 /
-# 94.7 (softmax / log-softmax; split 4,096 x 4: 90.0 / 90.4), backward 97.2 / 100.8 (94.7 / 97.1);
-# N = 262K forward split 8,192 x 4 84.0 / 81.6 (4,096 x 4: 76.0 / 54.0), backward 16,384 x 8 90.8 /
+# Softmax and log-softmax (ops/softmax.py) past 32K: at 262K fatter split chunks. Forward split
+# 8,192 x 4 84.0 / 81.6 (softmax / log-softmax; 4,096 x 4: 76.0 / 54.0), backward 16,384 x 8 90.8 /
 # 80.0 (84.4 / 77.8). At 65K the 4,096 x 4 split stays (92-97%).
 @functools.lru_cache(maxsize=4096)
 def softmax_config(n: int, backward: bool) -> RowConfig:
-    """The softmax forward's (or backward's) path for rows of ``n``."""
-    base = row_config(n)
-    if interpreting() or base.mode == "block":
-        return base
-    block = triton.next_power_of_2(n)
-    if block <= NORM_FWD_BLOCK_MAX:
-        return RowConfig("block", block, 1, NORM_FWD_WIDE_WARPS)
+    """The softmax forward's (or backward's) path for rows of ``n``; also the amax backward's,
+    which like the softmax forward holds one array a row."""
+    wide = _wide_row(n)
+    if wide is not None:
+        return wide
     if n <= 16 * CHUNK:
-        return base
-    chunk, warps = (4 * CHUNK, 8) if backward else (2 * CHUNK, SPLIT_WARPS)
-    chunks = triton.cdiv(n, chunk)
-    return RowConfig("split", chunk, 1, warps, chunks) if chunks <= SPLIT_MAX_CHUNKS else base
+        return row_config(n)
+    return _split_or_row(n, 4 * CHUNK, 8) if backward else _split_or_row(n, 2 * CHUNK, SPLIT_WARPS)
 
 
 # Cross-entropy (ops/cross_entropy.py): a vocabulary row of V logits. On the GPU the split path
