@@ -126,8 +126,12 @@ def _estimate_ms(fn: Callable[[], object]) -> float:
     return max(s.elapsed_time(e) / 5, 1e-4)
 
 
+def _warm_calls(cfg: "TimingConfig", est: float) -> int:
+    return min(max(1, int(cfg.warmup_ms / est)), 1000)
+
+
 def _clean_ms(fn: Callable[[], object], cfg: "TimingConfig", est: float) -> float:
-    for _ in range(max(1, int(cfg.warmup_ms / est))):
+    for _ in range(_warm_calls(cfg, est)):
         fn()
     n = min(max(int(cfg.rep_ms / est), 10), 1000)
     start, end = _events(n), _events(n)
@@ -143,7 +147,7 @@ def _clean_ms(fn: Callable[[], object], cfg: "TimingConfig", est: float) -> floa
 def _steady_ms(fn: Callable[[], object], cfg: "TimingConfig", est: float) -> float:
     batch = min(max(math.ceil(STEADY_BATCH_MS / est), 4), 64)
     n = min(max(int(cfg.rep_ms / (batch * est)), 5), 100)
-    for _ in range(max(1, int(cfg.warmup_ms / est))):
+    for _ in range(_warm_calls(cfg, est)):
         fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()       # host time to issue one call (its GPU work runs behind)
