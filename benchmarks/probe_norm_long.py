@@ -31,6 +31,15 @@ def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
+def attempt(table, n, name, what, run):
+    """Append ``run()``'s rows (n, name, label, ms, % of copy, error) to ``table``, or one FAILED row."""
+    try:
+        table.extend((n, name, *row) for row in run())
+    except Exception as e:  # noqa: BLE001
+        table.append((n, name, f"{what} FAILED {type(e).__name__}: {str(e)[:80]}", 0, 0, 0))
+    print(table[-1], flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ns", default="32768,65536,262144")
@@ -73,18 +82,17 @@ def main():
                 c = (real(n, name == "ln") if mode == "default" else row_config(n) if mode == "old"
                      else RowConfig(mode, chunk, 1, warps, -(-n // chunk)))
                 norms.norm_fwd_config = lambda _n, layer=False, _c=c: _c
-                try:
-                    y = calls[name]()
-                    err = rel(y[:8], refs[name])
+
+                def run(name=name, c=c, mode=mode, nbytes=nbytes):
+                    err = rel(calls[name]()[:8], refs[name])
                     if not err < 2e-2:
                         raise AssertionError(f"rel err {err}")
                     ms = timing.device_ms(calls[name], cfg_t, nbytes)
-                    table.append((n, name, f"{mode} {c.block_n}x{c.num_warps}w", ms, 100 * nbytes / ms / 1e6 / copy, err))
-                except Exception as e:  # noqa: BLE001
-                    table.append((n, name, f"{mode} {chunk}x{warps}w FAILED {type(e).__name__}: {str(e)[:80]}", 0, 0, 0))
+                    return [(f"{mode} {c.block_n}x{c.num_warps}w", ms, 100 * nbytes / ms / 1e6 / copy, err)]
+                try:
+                    attempt(table, n, name, f"{mode} {chunk}x{warps}w", run)
                 finally:
                     norms.norm_fwd_config = real
-                print(table[-1], flush=True)
         if args.bwd:
             dy = torch.randn_like(x)
             bbytes = 3 * m * n * 2
@@ -104,22 +112,22 @@ def main():
                     c = RowConfig(mode, chunk, 1, warps, -(-n // chunk))
                     norms.norm_bwd_config = lambda _n, layer=False, _c=c: _c
                     what = f"bwd {mode} {chunk}x{warps}w"
-                    try:
+
+                    def run(y=y, ins=ins, ref=ref, what=what):
                         got = torch.autograd.grad(y, ins, dy, retain_graph=True)
                         err = max(rel(g, r) for g, r in zip(got, ref))
                         if not err < 1e-2:
                             raise AssertionError(f"rel err {err} against the default config")
                         ms = timing.device_ms(lambda: torch.autograd.grad(y, ins, dy, retain_graph=True), cfg_t, bbytes)
-                        table.append((n, name, what, ms, 100 * bbytes / ms / 1e6 / copy, err))
-                    except Exception as e:  # noqa: BLE001
-                        table.append((n, name, f"{what} FAILED {type(e).__name__}: {str(e)[:80]}", 0, 0, 0))
+                        return [(what, ms, 100 * bbytes / ms / 1e6 / copy, err)]
+                    try:
+                        attempt(table, n, name, what, run)
                     finally:
                         norms.norm_bwd_config = realb
-                    print(table[-1], flush=True)
                 del y, ref
             del dy
         del x
-    print(f"\ncopy {copy:,.0f} GB/s; forward, % of copy (bf16, M*N = 2^27), default = {row_config(32768)}")
+    print(f"\ncopy {copy:,.0f} GB/s; % of copy (bf16, M*N = 2^27)")
     for n, name, what, ms, pct, err in table:
         print(f"{n:7d} {name:4s} {what:28s} {ms * 1e3:8.1f} us {pct:6.1f}%  err {err:.1e}")
 
@@ -131,7 +139,7 @@ SOFTMAX_VARIANTS = [("default", 0, 0), ("block", 32768, 16), ("block", 32768, 32
 def softmax_sweep(args, copy, cfg_t):
     from warpforge.ops import softmax as S
 
-    real = S.row_config
+    real = S.softmax_config
     table = []
     for n in (int(v) for v in args.ns.split(",")):
         m = 2**27 // n
@@ -144,24 +152,26 @@ def softmax_sweep(args, copy, cfg_t):
             for mode, chunk, warps in SOFTMAX_VARIANTS:
                 if chunk > n or (mode == "block" and chunk != n):
                     continue
-                c = real(n) if mode == "default" else RowConfig(mode, chunk, 1, warps, -(-n // chunk))
-                S.row_config = lambda _n, _c=c: _c
+                c = None if mode == "default" else RowConfig(mode, chunk, 1, warps, -(-n // chunk))
+                if c is not None:
+                    S.softmax_config = lambda _n, backward=False, _c=c: _c
                 name = f"{'log_' if log else ''}softmax"
-                try:
-                    got = S._softmax_fwd(x, log)
-                    err = rel(got[:8], ref)
+
+                def run(log=log, c=c, mode=mode, ref=ref, y=y, dref=dref):
+                    err = rel(S._softmax_fwd(x, log)[:8], ref)
                     derr = rel(S._softmax_bwd(y, dy, log), dref)
                     if not (err < 2e-2 and derr < 2e-2):
                         raise AssertionError(f"rel err {err} / {derr}")
-                    ms = timing.device_ms(lambda: S._softmax_fwd(x, log), cfg_t, 4 * m * n)
-                    table.append((n, name, f"fwd {mode} {c.block_n}x{c.num_warps}w", ms, 100 * 4 * m * n / ms / 1e6 / copy, err))
-                    ms = timing.device_ms(lambda: S._softmax_bwd(y, dy, log), cfg_t, 6 * m * n)
-                    table.append((n, name, f"bwd {mode} {c.block_n}x{c.num_warps}w", ms, 100 * 6 * m * n / ms / 1e6 / copy, derr))
-                except Exception as e:  # noqa: BLE001
-                    table.append((n, name, f"{mode} {chunk}x{warps}w FAILED {type(e).__name__}: {str(e)[:80]}", 0, 0, 0))
+                    f = c or real(n, False)
+                    b = c or real(n, True)
+                    ms_f = timing.device_ms(lambda: S._softmax_fwd(x, log), cfg_t, 4 * m * n)
+                    ms_b = timing.device_ms(lambda: S._softmax_bwd(y, dy, log), cfg_t, 6 * m * n)
+                    return [(f"fwd {mode} {f.block_n}x{f.num_warps}w", ms_f, 100 * 4 * m * n / ms_f / 1e6 / copy, err),
+                            (f"bwd {mode} {b.block_n}x{b.num_warps}w", ms_b, 100 * 6 * m * n / ms_b / 1e6 / copy, derr)]
+                try:
+                    attempt(table, n, name, f"{mode} {chunk}x{warps}w", run)
                 finally:
-                    S.row_config = real
-                print(table[-1], flush=True)
+                    S.softmax_config = real
         del x, dy
     print(f"\ncopy {copy:,.0f} GB/s; softmax, % of copy (bf16, M*N = 2^27)")
     for n, name, what, ms, pct, err in table:
