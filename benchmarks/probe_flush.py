@@ -7,7 +7,8 @@ ceiling (back-to-back copies, `runtime/device.py`) is not. This probe times the 
 
 - ``memset``: do_bench as shipped (memset flush, median);
 - ``read``:   events around each call after a read-only pass over a 2x-L2 buffer (L2 left clean);
-- ``clean``:  memset flush, then the read pass (the memset's lines written back before the call);
+- ``clean``:  memset flush, then the read pass (the memset's lines written back before the call):
+  `bench/timing.py`'s ``flush_l2``;
 - ``steady``: back-to-back calls over rotating input sets, no flush, mean per call -- each call pays
   for the previous call's dirty lines, which for the same op are its own: the ceiling's conditions;
 - ``same``:   as ``steady`` on one input set (what the bench can do: its closures hold one set);
@@ -49,9 +50,7 @@ class Flusher:
     def read(self):
         self.clean_src.sum()
 
-    def clean(self):
-        self.wipe.zero_()
-        self.clean_src.sum()
+    clean = staticmethod(timing.flush_l2)   # memset, then a read pass: the bench's own clean flush
 
 
 def timed(fns, flush, reps=60):

@@ -200,14 +200,13 @@ def rope_config(batch: int, seqlen: int, hq: int, hk: int, head_dim: int) -> Rop
     block_s = min(triton.next_power_of_2(seqlen), max(1, rows // per_step))
     heads_q = min(triton.next_power_of_2(hq), max(1, rows // block_s))
     heads_k = min(triton.next_power_of_2(hk), max(1, rows // block_s))
-    programs = batch * triton.cdiv(seqlen, block_s)
     groups = triton.cdiv(hq, heads_q) + triton.cdiv(hk, heads_k)
+    split = groups
     if interpreting():
         # too few token blocks to fill the (stand-in) chip: split the heads over a second grid
         # axis; each share re-reads the (L2-resident) table rows
+        programs = batch * triton.cdiv(seqlen, block_s)
         split = max(1, min(groups, triton.cdiv(4 * sm_count(), max(programs, 1))))
-    else:
-        split = groups
     elems = block_s * heads_q * triton.next_power_of_2(head_dim)
     return RopeConfig(block_s, heads_q, heads_k, split, 4 if elems >= 2048 else (2 if elems >= 512 else 1))
 
