@@ -9,7 +9,10 @@ from conftest import DTYPES, ON_GPU, DEVICE, assert_close, gpu_only, noncontig, 
 
 SHAPES = [(1,), (3, 7), (2, 3, 123), (5, 4097), (2, 20000)]      # block path, and the loop path past 16,384
 if ON_GPU:
-    SHAPES += [(64, 32768), (8, 65536), (3, 262144), (4097, 1024), (33, 16384)]   # split fwd and bwd (bwd from 4,097 for LayerNorm, 8,193 for RMSNorm)
+    # wide blocks, the split and pipe paths (bwd split from 4,097 for LayerNorm, 8,193 for RMSNorm;
+    # pipe past 32K); 300 x 65,536 and 100 x 262,144 give each pipe program many rows (its
+    # carried row) and a row count no multiple of the row groups
+    SHAPES += [(64, 32768), (8, 65536), (3, 262144), (4097, 1024), (33, 16384), (300, 65536), (100, 262144)]
 
 
 def _leaf(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -402,17 +405,24 @@ def test_references_match_torch():
                  F.rms_norm(x.double(), (11,), None, 1e-6) * (1 + w.double()), torch.float32)
 
 
+@pytest.mark.parametrize("reload", [False, True])
+@pytest.mark.parametrize("bwd_mode", ["split", "pipe"])
 @pytest.mark.parametrize("op", ["layer", "rms", "add"])
-def test_split_path_single_chunk(monkeypatch, op):
-    """The split kernel's publish/prefetch/gather logic, on CPU too: forced with one chunk per row
-    (more would wait forever in the interpreter, which runs programs one at a time). On the GPU
-    the SHAPES above cover C > 1 chunks."""
+def test_exchange_paths_single_chunk(monkeypatch, op, bwd_mode, reload):
+    """The exchange kernels' publish/prefetch/gather logic (the forward's pipe kernel; the
+    backward's split and pipe kernels), on CPU too: forced with one chunk per row (more would wait
+    forever in the interpreter, which runs programs one at a time; its one program then walks
+    every row, so the pipe kernels carry each row to the next step). On the GPU the SHAPES above
+    cover C > 1 chunks."""
     import triton
     from warpforge.ops import norms as mod
     from warpforge.runtime.heuristics import RowConfig
 
-    monkeypatch.setattr(mod, "norm_fwd_config", lambda n, layer: RowConfig("split", triton.next_power_of_2(n), 1, 4, 1))
-    monkeypatch.setattr(mod, "norm_bwd_config", lambda n, layer: RowConfig("split", triton.next_power_of_2(n), 1, 4, 1))
+    def cfg(mode):
+        return lambda n, layer: RowConfig(mode, triton.next_power_of_2(n), 1, 4, 1, reload)
+
+    monkeypatch.setattr(mod, "norm_fwd_config", cfg("pipe"))
+    monkeypatch.setattr(mod, "norm_bwd_config", cfg(bwd_mode))
     n = 37
     x = randn(5, n, requires_grad=True) + 100.0
     x.retain_grad()

@@ -100,7 +100,7 @@ def test_amax_backward_split_single_chunk(monkeypatch):
     import triton
     from warpforge.runtime.heuristics import RowConfig
 
-    monkeypatch.setattr(R, "softmax_config", lambda n, backward: RowConfig("split", triton.next_power_of_2(n), 1, 4, 1))
+    monkeypatch.setattr(R, "amax_bwd_config", lambda n: RowConfig("split", triton.next_power_of_2(n), 1, 4, 1))
     n = 37
     x = randn(5, n)
     x[1, [0, 5, 36]] = x.abs().max() + 1                                 # three ties in row 1

@@ -7,7 +7,8 @@ from conftest import DTYPES, ON_GPU, DEVICE, assert_close, gpu_only, noncontig, 
 
 SHAPES = [(1,), (3, 7), (2, 3, 123), (5, 4097), (2, 20000)]      # block path, and the loop path past 16,384
 if ON_GPU:
-    SHAPES += [(64, 32768), (8, 65536), (3, 262144), (4097, 1024)]   # wide blocks and the split path on the GPU
+    # wide blocks, the split and pipe paths; 100 x 262,144 gives each pipe program many rows
+    SHAPES += [(64, 32768), (8, 65536), (3, 262144), (4097, 1024), (100, 262144)]
 
 
 @pytest.mark.parametrize("log", [False, True])
@@ -102,15 +103,17 @@ def test_reference_matches_torch():
     assert_close(softmax_reference(x), torch.softmax(x.double(), -1), torch.float32)
 
 
+@pytest.mark.parametrize("mode", ["split", "pipe"])
 @pytest.mark.parametrize("log", [False, True])
-def test_split_path_single_chunk(monkeypatch, log):
-    """The split kernels' publish/prefetch/gather logic, on CPU too: forced with one chunk per row
-    (more would wait forever in the interpreter, which runs programs one at a time)."""
+def test_exchange_paths_single_chunk(monkeypatch, log, mode):
+    """The split and pipe kernels' publish/prefetch/gather logic, on CPU too: forced with one chunk
+    per row (more would wait forever in the interpreter, which runs programs one at a time; its
+    one program then walks every row, so the pipe kernels carry each row to the next step)."""
     import triton
     from warpforge.ops import softmax as mod
     from warpforge.runtime.heuristics import RowConfig
 
-    monkeypatch.setattr(mod, "softmax_config", lambda n, backward: RowConfig("split", triton.next_power_of_2(n), 1, 4, 1))
+    monkeypatch.setattr(mod, "softmax_config", lambda n, backward: RowConfig(mode, triton.next_power_of_2(n), 1, 4, 1))
     x = randn(5, 37, requires_grad=True)
     fn, tfn = (wf.log_softmax, torch.log_softmax) if log else (wf.softmax, torch.softmax)
     y = fn(x)

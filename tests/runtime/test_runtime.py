@@ -41,7 +41,8 @@ def test_row_config_paths():
 
 def test_norm_fwd_config_paths():
     """Short rows as every row op; on a GPU one 32-warp program holds rows to 32K, and past that
-    the split chunk grows (LayerNorm's sooner); the interpreter keeps the plain row config."""
+    the pipe mode (LayerNorm re-reading its weight and bias every row); the interpreter keeps the
+    plain row config."""
     for layer in (False, True):
         assert heuristics.norm_fwd_config(4096, layer) == heuristics.row_config(4096)
         for n in (20000, 32768, 65536, 262144):
@@ -51,13 +52,31 @@ def test_norm_fwd_config_paths():
             elif n <= 32768:
                 assert (c.mode, c.block_n, c.rows, c.num_warps) == ("block", 32768, 1, 32)
             else:
-                assert c.mode == "split" and c.chunks * c.block_n >= n
-                assert c.block_n == (16384 if n > 65536 else 8192 if layer else 4096)
+                assert c.mode == "pipe" and c.chunks * c.block_n >= n
+                assert c.block_n == (4096 if layer and n <= 65536 else 8192)
+                assert c.reload == (layer or n <= 65536)
+
+
+def test_norm_bwd_config_paths():
+    """Whole rows to 8K (RMSNorm) / 4K (LayerNorm); on a GPU the split exchange to 32K and the
+    pipe mode past it; the interpreter's two-pass loop."""
+    for layer in (False, True):
+        assert heuristics.norm_bwd_config(4096, layer).mode == "block"
+        for n in (20000, 32768, 65536, 262144):
+            c = heuristics.norm_bwd_config(n, layer)
+            if wf.interpreting():
+                assert c.mode == "loop"
+            elif n <= 32768:
+                assert (c.mode, c.block_n, c.chunks) == ("split", 4096, -(-n // 4096))
+            else:
+                assert c.mode == "pipe" and c.chunks * c.block_n >= n
+                assert (c.block_n, c.num_warps) == ((2048, 4) if n <= 131072 else (8192, 8))
 
 
 def test_softmax_config_paths():
-    """One 32-warp program a row to 32K on a GPU, forward and backward; 262K rows split in fatter
-    chunks (backward fatter still); the interpreter keeps the plain row config."""
+    """One 32-warp program a row to 32K on a GPU, forward and backward; 262K rows in the pipe mode
+    (backward with more warps); the interpreter keeps the plain row config. The amax backward
+    keeps the split kernel past 64K."""
     for backward in (False, True):
         assert heuristics.softmax_config(4096, backward) == heuristics.row_config(4096)
         for n in (20000, 65536, 262144):
@@ -69,7 +88,13 @@ def test_softmax_config_paths():
             elif n <= 65536:
                 assert c == heuristics.row_config(n)
             else:
-                assert c.mode == "split" and c.block_n == (16384 if backward else 8192)
+                assert (c.mode, c.block_n, c.num_warps) == ("pipe", 8192, 8 if backward else 4)
+    for n in (4096, 20000, 65536, 262144):
+        c = heuristics.amax_bwd_config(n)
+        if wf.interpreting() or n <= 65536:
+            assert c == heuristics.softmax_config(n, False)
+        else:
+            assert (c.mode, c.block_n) == ("split", 8192)
 
 
 def test_persistent_grid_keeps_groups_whole():

@@ -96,7 +96,7 @@ _RESIDENT: dict = {}
 
 
 def split_launch(kernel, m: int, cfg: RowConfig, device: torch.device, args, **constexprs) -> None:
-    """Launch a ``split``-mode kernel over ``m`` rows: allocates the exchange workspace, sizes a
+    """Launch a ``split``- or ``pipe``-mode kernel over ``m`` rows: allocates the exchange workspace, sizes a
     persistent grid that the device holds at once, and passes (stats, C, n_groups, CP) after the
     kernel's own arguments. ``args`` is that tuple, or a function of ``n_groups`` returning it
     (for kernels with per-group outputs, such as weight-gradient partial sums: it is called once

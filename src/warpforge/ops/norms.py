@@ -25,11 +25,9 @@ Why the kernels look the way they do:
   registers, never E[x^2] - mu^2, which loses every digit when |mu| >> std (x = 1000 + randn in
   fp32: mu^2 = 1e6 carries ~0.06 of absolute error, as large as the variance itself).
   Short rows are packed ROWS to a program so each moves ~8 KB.
-- Forward, ``split`` path (GPU, N > 16,384): C co-resident programs share a row and exchange
-  per-chunk statistics (``_rows.py``): RMSNorm publishes its chunk's sum of squares; LayerNorm
-  publishes (chunk mean, chunk M2) and combines them with Chan's parallel formula
-  M2 = sum_c [M2_c + n_c * (mean_c - mean)^2], which only ever subtracts means, so it keeps
-  the block path's accuracy. Still one read and one write per element at N = 262,144.
+- Forward, ``pipe`` path (GPU, N > 32,768; one 32-warp program a row to 32K): C co-resident
+  programs share a row and exchange per-chunk statistics, one row behind (see the kernel). Still
+  one read and one write per element at N = 262,144, at 89-95% of the copy roof on an H100.
 - Forward, ``loop`` path (fallback, and the interpreter past 16,384): one program per row, two
   passes (statistics with a running Chan merge per chunk, then normalise): 1.5x the bytes.
 - Backward: x_hat is recomputed from x and the saved fp32 (mean, rstd) -- never saved, which
@@ -46,10 +44,11 @@ Why the kernels look the way they do:
   bits. The buffer costs 2*G*N*4 bytes: 4.3 MB against 805 MB for a 32768x4096 bf16 backward.
   Each program loads its next tile of (x, dy) before computing the current one, so with only
   one program per SM the memory pipe still has a tile in flight.
-- Backward for longer rows, ``split`` path (GPU): C co-resident programs share a row as in the
-  forward and exchange the chunk sums of g * x_hat (and g); each program owns one column chunk
-  for all of its row group's rows, so its dw/db chunk accumulates in registers and is written
-  once per group into a (groups, N) partial buffer: one pass, deterministic.
+- Backward for longer rows, ``split`` (to 32K) and ``pipe`` (past it, the wait a row behind)
+  paths (GPU): C co-resident programs share a row as in the forward and exchange the chunk sums
+  of g * x_hat (and g); each program owns one column chunk for all of its row group's rows, so
+  its dw/db chunk accumulates in registers and is written once per group into a (groups, N)
+  partial buffer: one pass, deterministic.
 - Backward ``loop`` path (the interpreter's, and rows past the split path's reach): the row
   statistics come from a first kernel (reads x, dy), then (row group, 4,096-column tile) programs
   write dx and the dw partials: x and dy are read twice, 5*M*N*s instead of 3*M*N*s.
@@ -165,76 +164,97 @@ def _norm_fwd_block_kernel(
 
 
 @triton.jit
-def _norm_fwd_split_kernel(
+def _norm_fwd_pipe_kernel(
     x_ptr, res_ptr, y_ptr, h_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr,   # as the block kernel
     M, N, stride_x, stride_r, stride_y, stride_h, eps, offset,
-    stats_ptr,                 # (M, C, 2) int32 exchange workspace, filled with the sentinel
-    C, n_groups,               # programs per row, row groups in the persistent grid
+    stats_ptr, C, n_groups,    # the exchange workspace, programs a row, row groups (_rows.split_launch)
     RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_RES: tl.constexpr,
-    LLAMA: tl.constexpr, BLOCK_N: tl.constexpr, CP: tl.constexpr,
+    LLAMA: tl.constexpr, BLOCK_N: tl.constexpr, CP: tl.constexpr, RELOAD: tl.constexpr,
 ):
+    """Rows past 32K on a GPU: C co-resident programs share a row, each holding one column chunk,
+    and exchange per-chunk statistics (``_rows.py``): RMSNorm its chunk's sum of squares;
+    LayerNorm (chunk mean, chunk M2), combined with Chan's parallel formula
+    M2 = sum_c [M2_c + n_c * (mean_c - mean)^2], which only ever subtracts means (the block
+    path's accuracy). The wait is deferred by one row: a program publishes row r's statistics,
+    then finishes row r - n_groups, whose statistics the group published one step earlier, so the
+    exchange's latency is off the critical path (a program holds three rows' chunks: r + n_groups
+    in flight, r raw, r - n_groups being written). RELOAD: re-read the weight and bias chunks
+    every row (L1/L2 hits) rather than hold them, two fp32 registers an element."""
     pid = tl.program_id(0)
     chunk = pid % C
+    first = pid // C
     cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = cols < N
-    # the weight chunk is the same for every row this program visits: load it once
-    if HAS_W:
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + offset
-    if HAS_B:
-        b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    # elements in each chunk of the row (the last one may be short), for Chan's formula
+    if not RELOAD:
+        if HAS_W:
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + offset
+        if HAS_B:
+            b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     offs = tl.arange(0, CP)
     n_c = tl.minimum(tl.maximum(N - offs * BLOCK_N, 0), BLOCK_N).to(tl.float32)
     n_mine = tl.minimum(N - chunk * BLOCK_N, BLOCK_N).to(tl.float32)
-    row = pid // C
-    live = mask & (row < M)
-    x = tl.load(x_ptr + tl.cast(row, tl.int64) * stride_x + cols, mask=live, other=0.0)
+    live = mask & (first < M)
+    x = tl.load(x_ptr + tl.cast(first, tl.int64) * stride_x + cols, mask=live, other=0.0)
     if HAS_RES:
-        res = tl.load(res_ptr + tl.cast(row, tl.int64) * stride_r + cols, mask=live, other=0.0)
-    for row in range(pid // C, M, n_groups):
+        res = tl.load(res_ptr + tl.cast(first, tl.int64) * stride_r + cols, mask=live, other=0.0)
+        hp = tl.zeros((BLOCK_N,), h_ptr.dtype.element_ty)
+    else:
+        hp = tl.zeros((BLOCK_N,), x_ptr.dtype.element_ty)
+    for row in range(first, M + n_groups, n_groups):
         r = tl.cast(row, tl.int64)
-        xf = x.to(tl.float32)
+        here = row < M
         if HAS_RES:
-            h = (xf + res.to(tl.float32)).to(h_ptr.dtype.element_ty)
-            tl.store(h_ptr + r * stride_h + cols, h, mask=mask)
-            xf = h.to(tl.float32)                       # normalise the value we return
-        # prefetch the next row first: its DRAM latency hides this row's statistics and the wait
-        # for the other chunks
+            h = (x.to(tl.float32) + res.to(tl.float32)).to(h_ptr.dtype.element_ty)
+            tl.store(h_ptr + r * stride_h + cols, h, mask=mask & here)
+        else:
+            h = x
+        xf = h.to(tl.float32)
         nxt = row + n_groups
         live = mask & (nxt < M)
         x = tl.load(x_ptr + tl.cast(nxt, tl.int64) * stride_x + cols, mask=live, other=0.0)
         if HAS_RES:
             res = tl.load(res_ptr + tl.cast(nxt, tl.int64) * stride_r + cols, mask=live, other=0.0)
-        if RMS:
-            ss_c = tl.sum(xf * xf, axis=0)
-            publish_row_stats(stats_ptr, row, chunk, C, ss_c, ss_c)   # one statistic; slot 2 unused
-        else:
-            mean_c = tl.sum(xf, axis=0) / n_mine
-            d = tl.where(mask, xf - mean_c, 0.0)
-            publish_row_stats(stats_ptr, row, chunk, C, mean_c, tl.sum(d * d, axis=0))
-        a, b_stat, valid = gather_row_stats(stats_ptr, row, C, CP)
-        if RMS:
-            rstd = tl.rsqrt(tl.sum(a, axis=0) / N + eps)
-            x_hat = xf * rstd
-        else:
-            # Chan: mean = sum n_c mean_c / N, M2 = sum [M2_c + n_c (mean_c - mean)^2]
-            mean = tl.sum(tl.where(valid, n_c * a, 0.0), axis=0) / N
-            dm = a - mean
-            m2 = tl.sum(tl.where(valid, b_stat + n_c * dm * dm, 0.0), axis=0)
-            rstd = tl.rsqrt(m2 / N + eps)
-            x_hat = (xf - mean) * rstd
+        if here:
+            if RMS:
+                ss_c = tl.sum(xf * xf, axis=0)
+                publish_row_stats(stats_ptr, row, chunk, C, ss_c, ss_c)
+            else:
+                mean_c = tl.sum(xf, axis=0) / n_mine
+                d = tl.where(mask, xf - mean_c, 0.0)
+                publish_row_stats(stats_ptr, row, chunk, C, mean_c, tl.sum(d * d, axis=0))
+        prev = row - n_groups
+        if prev >= first:
+            # the weight and bias chunks are re-read every row (L1/L2 hits) rather than held:
+            # with three rows' chunks live, holding them in fp32 costs two registers an element
+            if RELOAD:
+                if HAS_W:
+                    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + offset
+                if HAS_B:
+                    b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            pf = hp.to(tl.float32)
+            a, b_stat, valid = gather_row_stats(stats_ptr, prev, C, CP)
+            if RMS:
+                rstd = tl.rsqrt(tl.sum(a, axis=0) / N + eps)
+                x_hat = pf * rstd
+            else:
+                mean = tl.sum(tl.where(valid, n_c * a, 0.0), axis=0) / N
+                dm = a - mean
+                m2 = tl.sum(tl.where(valid, b_stat + n_c * dm * dm, 0.0), axis=0)
+                rstd = tl.rsqrt(m2 / N + eps)
+                x_hat = (pf - mean) * rstd
+                if chunk == 0:
+                    tl.store(mean_ptr + prev, mean)
             if chunk == 0:
-                tl.store(mean_ptr + row, mean)
-        if chunk == 0:
-            tl.store(rstd_ptr + row, rstd)
-        if LLAMA:
-            x_hat = x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
-        y = x_hat
-        if HAS_W:
-            y = y * w
-        if HAS_B:
-            y += b
-        tl.store(y_ptr + r * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+                tl.store(rstd_ptr + prev, rstd)
+            if LLAMA:
+                x_hat = x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
+            y = x_hat
+            if HAS_W:
+                y = y * w
+            if HAS_B:
+                y += b
+            tl.store(y_ptr + tl.cast(prev, tl.int64) * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        hp = h
 
 
 @triton.jit
@@ -418,6 +438,85 @@ def _norm_bwd_split_kernel(
 
 
 @triton.jit
+def _norm_bwd_pipe_kernel(
+    dy_ptr, x_ptr, dsum_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr,   # as the split kernel
+    M, N, stride_dy, stride_x, stride_ds, stride_dx, offset,
+    stats_ptr, C, n_groups,
+    RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_DSUM: tl.constexpr,
+    LLAMA: tl.constexpr, BLOCK_N: tl.constexpr, CP: tl.constexpr, RELOAD: tl.constexpr,
+):
+    """The split backward with the wait deferred by one row (as ``_norm_fwd_pipe_kernel``):
+    publish row r's chunk sums, then finish row r - n_groups from its raw (x, dy), kept in
+    registers for that one step. RELOAD: re-read the weight chunk every row."""
+    pid = tl.program_id(0)
+    chunk = pid % C
+    group = pid // C
+    cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    if not RELOAD:
+        if HAS_W:
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + offset
+    dw_acc = tl.zeros((BLOCK_N,), tl.float32)
+    db_acc = tl.zeros((BLOCK_N,), tl.float32)
+    live = mask & (group < M)
+    x = tl.load(x_ptr + tl.cast(group, tl.int64) * stride_x + cols, mask=live, other=0.0)
+    dy = tl.load(dy_ptr + tl.cast(group, tl.int64) * stride_dy + cols, mask=live, other=0.0)
+    xp = tl.zeros((BLOCK_N,), x_ptr.dtype.element_ty)
+    dyp = tl.zeros((BLOCK_N,), dy_ptr.dtype.element_ty)
+    for row in range(group, M + n_groups, n_groups):
+        here = row < M
+        xf = x.to(tl.float32)
+        dyf = dy.to(tl.float32)
+        xr = x
+        dyr = dy
+        nxt = row + n_groups
+        live = mask & (nxt < M)
+        x = tl.load(x_ptr + tl.cast(nxt, tl.int64) * stride_x + cols, mask=live, other=0.0)
+        dy = tl.load(dy_ptr + tl.cast(nxt, tl.int64) * stride_dy + cols, mask=live, other=0.0)
+        if HAS_W and RELOAD:      # re-read every row (an L1/L2 hit): frees a register an element
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + offset
+        if here:
+            rstd = tl.load(rstd_ptr + row)
+            if RMS:
+                x_hat = xf * rstd
+            else:
+                x_hat = tl.where(mask, (xf - tl.load(mean_ptr + row)) * rstd, 0.0)
+            g = dyf * w if HAS_W else dyf
+            s1 = tl.sum(g * x_hat, axis=0)
+            if RMS:
+                publish_row_stats(stats_ptr, row, chunk, C, s1, s1)
+            else:
+                publish_row_stats(stats_ptr, row, chunk, C, s1, tl.sum(g, axis=0))
+        prev = row - n_groups
+        if prev >= group:
+            r = tl.cast(prev, tl.int64)
+            pxf = xp.to(tl.float32)
+            pdy = dyp.to(tl.float32)
+            rstd = tl.load(rstd_ptr + prev)
+            if RMS:
+                x_hat = pxf * rstd
+            else:
+                x_hat = tl.where(mask, (pxf - tl.load(mean_ptr + prev)) * rstd, 0.0)
+            g = pdy * w if HAS_W else pdy
+            a, b_stat, valid = gather_row_stats(stats_ptr, prev, C, CP)
+            c1 = tl.sum(a, axis=0) / N
+            c2 = c1
+            if not RMS:
+                c2 = tl.sum(b_stat, axis=0) / N
+            dw_acc, db_acc = _norm_bwd_finish(
+                g, x_hat, pdy, c1, c2, rstd,
+                dx_ptr + r * stride_dx + cols, dsum_ptr + r * stride_ds + cols, mask, dw_acc, db_acc, x_ptr,
+                RMS, HAS_W, HAS_B, HAS_DSUM, LLAMA)
+        xp = xr
+        dyp = dyr
+    part = tl.cast(group, tl.int64) * N + cols
+    if HAS_W:
+        tl.store(dw_ptr + part, dw_acc, mask=mask)
+    if HAS_B:
+        tl.store(db_ptr + part, db_acc, mask=mask)
+
+
+@triton.jit
 def _norm_bwd_kernel(
     dy_ptr, x_ptr,             # (M, N) incoming gradient and saved input (h for add+RMSNorm)
     dsum_ptr,                  # (M, N) gradient of the x + residual output (HAS_DSUM)
@@ -519,8 +618,9 @@ def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, l
         if cfg.mode == "block":
             _norm_fwd_block_kernel[(triton.cdiv(m, cfg.rows),)](
                 *args, **flags, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
-        elif cfg.mode == "split":
-            split_launch(_norm_fwd_split_kernel, m, cfg, x.device, args, **flags, BLOCK_N=cfg.block_n)
+        elif cfg.mode == "pipe":
+            split_launch(_norm_fwd_pipe_kernel, m, cfg, x.device, args, **flags, RELOAD=cfg.reload,
+                         BLOCK_N=cfg.block_n)
         else:
             _norm_fwd_loop_kernel[(m,)](*args, **flags, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     return y.view(x.shape), (None if h is None else h.view(x.shape)), mean, rstd
@@ -538,7 +638,7 @@ def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: 
     ds2 = None if dsum is None else as_rows(dsum)
     flags = dict(RMS=rms, HAS_W=has_w, HAS_B=has_bias, HAS_DSUM=ds2 is not None, LLAMA=llama)
     cfg = norm_bwd_config(n, layer=not rms)
-    if cfg.mode == "split":
+    if cfg.mode in ("split", "pipe"):
         parts = {}
 
         def args(groups):
@@ -550,7 +650,11 @@ def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: 
                     m, n, dy2.stride(0), x2.stride(0), 0 if ds2 is None else ds2.stride(0), dx.stride(0),
                     float(offset))
 
-        split_launch(_norm_bwd_split_kernel, m, cfg, x.device, args, **flags, BLOCK_N=cfg.block_n)
+        if cfg.mode == "pipe":
+            split_launch(_norm_bwd_pipe_kernel, m, cfg, x.device, args, **flags, RELOAD=cfg.reload,
+                         BLOCK_N=cfg.block_n)
+        else:
+            split_launch(_norm_bwd_split_kernel, m, cfg, x.device, args, **flags, BLOCK_N=cfg.block_n)
         dw, db = parts["dw"], parts["db"]
         return (dx.view(x.shape), None if dw is None else dw.sum(0), None if db is None else db.sum(0))
     full_row = cfg.mode == "block"

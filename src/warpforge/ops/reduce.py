@@ -43,7 +43,7 @@ import triton.language as tl
 
 from ..runtime import new_empty
 from ..runtime.checks import FLOAT_DTYPES, check_backend, check_tensor, normalize_dim
-from ..runtime.heuristics import BLOCK_MAX, REDUCE_CHUNK, row_config, softmax_config, warps_for
+from ..runtime.heuristics import BLOCK_MAX, REDUCE_CHUNK, amax_bwd_config, row_config, warps_for
 from ..runtime.registry import Op
 from ._rows import as_rows, gather_row_stats, publish_row_stats, split_launch
 
@@ -231,7 +231,7 @@ def _amax_bwd(x: torch.Tensor, y: torch.Tensor, dy: torch.Tensor) -> torch.Tenso
         return dx.view(x.shape)
     y1, dy1 = y.reshape(-1), dy.reshape(-1)                     # (M,); dy may have stride 0
     args = (x2, y1, dy1, dx, m, n, x2.stride(0), dy1.stride(0), dx.stride(0))
-    cfg = softmax_config(n, backward=False)     # one array a row, as the softmax forward
+    cfg = amax_bwd_config(n)
     if cfg.mode == "block":
         _amax_bwd_block_kernel[(triton.cdiv(m, cfg.rows),)](
             *args, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)

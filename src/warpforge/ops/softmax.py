@@ -102,6 +102,44 @@ def _softmax_fwd_split_kernel(
 
 
 @triton.jit
+def _softmax_fwd_pipe_kernel(
+    x_ptr, y_ptr, M, N, stride_x, stride_y, stats_ptr, C, n_groups,   # as the split kernel
+    LOG: tl.constexpr, BLOCK_N: tl.constexpr, CP: tl.constexpr,
+):
+    """The split kernel with the wait deferred by one row: publish row r's (max, sum of exp),
+    then write row r - n_groups, whose statistics the group published one step earlier (the
+    exchange's latency leaves the critical path; its raw chunk stays in registers one step)."""
+    pid = tl.program_id(0)
+    chunk = pid % C
+    first = pid // C
+    cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    x = tl.load(x_ptr + tl.cast(first, tl.int64) * stride_x + cols, mask=mask & (first < M), other=-float("inf"))
+    xp = tl.zeros((BLOCK_N,), x_ptr.dtype.element_ty)
+    for row in range(first, M + n_groups, n_groups):
+        xf = x.to(tl.float32)
+        xr = x
+        nxt = row + n_groups
+        x = tl.load(x_ptr + tl.cast(nxt, tl.int64) * stride_x + cols, mask=mask & (nxt < M), other=-float("inf"))
+        if row < M:
+            m_c = tl.max(xf, axis=0)
+            m_c = tl.where(m_c == -float("inf"), 0.0, m_c)
+            publish_row_stats(stats_ptr, row, chunk, C, m_c, tl.sum(exp_minus(xf, m_c), axis=0))
+        prev = row - n_groups
+        if prev >= first:
+            pf = xp.to(tl.float32)
+            ms, ss, valid = gather_row_stats(stats_ptr, prev, C, CP)
+            m = tl.max(tl.where(valid, ms, -float("inf")), axis=0)
+            s = tl.sum(tl.where(valid, ss * tl.exp(ms - m), 0.0), axis=0)
+            if LOG:
+                y = pf - m - tl.log(s)
+            else:
+                y = exp_minus(pf, m) * (1.0 / s)
+            tl.store(y_ptr + tl.cast(prev, tl.int64) * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        xp = xr
+
+
+@triton.jit
 def _softmax_fwd_loop_kernel(
     x_ptr, y_ptr, M, N, stride_x, stride_y,
     LOG: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -191,6 +229,42 @@ def _softmax_bwd_split_kernel(
 
 
 @triton.jit
+def _softmax_bwd_pipe_kernel(
+    y_ptr, dy_ptr, dx_ptr, M, N, stride_y, stride_dy, stride_dx, stats_ptr, C, n_groups,
+    LOG: tl.constexpr, BLOCK_N: tl.constexpr, CP: tl.constexpr,
+):
+    """The split backward with the wait deferred by one row (as ``_softmax_fwd_pipe_kernel``)."""
+    pid = tl.program_id(0)
+    chunk = pid % C
+    first = pid // C
+    cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    other = -float("inf") if LOG else 0.0
+    live = mask & (first < M)
+    y = tl.load(y_ptr + tl.cast(first, tl.int64) * stride_y + cols, mask=live, other=other)
+    dy = tl.load(dy_ptr + tl.cast(first, tl.int64) * stride_dy + cols, mask=live, other=0.0)
+    yp = tl.zeros((BLOCK_N,), y_ptr.dtype.element_ty)
+    dyp = tl.zeros((BLOCK_N,), dy_ptr.dtype.element_ty)
+    for row in range(first, M + n_groups, n_groups):
+        yr = y
+        dyr = dy
+        nxt = row + n_groups
+        live = mask & (nxt < M)
+        y = tl.load(y_ptr + tl.cast(nxt, tl.int64) * stride_y + cols, mask=live, other=other)
+        dy = tl.load(dy_ptr + tl.cast(nxt, tl.int64) * stride_dy + cols, mask=live, other=0.0)
+        if row < M:
+            s_c = _bwd_combine(yr.to(tl.float32), dyr.to(tl.float32), LOG)
+            publish_row_stats(stats_ptr, row, chunk, C, s_c, s_c)
+        prev = row - n_groups
+        if prev >= first:
+            ss, _unused, valid = gather_row_stats(stats_ptr, prev, C, CP)
+            dx = _bwd_apply(yp.to(tl.float32), dyp.to(tl.float32), tl.sum(ss, axis=0), LOG)
+            tl.store(dx_ptr + tl.cast(prev, tl.int64) * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        yp = yr
+        dyp = dyr
+
+
+@triton.jit
 def _softmax_bwd_loop_kernel(
     y_ptr, dy_ptr, dx_ptr, M, N, stride_y, stride_dy, stride_dx,
     LOG: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -231,8 +305,9 @@ def _softmax_fwd(x: torch.Tensor, log: bool) -> torch.Tensor:
     if cfg.mode == "block":
         _softmax_fwd_block_kernel[(triton.cdiv(m, cfg.rows),)](
             *args, LOG=log, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
-    elif cfg.mode == "split":
-        split_launch(_softmax_fwd_split_kernel, m, cfg, x.device, args, LOG=log, BLOCK_N=cfg.block_n)
+    elif cfg.mode in ("split", "pipe"):
+        kernel = _softmax_fwd_pipe_kernel if cfg.mode == "pipe" else _softmax_fwd_split_kernel
+        split_launch(kernel, m, cfg, x.device, args, LOG=log, BLOCK_N=cfg.block_n)
     else:
         _softmax_fwd_loop_kernel[(m,)](*args, LOG=log, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     return y.view(x.shape)
@@ -249,8 +324,9 @@ def _softmax_bwd(y: torch.Tensor, dy: torch.Tensor, log: bool) -> torch.Tensor:
     if cfg.mode == "block":
         _softmax_bwd_block_kernel[(triton.cdiv(m, cfg.rows),)](
             *args, LOG=log, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
-    elif cfg.mode == "split":
-        split_launch(_softmax_bwd_split_kernel, m, cfg, y.device, args, LOG=log, BLOCK_N=cfg.block_n)
+    elif cfg.mode in ("split", "pipe"):
+        kernel = _softmax_bwd_pipe_kernel if cfg.mode == "pipe" else _softmax_bwd_split_kernel
+        split_launch(kernel, m, cfg, y.device, args, LOG=log, BLOCK_N=cfg.block_n)
     else:
         _softmax_bwd_loop_kernel[(m,)](*args, LOG=log, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     return dx.view(y.shape)

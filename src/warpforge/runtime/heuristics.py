@@ -11,6 +11,9 @@ Row-wise ops (softmax, norms, reductions) pick one of three shapes by the row le
            small global workspace and wait on a per-row counter, then finish their chunk: still one
            read and one write per element. The grid is persistent and never larger than what the
            device holds at once, so every program of a row is resident and the wait cannot deadlock.
+``pipe``   the split exchange with each program's wait deferred by one row (it publishes row r,
+           then finishes row r - n_groups, whose statistics are already there): the exchange's
+           latency leaves the critical path. The long-row default past 32K (per op, below).
 ``loop``   the fallback (and the interpreter's path past 16,384, since it runs programs one at a
            time and a wait would never end): one program per row walks it in CHUNK pieces, twice
            (statistics, then output). Reads the row twice: ~2/3 of the byte floor at best.
@@ -38,7 +41,8 @@ class RowConfig:
     block_n: int       # columns a program holds at once (the row, or one chunk)
     rows: int          # rows per program (block mode)
     num_warps: int
-    chunks: int = 1    # programs per row (split mode)
+    chunks: int = 1    # programs per row (split and pipe modes)
+    reload: bool = False   # pipe mode: re-read the per-column weight (and bias) every row
 
 
 def warps_for(elems: int) -> int:
@@ -89,9 +93,27 @@ def _split_or_row(n: int, chunk: int, warps: int) -> RowConfig:
     return RowConfig("split", chunk, 1, warps, chunks) if chunks <= SPLIT_MAX_CHUNKS else row_config(n)
 
 
-# Norm forward (ops/norms.py) past 32K: LayerNorm, whose chunk statistics take two reductions,
-# wants fatter chunks sooner. 65K LayerNorm split 8,192 x 4 84.2 (4,096 x 4: 71.9); 262K split
-# 16,384 x 8: RMSNorm 74.8, LayerNorm 70.8 (4,096 x 4: 67.7 / 52.5).
+def _pipe(n: int, chunk: int, warps: int, reload: bool = False) -> RowConfig:
+    chunks = triton.cdiv(n, chunk)
+    return RowConfig("pipe", chunk, 1, warps, chunks, reload) if chunks <= SPLIT_MAX_CHUNKS else row_config(n)
+
+
+# Past 32K the ``pipe`` mode: the split exchange with the wait deferred by one row (a program
+# publishes row r and then finishes row r - n_groups, whose statistics are already there), so the
+# exchange latency leaves the critical path; each program holds three rows' chunks. H100, bf16,
+# M*N = 2^27, % of copy (benchmarks/NOTES.md, 2026-11-22):
+#   norm forward   262K RMSNorm 8,192 x 4 94.7 (split 16,384 x 8: 75.7); LayerNorm 8,192 x 4 with the
+#                  weight and bias re-read every row 88.7 (held in registers 75.5, split 70.6);
+#                  add+RMSNorm 97.0 (90.6). 65K: RMSNorm 8,192 x 4 re-read 92.8 (split 4,096 x 4
+#                  90.0), LayerNorm 4,096 x 4 re-read 84.2 (split 8,192 x 4 84.1).
+#   norm backward  65K 2,048 x 4: RMSNorm 82.8, LayerNorm 77.5 (split 4,096 x 4: 76.2 / 64.1);
+#                  262K 8,192 x 8: 84.3 / 75.2 (the two-pass loop: 57.3 / 52.6). At 32K the split
+#                  stays (83.3 / 69.3; pipe 82.4 / 69.9).
+#   softmax        262K forward 8,192 x 4 89.5 / 92.2 (softmax / log-softmax; split 80.6 / 88.8),
+#                  backward 8,192 x 8 95.3 / 87.7 (split 16,384 x 8 90.2 / 81.0). At 65K the split
+#                  4,096 x 4 stays (93.8 / 96.9, pipe <= 89.7 forward).
+# Some pipe shapes misbehave badly (softmax backward 8,192 x 4: 45% at 262K, 3% at 65K, repeatably),
+# so only measured shapes are used.
 @functools.lru_cache(maxsize=4096)
 def norm_fwd_config(n: int, layer: bool) -> RowConfig:
     """The norm forward's path for rows of ``n`` (LayerNorm if ``layer``, else RMSNorm)."""
@@ -99,23 +121,31 @@ def norm_fwd_config(n: int, layer: bool) -> RowConfig:
     if wide is not None:
         return wide
     if n > 16 * CHUNK:
-        return _split_or_row(n, 4 * CHUNK, 8)
-    return _split_or_row(n, 2 * CHUNK, SPLIT_WARPS) if layer else row_config(n)
+        return _pipe(n, 2 * CHUNK, SPLIT_WARPS, reload=layer)
+    return _pipe(n, CHUNK, SPLIT_WARPS, reload=True) if layer else _pipe(n, 2 * CHUNK, SPLIT_WARPS, reload=True)
 
 
-# Softmax and log-softmax (ops/softmax.py) past 32K: at 262K fatter split chunks. Forward split
-# 8,192 x 4 84.0 / 81.6 (softmax / log-softmax; 4,096 x 4: 76.0 / 54.0), backward 16,384 x 8 90.8 /
-# 80.0 (84.4 / 77.8). At 65K the 4,096 x 4 split stays (92-97%).
 @functools.lru_cache(maxsize=4096)
 def softmax_config(n: int, backward: bool) -> RowConfig:
-    """The softmax forward's (or backward's) path for rows of ``n``; also the amax backward's,
-    which like the softmax forward holds one array a row."""
+    """The softmax forward's (or backward's) path for rows of ``n``."""
     wide = _wide_row(n)
     if wide is not None:
         return wide
     if n <= 16 * CHUNK:
         return row_config(n)
-    return _split_or_row(n, 4 * CHUNK, 8) if backward else _split_or_row(n, 2 * CHUNK, SPLIT_WARPS)
+    return _pipe(n, 2 * CHUNK, 8) if backward else _pipe(n, 2 * CHUNK, SPLIT_WARPS)
+
+
+# The amax backward holds one array a row, as the softmax forward, and shares its block paths; past
+# 32K it has a split kernel only (8,192 x 4 at 262K: 84% of copy, benchmarks/NOTES.md).
+@functools.lru_cache(maxsize=4096)
+def amax_bwd_config(n: int) -> RowConfig:
+    wide = _wide_row(n)
+    if wide is not None:
+        return wide
+    if n <= 16 * CHUNK:
+        return row_config(n)
+    return _split_or_row(n, 2 * CHUNK, SPLIT_WARPS)
 
 
 # Cross-entropy (ops/cross_entropy.py): a vocabulary row of V logits. On the GPU the split path
@@ -301,27 +331,29 @@ NORM_BWD_BLOCK_MAX = 8192
 NORM_BWD_TILE = {False: 4096, True: 8192}    # elements a program holds: RMSNorm, LayerNorm
 NORM_BWD_ELEMS_PER_THREAD = 16
 GRAD_PROGRAMS_PER_SM = 2   # programs per SM a weight-gradient grid aims for
-# The split backward waits on the slowest of C programs every row; H200, bf16: at C = 8 and 16
-# (N = 32K, 65K) it beat the two-pass loop (RMSNorm 54 -> 59-61%, add+RMSNorm 60 -> 72% of copy),
-# at C = 64 (N = 262K) it lost (56 -> 40%). Past 16 chunks the loop path is kept.
-NORM_BWD_SPLIT_MAX_CHUNKS = 16
+# Longer rows on a GPU: the split exchange to 32K (C = 8), the pipe mode past it (see above: the
+# split backward waited on the slowest of C programs every row, and at C = 64 lost to the two-pass
+# loop; with the wait deferred a row, 262K runs at 75-84% of copy against the loop's 53-57%).
 
 
 @functools.lru_cache(maxsize=4096)
 def norm_bwd_config(n: int, layer: bool) -> RowConfig:
     """The norm backward's path for rows of ``n`` (LayerNorm if ``layer``, else RMSNorm):
-    ``block`` (whole rows, one pass over x and dy), ``split`` (longer rows on a GPU: C programs a
-    row exchange the row sums, still one pass) or ``loop`` (row statistics first, then
-    4,096-column tiles: two passes; the interpreter's path)."""
+    ``block`` (whole rows, one pass over x and dy), ``split``/``pipe`` (longer rows on a GPU: C
+    programs a row exchange the row sums, still one pass) or ``loop`` (row statistics first, then
+    4,096-column tiles: two passes; the interpreter's path, and rows past the pipe's reach)."""
     block = triton.next_power_of_2(n)
     if block <= (NORM_BWD_BLOCK_MAX // 2 if layer else NORM_BWD_BLOCK_MAX):
         rows = max(1, min(64, NORM_BWD_TILE[layer] // block))
         warps = max(4, min(16, block * rows // (32 * NORM_BWD_ELEMS_PER_THREAD)))
         return RowConfig("block", block, rows, warps)
-    chunks = triton.cdiv(n, CHUNK)
-    if not interpreting() and chunks <= NORM_BWD_SPLIT_MAX_CHUNKS:
-        return RowConfig("split", CHUNK, 1, SPLIT_WARPS, chunks)
-    return RowConfig("loop", 4096, 1, 16)
+    if interpreting():
+        return RowConfig("loop", 4096, 1, 16)
+    if n <= 8 * CHUNK:
+        return RowConfig("split", CHUNK, 1, SPLIT_WARPS, triton.cdiv(n, CHUNK))
+    if n <= 32 * CHUNK:
+        return _pipe(n, CHUNK // 2, SPLIT_WARPS)
+    return _pipe(n, 2 * CHUNK, 8, reload=layer)
 
 
 @functools.lru_cache(maxsize=4096)
