@@ -23,6 +23,7 @@ import triton.language as tl
 
 from ..runtime import interpreting
 from ..runtime.heuristics import RowConfig, persistent_grid, resident_programs
+from ..runtime.launch import run
 
 
 def as_rows(t: torch.Tensor) -> torch.Tensor:
@@ -114,5 +115,5 @@ def split_launch(kernel, m: int, cfg: RowConfig, device: torch.device, args, **c
         resident = _RESIDENT[key] = resident_programs(compiled, cfg.num_warps)
     grid = persistent_grid(m * c, c, resident)
     groups = grid // c
-    kernel[(grid,)](*(probe if groups == 1 else make(groups)), stats, c, groups, CP=cp,
-                    num_warps=cfg.num_warps, **constexprs)
+    run(kernel, (grid,), (*(probe if groups == 1 else make(groups)), stats, c, groups),
+        CP=cp, num_warps=cfg.num_warps, **constexprs)

@@ -56,6 +56,7 @@ from ..runtime import new_empty
 from ..runtime.checks import check_same, check_tensor
 from ..runtime.heuristics import FLAT_BLOCK, FLAT_WARPS, tile_config
 from ..runtime.registry import Op
+from ..runtime.launch import run
 from ._rows import as_rows
 
 SILU, GELU, GELU_TANH = 0, 1, 2
@@ -216,12 +217,13 @@ def _glu_fwd(gate: torch.Tensor, up: torch.Tensor | None, act: int) -> torch.Ten
     if m == 0:
         return y.view(out_shape)
     if up is not None and _flat(gate, up):
-        _glu_fwd_flat_kernel[(triton.cdiv(m * n, FLAT_BLOCK),)](
-            gate, up, y, m * n, ACT=act, BLOCK=FLAT_BLOCK, num_warps=FLAT_WARPS)
+        run(_glu_fwd_flat_kernel, (triton.cdiv(m * n, FLAT_BLOCK),),
+            (gate, up, y, m * n),
+            ACT=act, BLOCK=FLAT_BLOCK, num_warps=FLAT_WARPS)
         return y.view(out_shape)
     bm, bn, warps = tile_config(n)
-    _glu_fwd_tile_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
-        g2, u2, y, m, n, g2.stride(0), u2.stride(0), y.stride(0),
+    run(_glu_fwd_tile_kernel, (triton.cdiv(m, bm), triton.cdiv(n, bn)),
+        (g2, u2, y, m, n, g2.stride(0), u2.stride(0), y.stride(0)),
         ACT=act, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
     return y.view(out_shape)
 
@@ -242,13 +244,13 @@ def _glu_bwd(gate: torch.Tensor, up: torch.Tensor | None, dy: torch.Tensor, act:
     if m == 0:
         return grad.view(shape)
     if up is not None and _flat(gate, up, dy):
-        _glu_bwd_flat_kernel[(triton.cdiv(m * n, FLAT_BLOCK),)](
-            gate, up, dy, dg, du, m * n, ACT=act, BLOCK=FLAT_BLOCK, num_warps=FLAT_WARPS)
+        run(_glu_bwd_flat_kernel, (triton.cdiv(m * n, FLAT_BLOCK),),
+            (gate, up, dy, dg, du, m * n),
+            ACT=act, BLOCK=FLAT_BLOCK, num_warps=FLAT_WARPS)
         return grad.view(shape)
     bm, bn, warps = tile_config(n)
-    _glu_bwd_tile_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
-        g2, u2, dy2, dg, du, m, n,
-        g2.stride(0), u2.stride(0), dy2.stride(0), dg.stride(0), du.stride(0),
+    run(_glu_bwd_tile_kernel, (triton.cdiv(m, bm), triton.cdiv(n, bn)),
+        (g2, u2, dy2, dg, du, m, n, g2.stride(0), u2.stride(0), dy2.stride(0), dg.stride(0), du.stride(0)),
         ACT=act, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps)
     return grad.view(shape)
 

@@ -45,6 +45,7 @@ from ..runtime import new_empty
 from ..runtime.checks import check_backend, check_same, check_tensor
 from ..runtime.heuristics import FLAT_BLOCK, FLAT_WARPS
 from ..runtime.registry import Op
+from ..runtime.launch import run
 
 NAIVE_BLOCK = 128      # elements per program of the naive variant
 NAIVE_WARPS = 4        # 128 threads: one element each
@@ -108,7 +109,9 @@ def _add_launch(kernel, block: int, warps: int, x: torch.Tensor, y: torch.Tensor
     out = new_empty(x.shape, device=x.device, dtype=x.dtype)
     n = x.numel()
     if n > 0:
-        kernel[(triton.cdiv(n, block),)](_flat(x), _flat(y), out.view(-1), n, alpha, BLOCK=block, num_warps=warps)
+        run(kernel, (triton.cdiv(n, block),),
+            (_flat(x), _flat(y), out.view(-1), n, alpha),
+            BLOCK=block, num_warps=warps)
     return out
 
 

@@ -69,6 +69,7 @@ from ..runtime import new_empty
 from ..runtime.checks import check_normalized_shape, check_same, check_tensor, check_weight
 from ..runtime.heuristics import grad_grid, norm_bwd_config, norm_fwd_config
 from ..runtime.registry import Op
+from ..runtime.launch import run
 from ._rows import as_rows, gather_row_stats, publish_row_stats, split_launch
 
 CASTING_MODES = ("gemma", "llama")
@@ -616,13 +617,13 @@ def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, l
         flags = dict(RMS=rms, HAS_W=weight is not None, HAS_B=bias is not None,
                      HAS_RES=residual is not None, LLAMA=llama)
         if cfg.mode == "block":
-            _norm_fwd_block_kernel[(triton.cdiv(m, cfg.rows),)](
-                *args, **flags, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+            run(_norm_fwd_block_kernel, (triton.cdiv(m, cfg.rows),), args,
+                **flags, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
         elif cfg.mode == "pipe":
             split_launch(_norm_fwd_pipe_kernel, m, cfg, x.device, args, **flags, RELOAD=cfg.reload,
                          BLOCK_N=cfg.block_n)
         else:
-            _norm_fwd_loop_kernel[(m,)](*args, **flags, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+            run(_norm_fwd_loop_kernel, (m,), args, **flags, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     return y.view(x.shape), (None if h is None else h.view(x.shape)), mean, rstd
 
 
@@ -665,17 +666,16 @@ def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: 
     c = rstd
     if not full_row:
         c = new_empty((m, 2), device=x.device, dtype=torch.float32)
-        _norm_bwd_stats_kernel[(m,)](
-            dy2, x2, x2 if weight is None else weight, rstd if mean is None else mean, rstd, c,
-            m, n, dy2.stride(0), x2.stride(0), float(offset),
+        run(_norm_bwd_stats_kernel, (m,),
+            (dy2, x2, x2 if weight is None else weight, rstd if mean is None else mean, rstd, c, m, n,
+             dy2.stride(0), x2.stride(0), float(offset)),
             RMS=rms, HAS_W=has_w, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
-    _norm_bwd_kernel[(groups, col_tiles)](
-        dy2, x2, dy2 if ds2 is None else ds2, x2 if weight is None else weight,
-        rstd if mean is None else mean, rstd, c, dx,
-        dx if dw is None else dw, dx if db is None else db,
-        m, n, dy2.stride(0), x2.stride(0), 0 if ds2 is None else ds2.stride(0), dx.stride(0),
-        rows_per_prog, float(offset), **flags,
-        FULL_ROW=full_row, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+    run(_norm_bwd_kernel, (groups, col_tiles),
+        (dy2, x2, dy2 if ds2 is None else ds2, x2 if weight is None else weight,
+         rstd if mean is None else mean, rstd, c, dx, dx if dw is None else dw, dx if db is None else db, m,
+         n, dy2.stride(0), x2.stride(0), 0 if ds2 is None else ds2.stride(0), dx.stride(0), rows_per_prog,
+         float(offset)),
+        **flags, FULL_ROW=full_row, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     # fixed-order reduction over the G partial rows: deterministic
     return (dx.view(x.shape), None if dw is None else dw.sum(0), None if db is None else db.sum(0))
 

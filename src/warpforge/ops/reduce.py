@@ -45,6 +45,7 @@ from ..runtime import new_empty
 from ..runtime.checks import FLOAT_DTYPES, check_backend, check_tensor, normalize_dim
 from ..runtime.heuristics import BLOCK_MAX, REDUCE_CHUNK, amax_bwd_config, row_config, warps_for
 from ..runtime.registry import Op
+from ..runtime.launch import run
 from ._rows import as_rows, gather_row_stats, publish_row_stats, split_launch
 
 
@@ -205,13 +206,15 @@ def _reduce_rows(x2: torch.Tensor, out_dtype: torch.dtype, is_max: bool) -> torc
     if n > BLOCK_MAX:
         c = triton.cdiv(n, REDUCE_CHUNK)
         part = torch.empty((m, c), device=x2.device, dtype=torch.float32)   # every entry written
-        _reduce_fwd_partial_kernel[(m * c,)](
-            x2, part, n, x2.stride(0), c, MAX=is_max, BLOCK_N=REDUCE_CHUNK, num_warps=warps_for(REDUCE_CHUNK))
+        run(_reduce_fwd_partial_kernel, (m * c,),
+            (x2, part, n, x2.stride(0), c),
+            MAX=is_max, BLOCK_N=REDUCE_CHUNK, num_warps=warps_for(REDUCE_CHUNK))
         return _reduce_rows(part, out_dtype, is_max)                         # fixed order: deterministic
     y = new_empty((m,), device=x2.device, dtype=out_dtype)
     cfg = row_config(n)
-    _reduce_fwd_block_kernel[(triton.cdiv(m, cfg.rows),)](
-        x2, y, m, n, x2.stride(0), MAX=is_max, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+    run(_reduce_fwd_block_kernel, (triton.cdiv(m, cfg.rows),),
+        (x2, y, m, n, x2.stride(0)),
+        MAX=is_max, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     return y
 
 
@@ -233,18 +236,21 @@ def _amax_bwd(x: torch.Tensor, y: torch.Tensor, dy: torch.Tensor) -> torch.Tenso
     args = (x2, y1, dy1, dx, m, n, x2.stride(0), dy1.stride(0), dx.stride(0))
     cfg = amax_bwd_config(n)
     if cfg.mode == "block":
-        _amax_bwd_block_kernel[(triton.cdiv(m, cfg.rows),)](
-            *args, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+        run(_amax_bwd_block_kernel, (triton.cdiv(m, cfg.rows),), args,
+            ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     elif cfg.mode == "split":
         split_launch(_amax_bwd_split_kernel, m, cfg, x.device, args, BLOCK_N=cfg.block_n)
     else:
         c = triton.cdiv(n, REDUCE_CHUNK)
         warps = warps_for(REDUCE_CHUNK)
         part = torch.empty((m, c), device=x.device, dtype=torch.float32)
-        _amax_bwd_count_kernel[(m * c,)](x2, y1, part, n, x2.stride(0), c, BLOCK_N=REDUCE_CHUNK, num_warps=warps)
+        run(_amax_bwd_count_kernel, (m * c,),
+            (x2, y1, part, n, x2.stride(0), c),
+            BLOCK_N=REDUCE_CHUNK, num_warps=warps)
         count = _reduce_rows(part, torch.float32, False)
-        _amax_bwd_scatter_kernel[(m * c,)](
-            x2, y1, count, dy1, dx, n, x2.stride(0), dy1.stride(0), dx.stride(0), c, BLOCK_N=REDUCE_CHUNK, num_warps=warps)
+        run(_amax_bwd_scatter_kernel, (m * c,),
+            (x2, y1, count, dy1, dx, n, x2.stride(0), dy1.stride(0), dx.stride(0), c),
+            BLOCK_N=REDUCE_CHUNK, num_warps=warps)
     return dx.view(x.shape)
 
 

@@ -62,6 +62,7 @@ from ..runtime import new_empty, unit_last_dim
 from ..runtime.checks import check_same, check_tensor
 from ..runtime.heuristics import rope_config
 from ..runtime.registry import Op
+from ..runtime.launch import run
 
 CHECK_POSITIONS = True      # eager host check of position ids (costs one sync per call)
 
@@ -263,18 +264,14 @@ def _rope_launch(q, k, cos, sin, position_ids, offset: int, interleaved: bool, b
     cfg = rope_config(bsz, s, hq, hk, d)
     n_sblk = triton.cdiv(s, cfg.block_s)
     half = d // 2
-    _rope_kernel[(bsz * n_sblk, cfg.split)](
-        q, k, qo, ko, cos3, sin3, pos_args[0],
-        s, hq, hk, cos3.shape[1], offset, n_sblk, cfg.split,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        qo.stride(0), qo.stride(1), qo.stride(2), ko.stride(0), ko.stride(1), ko.stride(2),
-        bstride(cos3), cos3.stride(1), bstride(sin3), sin3.stride(1), pos_args[1], pos_args[2],
-        BLOCK_S=cfg.block_s, HEADS_Q=cfg.heads_q, HEADS_K=cfg.heads_k,
-        HALF=half, BLOCK_H=triton.next_power_of_2(half),
-        INTERLEAVED=interleaved, HALF_TABLE=cos3.shape[-1] != d,
-        HAS_POS=position_ids is not None, BACKWARD=backward,
-        num_warps=cfg.num_warps,
-    )
+    run(_rope_kernel, (bsz * n_sblk, cfg.split),
+        (q, k, qo, ko, cos3, sin3, pos_args[0], s, hq, hk, cos3.shape[1], offset, n_sblk, cfg.split,
+         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), qo.stride(0),
+         qo.stride(1), qo.stride(2), ko.stride(0), ko.stride(1), ko.stride(2), bstride(cos3), cos3.stride(1),
+         bstride(sin3), sin3.stride(1), pos_args[1], pos_args[2]),
+        BLOCK_S=cfg.block_s, HEADS_Q=cfg.heads_q, HEADS_K=cfg.heads_k, HALF=half,
+        BLOCK_H=triton.next_power_of_2(half), INTERLEAVED=interleaved, HALF_TABLE=cos3.shape[-1] != d,
+        HAS_POS=position_ids is not None, BACKWARD=backward, num_warps=cfg.num_warps)
     return qo, ko
 
 

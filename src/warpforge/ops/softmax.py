@@ -30,6 +30,7 @@ from ..runtime import new_empty
 from ..runtime.checks import check_backend, check_tensor, normalize_dim
 from ..runtime.heuristics import softmax_config
 from ..runtime.registry import Op
+from ..runtime.launch import run
 from ._rows import as_rows, exp_minus, gather_row_stats, online_finish, online_update, publish_row_stats, split_launch
 
 
@@ -303,13 +304,13 @@ def _softmax_fwd(x: torch.Tensor, log: bool) -> torch.Tensor:
     cfg = softmax_config(n, backward=False)
     args = (x2, y, m, n, x2.stride(0), y.stride(0))
     if cfg.mode == "block":
-        _softmax_fwd_block_kernel[(triton.cdiv(m, cfg.rows),)](
-            *args, LOG=log, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+        run(_softmax_fwd_block_kernel, (triton.cdiv(m, cfg.rows),), args,
+            LOG=log, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     elif cfg.mode in ("split", "pipe"):
         kernel = _softmax_fwd_pipe_kernel if cfg.mode == "pipe" else _softmax_fwd_split_kernel
         split_launch(kernel, m, cfg, x.device, args, LOG=log, BLOCK_N=cfg.block_n)
     else:
-        _softmax_fwd_loop_kernel[(m,)](*args, LOG=log, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+        run(_softmax_fwd_loop_kernel, (m,), args, LOG=log, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     return y.view(x.shape)
 
 
@@ -322,13 +323,13 @@ def _softmax_bwd(y: torch.Tensor, dy: torch.Tensor, log: bool) -> torch.Tensor:
     cfg = softmax_config(n, backward=True)
     args = (y2, dy2, dx, m, n, y2.stride(0), dy2.stride(0), dx.stride(0))
     if cfg.mode == "block":
-        _softmax_bwd_block_kernel[(triton.cdiv(m, cfg.rows),)](
-            *args, LOG=log, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+        run(_softmax_bwd_block_kernel, (triton.cdiv(m, cfg.rows),), args,
+            LOG=log, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     elif cfg.mode in ("split", "pipe"):
         kernel = _softmax_bwd_pipe_kernel if cfg.mode == "pipe" else _softmax_bwd_split_kernel
         split_launch(kernel, m, cfg, y.device, args, LOG=log, BLOCK_N=cfg.block_n)
     else:
-        _softmax_bwd_loop_kernel[(m,)](*args, LOG=log, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+        run(_softmax_bwd_loop_kernel, (m,), args, LOG=log, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     return dx.view(y.shape)
 
 

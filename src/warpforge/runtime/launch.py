@@ -31,15 +31,16 @@ class LaunchCache:
         self.kernel = kernel
         self.plans: dict = {}
 
-    def __call__(self, key, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int, num_stages: int):
+    def __call__(self, key, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int, num_stages: int | None):
         """Launch ``kernel[grid](*args, **constexprs)``. ``args`` are the runtime arguments in
         signature order; the constexprs are the parameters after them."""
+        opts = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
         if _BYPASS or interpreting() or key is None:
-            self.kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+            self.kernel[grid](*args, **constexprs, **opts)
             return
         plan = self.plans.get(key)
         if plan is None:
-            compiled = self.kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+            compiled = self.kernel[grid](*args, **constexprs, **opts)
             names = self.kernel.arg_names[len(args):]
             plan = (compiled, tuple(constexprs[n] for n in names))
             self.plans[key] = plan
@@ -47,15 +48,30 @@ class LaunchCache:
         compiled, tail = plan
         launch(compiled, grid, (*args, *tail))
 
-    def specialized(self, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int, num_stages: int):
+    def specialized(self, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int, num_stages: int | None):
         """Launch with the plan key the JIT itself would use: :func:`spec_key` of the runtime
-        arguments, the constexprs and the launch shape."""
-        key = (spec_key(args), tuple(constexprs.items()), num_warps, num_stages)
+        arguments, the constexprs, the launch shape and the current device (the JIT compiles and
+        loads a kernel per device). ``num_stages=None``: the JIT's default."""
+        key = None if _BYPASS or interpreting() else (
+            torch._C._cuda_getDevice(), spec_key(args), tuple(constexprs.items()), num_warps, num_stages)
         self(key, grid, args, constexprs, num_warps=num_warps, num_stages=num_stages)
 
     def get(self, key):
         """(compiled kernel, constexpr values) recorded for ``key``, or None."""
         return self.plans.get(key)
+
+
+_CACHES: dict = {}
+
+
+def run(kernel, grid: tuple, args: tuple, *, num_warps: int, num_stages: int | None = None, **constexprs) -> None:
+    """``kernel[grid](*args, **constexprs, num_warps=...)`` without the JIT's per-call work after
+    the first call of each specialisation (:meth:`LaunchCache.specialized`): what the row-wise and
+    elementwise ops use, whose small calls are host-bound."""
+    cache = _CACHES.get(kernel)
+    if cache is None:
+        cache = _CACHES[kernel] = LaunchCache(kernel)
+    cache.specialized(grid, args, constexprs, num_warps=num_warps, num_stages=num_stages)
 
 
 def launch(compiled, grid: tuple, values: tuple) -> None:
