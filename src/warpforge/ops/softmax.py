@@ -71,6 +71,15 @@ def _softmax_fwd_block_kernel(
 
 
 @triton.jit
+def _row_max_sum(stats_ptr, row, C, CP: tl.constexpr):
+    """Wait for every chunk's (max, sum of exp) of ``row`` and combine them with the online-softmax
+    rescale: the row's max M and S = sum_c s_c * exp(m_c - M)."""
+    ms, ss, valid = gather_row_stats(stats_ptr, row, C, CP)
+    m = tl.max(tl.where(valid, ms, -float("inf")), axis=0)
+    return m, tl.sum(tl.where(valid, ss * tl.exp(ms - m), 0.0), axis=0)
+
+
+@triton.jit
 def _softmax_fwd_split_kernel(
     x_ptr, y_ptr, M, N, stride_x, stride_y,
     stats_ptr,                 # (M, C, 2) int32 exchange workspace, filled with the sentinel
@@ -92,9 +101,7 @@ def _softmax_fwd_split_kernel(
         m_c = tl.where(m_c == -float("inf"), 0.0, m_c)
         e = exp_minus(xf, m_c)
         publish_row_stats(stats_ptr, row, chunk, C, m_c, tl.sum(e, axis=0))
-        ms, ss, valid = gather_row_stats(stats_ptr, row, C, CP)
-        m = tl.max(tl.where(valid, ms, -float("inf")), axis=0)
-        s = tl.sum(tl.where(valid, ss * tl.exp(ms - m), 0.0), axis=0)
+        m, s = _row_max_sum(stats_ptr, row, C, CP)
         if LOG:
             y = xf - m - tl.log(s)
         else:
@@ -129,9 +136,7 @@ def _softmax_fwd_pipe_kernel(
         prev = row - n_groups
         if prev >= first:
             pf = xp.to(tl.float32)
-            ms, ss, valid = gather_row_stats(stats_ptr, prev, C, CP)
-            m = tl.max(tl.where(valid, ms, -float("inf")), axis=0)
-            s = tl.sum(tl.where(valid, ss * tl.exp(ms - m), 0.0), axis=0)
+            m, s = _row_max_sum(stats_ptr, prev, C, CP)
             if LOG:
                 y = pf - m - tl.log(s)
             else:
