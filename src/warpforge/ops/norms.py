@@ -377,6 +377,41 @@ def _norm_bwd_finish(g, x_hat, dy, c1, c2, rstd, dx_ptrs, ds_ptrs, mask, dw_acc,
 
 
 @triton.jit
+def _norm_bwd_terms(xf, dyf, w, row, mean_ptr, rstd_ptr, mask, RMS: tl.constexpr, HAS_W: tl.constexpr):
+    """One row's chunk of the exchange backward: (x_hat, g = dy * w, rstd) from its fp32 x and dy
+    and the saved statistics (``w``: the weight chunk, offset applied; unused without HAS_W)."""
+    rstd = tl.load(rstd_ptr + row)
+    if RMS:
+        x_hat = xf * rstd
+    else:
+        x_hat = tl.where(mask, (xf - tl.load(mean_ptr + row)) * rstd, 0.0)
+    g = dyf * w if HAS_W else dyf
+    return x_hat, g, rstd
+
+
+@triton.jit
+def _norm_bwd_publish(stats_ptr, row, chunk, C, g, x_hat, RMS: tl.constexpr):
+    """Publish this chunk's sum of g * x_hat (and, for LayerNorm, of g)."""
+    s1 = tl.sum(g * x_hat, axis=0)
+    if RMS:
+        publish_row_stats(stats_ptr, row, chunk, C, s1, s1)   # one statistic; slot 2 unused
+    else:
+        publish_row_stats(stats_ptr, row, chunk, C, s1, tl.sum(g, axis=0))
+
+
+@triton.jit
+def _norm_bwd_row_means(stats_ptr, row, C, N, CP: tl.constexpr, RMS: tl.constexpr):
+    """Wait for every chunk of ``row`` and return c1 = mean(g * x_hat) and c2 = mean(g) (c1 again
+    for RMSNorm, which has no mean(g) term)."""
+    a, b_stat, valid = gather_row_stats(stats_ptr, row, C, CP)
+    c1 = tl.sum(a, axis=0) / N
+    c2 = c1
+    if not RMS:
+        c2 = tl.sum(b_stat, axis=0) / N
+    return c1, c2
+
+
+@triton.jit
 def _norm_bwd_split_kernel(
     dy_ptr, x_ptr, dsum_ptr,   # (M, N) incoming gradient, saved input, gradient of x + residual
     w_ptr, mean_ptr, rstd_ptr,  # (N,) weight (HAS_W); (M,) fp32 saved statistics
@@ -411,22 +446,9 @@ def _norm_bwd_split_kernel(
         live = mask & (nxt < M)
         x = tl.load(x_ptr + tl.cast(nxt, tl.int64) * stride_x + cols, mask=live, other=0.0)
         dy = tl.load(dy_ptr + tl.cast(nxt, tl.int64) * stride_dy + cols, mask=live, other=0.0)
-        rstd = tl.load(rstd_ptr + row)
-        if RMS:
-            x_hat = xf * rstd
-        else:
-            x_hat = tl.where(mask, (xf - tl.load(mean_ptr + row)) * rstd, 0.0)
-        g = dyf * w if HAS_W else dyf
-        s1 = tl.sum(g * x_hat, axis=0)
-        if RMS:
-            publish_row_stats(stats_ptr, row, chunk, C, s1, s1)   # one statistic; slot 2 unused
-        else:
-            publish_row_stats(stats_ptr, row, chunk, C, s1, tl.sum(g, axis=0))
-        a, b_stat, valid = gather_row_stats(stats_ptr, row, C, CP)
-        c1 = tl.sum(a, axis=0) / N
-        c2 = c1                                         # RMSNorm has no mean(g) term
-        if not RMS:
-            c2 = tl.sum(b_stat, axis=0) / N
+        x_hat, g, rstd = _norm_bwd_terms(xf, dyf, w if HAS_W else dyf, row, mean_ptr, rstd_ptr, mask, RMS, HAS_W)
+        _norm_bwd_publish(stats_ptr, row, chunk, C, g, x_hat, RMS)
+        c1, c2 = _norm_bwd_row_means(stats_ptr, row, C, N, CP, RMS)
         dw_acc, db_acc = _norm_bwd_finish(
             g, x_hat, dyf, c1, c2, rstd,
             dx_ptr + r * stride_dx + cols, dsum_ptr + r * stride_ds + cols, mask, dw_acc, db_acc, x_ptr,
@@ -477,33 +499,15 @@ def _norm_bwd_pipe_kernel(
         if HAS_W and RELOAD:      # re-read every row (an L1/L2 hit): frees a register an element
             w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + offset
         if here:
-            rstd = tl.load(rstd_ptr + row)
-            if RMS:
-                x_hat = xf * rstd
-            else:
-                x_hat = tl.where(mask, (xf - tl.load(mean_ptr + row)) * rstd, 0.0)
-            g = dyf * w if HAS_W else dyf
-            s1 = tl.sum(g * x_hat, axis=0)
-            if RMS:
-                publish_row_stats(stats_ptr, row, chunk, C, s1, s1)
-            else:
-                publish_row_stats(stats_ptr, row, chunk, C, s1, tl.sum(g, axis=0))
+            x_hat, g, rstd = _norm_bwd_terms(xf, dyf, w if HAS_W else dyf, row, mean_ptr, rstd_ptr, mask, RMS, HAS_W)
+            _norm_bwd_publish(stats_ptr, row, chunk, C, g, x_hat, RMS)
         prev = row - n_groups
         if prev >= group:
             r = tl.cast(prev, tl.int64)
             pxf = xp.to(tl.float32)
             pdy = dyp.to(tl.float32)
-            rstd = tl.load(rstd_ptr + prev)
-            if RMS:
-                x_hat = pxf * rstd
-            else:
-                x_hat = tl.where(mask, (pxf - tl.load(mean_ptr + prev)) * rstd, 0.0)
-            g = pdy * w if HAS_W else pdy
-            a, b_stat, valid = gather_row_stats(stats_ptr, prev, C, CP)
-            c1 = tl.sum(a, axis=0) / N
-            c2 = c1
-            if not RMS:
-                c2 = tl.sum(b_stat, axis=0) / N
+            x_hat, g, rstd = _norm_bwd_terms(pxf, pdy, w if HAS_W else pdy, prev, mean_ptr, rstd_ptr, mask, RMS, HAS_W)
+            c1, c2 = _norm_bwd_row_means(stats_ptr, prev, C, N, CP, RMS)
             dw_acc, db_acc = _norm_bwd_finish(
                 g, x_hat, pdy, c1, c2, rstd,
                 dx_ptr + r * stride_dx + cols, dsum_ptr + r * stride_ds + cols, mask, dw_acc, db_acc, x_ptr,

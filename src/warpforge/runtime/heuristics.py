@@ -88,14 +88,11 @@ def _wide_row(n: int) -> RowConfig | None:
     return RowConfig("block", block, 1, WIDE_WARPS) if block <= WIDE_BLOCK_MAX else None
 
 
-def _split_or_row(n: int, chunk: int, warps: int) -> RowConfig:
+def _exchange_or_row(mode: str, n: int, chunk: int, warps: int, reload: bool = False) -> RowConfig:
+    """A ``split`` or ``pipe`` config of ``chunk``-column programs, or ``row_config(n)`` past
+    SPLIT_MAX_CHUNKS chunks a row."""
     chunks = triton.cdiv(n, chunk)
-    return RowConfig("split", chunk, 1, warps, chunks) if chunks <= SPLIT_MAX_CHUNKS else row_config(n)
-
-
-def _pipe(n: int, chunk: int, warps: int, reload: bool = False) -> RowConfig:
-    chunks = triton.cdiv(n, chunk)
-    return RowConfig("pipe", chunk, 1, warps, chunks, reload) if chunks <= SPLIT_MAX_CHUNKS else row_config(n)
+    return RowConfig(mode, chunk, 1, warps, chunks, reload) if chunks <= SPLIT_MAX_CHUNKS else row_config(n)
 
 
 # Past 32K the ``pipe`` mode: the split exchange with the wait deferred by one row (a program
@@ -121,8 +118,8 @@ def norm_fwd_config(n: int, layer: bool) -> RowConfig:
     if wide is not None:
         return wide
     if n > 16 * CHUNK:
-        return _pipe(n, 2 * CHUNK, SPLIT_WARPS, reload=layer)
-    return _pipe(n, CHUNK, SPLIT_WARPS, reload=True) if layer else _pipe(n, 2 * CHUNK, SPLIT_WARPS, reload=True)
+        return _exchange_or_row("pipe", n, 2 * CHUNK, SPLIT_WARPS, reload=layer)
+    return _exchange_or_row("pipe", n, CHUNK if layer else 2 * CHUNK, SPLIT_WARPS, reload=True)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -133,7 +130,7 @@ def softmax_config(n: int, backward: bool) -> RowConfig:
         return wide
     if n <= 16 * CHUNK:
         return row_config(n)
-    return _pipe(n, 2 * CHUNK, 8) if backward else _pipe(n, 2 * CHUNK, SPLIT_WARPS)
+    return _exchange_or_row("pipe", n, 2 * CHUNK, 8 if backward else SPLIT_WARPS)
 
 
 # The amax backward holds one array a row, as the softmax forward, and shares its block paths; past
@@ -145,7 +142,7 @@ def amax_bwd_config(n: int) -> RowConfig:
         return wide
     if n <= 16 * CHUNK:
         return row_config(n)
-    return _split_or_row(n, 2 * CHUNK, SPLIT_WARPS)
+    return _exchange_or_row("split", n, 2 * CHUNK, SPLIT_WARPS)
 
 
 # Cross-entropy (ops/cross_entropy.py): a vocabulary row of V logits. On the GPU the split path
@@ -350,10 +347,10 @@ def norm_bwd_config(n: int, layer: bool) -> RowConfig:
     if interpreting():
         return RowConfig("loop", 4096, 1, 16)
     if n <= 8 * CHUNK:
-        return RowConfig("split", CHUNK, 1, SPLIT_WARPS, triton.cdiv(n, CHUNK))
+        return _exchange_or_row("split", n, CHUNK, SPLIT_WARPS)
     if n <= 32 * CHUNK:
-        return _pipe(n, CHUNK // 2, SPLIT_WARPS)
-    return _pipe(n, 2 * CHUNK, 8, reload=layer)
+        return _exchange_or_row("pipe", n, CHUNK // 2, SPLIT_WARPS)
+    return _exchange_or_row("pipe", n, 2 * CHUNK, 8, reload=layer)
 
 
 @functools.lru_cache(maxsize=4096)
