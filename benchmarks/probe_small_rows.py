@@ -1,6 +1,6 @@
 """Device probe: host time of small-row calls (1 and 64 rows of 4,096, bf16): ours, every launch
-through Triton's JIT and through the launch plans of runtime/launch.py (alternating in one
-process), against eager PyTorch; per call of 400 back-to-back calls, the minimum of several rounds
+through Triton's JIT, through the launch plans of runtime/launch.py, and through the eager fast
+path of runtime/fastpath.py (alternating in one process), against eager PyTorch; per call of 400 back-to-back calls, the minimum of several rounds
 (the host is noisy). ``issue``: the host's time to issue one call; ``loop``: the wall clock per
 call with the GPU work included (the bench's ``host_us``). `--profile OP` prints a cProfile of
 that op's forward+backward.
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 import warpforge as wf
 from warpforge.bench.timing import host_us
-from warpforge.runtime import launch
+from warpforge.runtime import fastpath, launch
 
 BF16 = torch.bfloat16
 
@@ -64,15 +64,19 @@ def main():
     ap.add_argument("--profile", default=None)
     args = ap.parse_args()
     table = []
+    print("fast path:", "on" if fastpath.load() else fastpath.status())
+    fast = fastpath.lib
     for m in (int(v) for v in args.rows.split(",")):
         for name, who, what, fn in cases(m):
             grad = what != "fwd (no grad)"
-            runs = {"jit": [], "plan": []} if who == "ours" else {"eager": []}
+            runs = {"jit": [], "plan": [], "fast": []} if who == "ours" else {"eager": []}
             for _ in range(args.rounds):
                 for mode in runs:
                     launch._BYPASS = mode == "jit"
+                    fastpath.lib = fast if mode == "fast" else None
                     runs[mode].append(measure(fn, grad, 400))
             launch._BYPASS = False
+            fastpath.lib = fast
             for mode, vals in runs.items():
                 table.append((m, name, mode, what, min(v[0] for v in vals), min(v[1] for v in vals)))
     if args.profile:
@@ -90,14 +94,17 @@ def main():
         pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(25)
         print(s.getvalue()[:5000])
     print("\nhost us per call (min of the rounds), bf16 rows of 4,096: issue / loop (loop: GPU work included)")
-    print(f"{'rows':>4} {'op':<13} {'mode':<14} {'JIT launch':>13} {'launch plan':>13} {'eager':>13} {'plan/eager':>10}")
+    print(f"{'rows':>4} {'op':<13} {'mode':<14} {'JIT launch':>13} {'launch plan':>13} {'fast path':>13} "
+          f"{'eager':>13} {'fast/eager':>10}")
     by = {(m, n, who, what): (i, lp) for m, n, who, what, i, lp in table}
     for (m, n, who, what), (i, lp) in by.items():
         if who != "plan":
             continue
         ji, jl = by[(m, n, "jit", what)]
+        fi, fl = by[(m, n, "fast", what)]
         ei, el = by[(m, n, "eager", what)]
-        print(f"{m:4d} {n:<13} {what:<14} {ji:6.1f}/{jl:6.1f} {i:6.1f}/{lp:6.1f} {ei:6.1f}/{el:6.1f} {lp / el:10.2f}")
+        print(f"{m:4d} {n:<13} {what:<14} {ji:6.1f}/{jl:6.1f} {i:6.1f}/{lp:6.1f} {fi:6.1f}/{fl:6.1f} "
+              f"{ei:6.1f}/{el:6.1f} {fl / el:10.2f}")
 
 
 if __name__ == "__main__":

@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--refresh", action="store_true", help="re-measure the ceilings instead of reading the cache")
     c = sub.add_parser("build-cuda", help="build the CUDA C++ backend now (else it builds on first use)")
     c.add_argument("--verbose", action="store_true", help="show the compiler's output")
+    f = sub.add_parser("build-fastpath", help="build the eager fast path now (else it builds on the first eligible call)")
+    f.add_argument("--verbose", action="store_true", help="show the compiler's output")
     return p
 
 
@@ -64,6 +66,19 @@ def _cuda_status() -> str:
     if why is not None:
         return f"unavailable: {why}"
     return f"available (builds on first use, cached in {cuda.cache_dir()}; `warpforge build-cuda` builds now)"
+
+
+def _build_fastpath(args) -> int:
+    import time
+
+    from .runtime import fastpath
+
+    t = time.time()
+    if not fastpath.load(verbose=args.verbose):
+        print(f"warpforge: the eager fast path is {fastpath.status()}", file=sys.stderr)
+        return 1
+    print(f"eager fast path built and loaded in {time.time() - t:.1f} s")
+    return 0
 
 
 def _build_cuda(args) -> int:
@@ -106,6 +121,7 @@ def _info(args) -> int:
     import triton
 
     import warpforge
+    from .runtime import fastpath
 
     print(f"warpforge {getattr(warpforge, '__version__', '?')}")
     print(f"torch     {torch.__version__} (CUDA {torch.version.cuda or 'none'})")
@@ -116,12 +132,14 @@ def _info(args) -> int:
             how = "nowhere: no CUDA device and TRITON_INTERPRET is off"
         print(f"kernels   run under {how}; no CUDA device")
         print(f"cuda C++  {_cuda_status()}")
+        print(f"fastpath  {fastpath.status()}")
         return 0
     from .runtime.device import ceilings, device_info
 
     d = device_info()
     print(f"kernels   run on the GPU{' (but TRITON_INTERPRET=1 is set: interpreted)' if warpforge.interpreting() else ''}")
     print(f"cuda C++  {_cuda_status()}")
+    print(f"fastpath  {fastpath.status()}")
     print(f"device    {d.name}")
     print(f"  SMs                 {d.sm_count}")
     print(f"  L2                  {d.l2_bytes / 2**20:.0f} MiB")
@@ -154,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         return merge(args.inputs, args.out)
     if args.command == "build-cuda":
         return _build_cuda(args)
+    if args.command == "build-fastpath":
+        return _build_fastpath(args)
     return _info(args)
 
 

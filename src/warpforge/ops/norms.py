@@ -68,8 +68,11 @@ import triton.language as tl
 from ..runtime import new_empty
 from ..runtime.checks import check_normalized_shape, check_same, check_tensor, check_weight
 from ..runtime.heuristics import grad_grid, norm_bwd_config, norm_fwd_config
+from ..runtime import fastpath, registry
 from ..runtime.registry import Op
 from ..runtime.launch import run
+
+_is_compiling = torch.compiler.is_compiling
 from ._rows import as_rows, gather_row_stats, publish_row_stats, split_launch
 
 CASTING_MODES = ("gemma", "llama")
@@ -845,6 +848,12 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | Non
     """Drop-in for ``torch.nn.functional.layer_norm`` normalising over the last dimension only
     (``normalized_shape`` must be ``(input.shape[-1],)``). ``weight`` and ``bias`` are optional,
     independently, and may be fp32 or the input's dtype; the output has the input's dtype."""
+    # the eager fast path (runtime/fastpath.py): None when it does not take the call
+    if (fastpath.lib is not None and registry.FAST_EAGER and type(input) is torch.Tensor
+            and not _is_compiling()):
+        out = fastpath.lib.layer_norm(input, normalized_shape, weight, bias, eps)
+        if out is not None:
+            return out
     check_tensor("input", input)
     n = check_normalized_shape(normalized_shape, input)
     if weight is not None:
@@ -868,6 +877,11 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None 
     passes gradients straight through, as autograd through ``.to(dtype)`` does); in "llama" mode
     dw uses the rounded x_hat that the forward multiplied by w.
     """
+    if (fastpath.lib is not None and registry.FAST_EAGER and type(input) is torch.Tensor
+            and (casting_mode == "gemma" or casting_mode == "llama") and not _is_compiling()):
+        out = fastpath.lib.rms_norm(input, normalized_shape, weight, eps, offset, casting_mode == "llama")
+        if out is not None:
+            return out
     check_tensor("input", input)
     n = check_normalized_shape(normalized_shape, input)
     if weight is not None:
@@ -885,6 +899,11 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     that reads x and residual once. ``h`` is rounded before it is normalised, so ``normed``
     equals ``rms_norm(x + residual)`` computed in the input dtype. Maths as ``rms_norm`` with
     ``casting_mode="gemma"``."""
+    if (fastpath.lib is not None and registry.FAST_EAGER and type(x) is torch.Tensor
+            and type(residual) is torch.Tensor and not _is_compiling()):
+        out = fastpath.lib.add_rms_norm(x, residual, weight, eps, offset)
+        if out is not None:
+            return out
     check_tensor("x", x)
     check_tensor("residual", residual)
     check_same("residual", residual, "x", x)

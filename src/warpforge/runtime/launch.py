@@ -19,7 +19,7 @@ import os
 import torch
 from triton import knobs
 
-from . import interpreting
+from . import fastpath, interpreting
 
 _BYPASS = os.environ.get("WARPFORGE_JIT_LAUNCH", "0") == "1"
 
@@ -32,21 +32,21 @@ class LaunchCache:
         self.plans: dict = {}
 
     def __call__(self, key, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int, num_stages: int | None):
-        """Launch ``kernel[grid](*args, **constexprs)``. ``args`` are the runtime arguments in
-        signature order; the constexprs are the parameters after them."""
+        """Launch ``kernel[grid](*args, **constexprs)`` and return the compiled kernel. ``args`` are
+        the runtime arguments in signature order; the constexprs are the parameters after them."""
         opts = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
         if _BYPASS or interpreting() or key is None:
-            self.kernel[grid](*args, **constexprs, **opts)
-            return
+            return self.kernel[grid](*args, **constexprs, **opts)
         plan = self.plans.get(key)
         if plan is None:
             compiled = self.kernel[grid](*args, **constexprs, **opts)
             names = self.kernel.arg_names[len(args):]
             plan = (compiled, tuple(constexprs[n] for n in names))
             self.plans[key] = plan
-            return
+            return compiled
         compiled, tail = plan
         launch(compiled, grid, (*args, *tail))
+        return compiled
 
     def specialized(self, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int, num_stages: int | None):
         """Launch with the plan key the JIT itself would use: :func:`spec_key` of the runtime
@@ -54,7 +54,7 @@ class LaunchCache:
         loads a kernel per device). ``num_stages=None``: the JIT's default."""
         key = None if _BYPASS or interpreting() else (
             torch._C._cuda_getDevice(), spec_key(args), tuple(constexprs.items()), num_warps, num_stages)
-        self(key, grid, args, constexprs, num_warps=num_warps, num_stages=num_stages)
+        return self(key, grid, args, constexprs, num_warps=num_warps, num_stages=num_stages)
 
     def get(self, key):
         """(compiled kernel, constexpr values) recorded for ``key``, or None."""
@@ -67,11 +67,14 @@ _CACHES: dict = {}
 def run(kernel, grid: tuple, args: tuple, *, num_warps: int, num_stages: int | None = None, **constexprs) -> None:
     """``kernel[grid](*args, **constexprs, num_warps=...)`` without the JIT's per-call work after
     the first call of each specialisation (:meth:`LaunchCache.specialized`): what the row-wise and
-    elementwise ops use, whose small calls are host-bound."""
+    elementwise ops use, whose small calls are host-bound. Launches of the kernels the eager fast
+    path knows are offered to it (runtime/fastpath.py)."""
     cache = _CACHES.get(kernel)
     if cache is None:
         cache = _CACHES[kernel] = LaunchCache(kernel)
-    cache.specialized(grid, args, constexprs, num_warps=num_warps, num_stages=num_stages)
+    compiled = cache.specialized(grid, args, constexprs, num_warps=num_warps, num_stages=num_stages)
+    if fastpath.ready and kernel.__name__ in fastpath.KERNELS:
+        fastpath.offer(kernel, args, constexprs, num_warps, compiled)
 
 
 def launch(compiled, grid: tuple, values: tuple) -> None:

@@ -1,0 +1,578 @@
+// The eager fast path: small calls of the row ops without Python in the loop.
+//
+// Why. A decode-sized call (1-64 rows) does ~3-5 us of GPU work, and eager PyTorch issues it in
+// 7-26 us. Our Python path -- argument checks, allocations, a Triton launch, an
+// autograd.Function -- took 32-95 us forward and 130-530 us forward+backward on an H100 host
+// (benchmarks/NOTES.md, item 23): the autograd engine alone hands a Python backward node to its
+// device thread and back for ~50 us. This file does what eager PyTorch does instead: a pybind11
+// function per op checks its arguments, allocates, launches, and records a C++ autograd node.
+//
+// What it launches. The same Triton kernels as the Python path, compiled by the same JIT. The
+// Python launcher (runtime/launch.py) *offers* every launch of the kernels named below: the
+// kernel's CUfunction handle, its launch shape, and the arguments it was launched with. This file
+// keys the handle by what Triton specialised the kernel on -- each tensor's dtype and 16-byte
+// alignment, each row-count argument's (== 1, % 16, 32-bit) class, and the value of every other
+// integer and of the op's flags -- and later launches it with cuLaunchKernel when a call produces
+// the same key. The tuning (rows a program, warps, block) is whatever Python chose for that key:
+// it is a function of the values in the key, so it is not repeated here. A call whose key was
+// never offered returns None, and Python runs it (and offers it): the first call of each shape
+// class is a Python call, every later one is not.
+//
+// Triton's kernel ABI (3.6, driver.py's launcher): one parameter per runtime argument in
+// signature order, except those specialised to constants (integers equal to 1, None), then two
+// scratch pointers (global and profile; null when the kernel needs none -- kernels that need
+// scratch are not taken).
+//
+// Both paths give the same bits: same kernels, same grids (the weight-gradient grid repeats
+// heuristics.grad_grid, three lines), same ATen reductions after them (tests/runtime/test_fastpath.py).
+#include <torch/extension.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace py = pybind11;
+using at::Tensor;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// The kernels this file launches, and what each is keyed on
+// ---------------------------------------------------------------------------------------------
+enum Kid { SOFTMAX_FWD, SOFTMAX_BWD, NORM_FWD, NORM_BWD, N_KIDS };
+
+struct KernelInfo {
+  const char* name;                 // the @triton.jit function's name
+  std::vector<int> free_ints;       // positions keyed by their Triton class (row counts), not value
+  std::vector<int> late_ints;       // free positions whose value depends on the tuning (see find_rows)
+  std::vector<const char*> flags;   // constexprs that select the op's semantics, in key order
+};
+
+const KernelInfo INFO[N_KIDS] = {
+    {"_softmax_fwd_block_kernel", {2}, {}, {"LOG"}},                                   // M
+    {"_softmax_bwd_block_kernel", {3}, {}, {"LOG"}},                                   // M
+    {"_norm_fwd_block_kernel", {8}, {}, {"RMS", "HAS_W", "HAS_B", "HAS_RES", "LLAMA"}},  // M
+    // M; rows per program group (a multiple of ROWS: the weight-gradient grid)
+    {"_norm_bwd_kernel", {10, 16}, {16}, {"RMS", "HAS_W", "HAS_B", "HAS_DSUM", "LLAMA", "FULL_ROW"}},
+};
+
+// One runtime argument, as the key and the launch see it.
+struct Arg {
+  char kind = 'n';   // 't' tensor, 'i' integer, 'f' float, 'n' None
+  int64_t i = 0;     // the integer, or the tensor's dtype
+  double f = 0;
+  uint64_t ptr = 0;
+};
+Arg T(const Tensor& t) {
+  Arg a;
+  a.kind = 't';
+  a.i = static_cast<int64_t>(t.scalar_type());
+  a.ptr = reinterpret_cast<uint64_t>(t.data_ptr());
+  return a;
+}
+Arg I(int64_t v) { Arg a; a.kind = 'i'; a.i = v; return a; }
+Arg F(double v) { Arg a; a.kind = 'f'; a.f = v; return a; }
+
+using Key = std::vector<int64_t>;
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    uint64_t h = 1469598103934665603ull;   // FNV-1a over the words
+    for (int64_t x : k) { h ^= static_cast<uint64_t>(x); h *= 1099511628211ull; }
+    return static_cast<size_t>(h);
+  }
+};
+
+// What Triton's JIT specialises an integer on: == 1 (it becomes a constant), % 16, 64 bits.
+int64_t int_class(int64_t v) {
+  return (v == 1 ? 1 : 0) | (v % 16 == 0 ? 2 : 0) | ((v < INT32_MIN || v > INT32_MAX) ? 4 : 0);
+}
+
+bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+// The key of a launch. ``with_late``: false gives the *tuning key*, which leaves out the late
+// integers (their value follows from the tuning it looks up).
+Key make_key(Kid kid, int device, const std::vector<int64_t>& flags, const std::vector<Arg>& args, bool with_late) {
+  Key k;
+  k.reserve(4 + flags.size() + 2 * args.size());
+  k.push_back(kid);
+  k.push_back(device);
+  k.push_back(with_late);
+  k.insert(k.end(), flags.begin(), flags.end());
+  const KernelInfo& info = INFO[kid];
+  for (int p = 0; p < static_cast<int>(args.size()); ++p) {
+    const Arg& a = args[p];
+    switch (a.kind) {
+      case 't': k.push_back(1); k.push_back(a.i * 2 + (a.ptr % 16 == 0 ? 1 : 0)); break;
+      case 'i':
+        if (contains(info.late_ints, p) && !with_late) { k.push_back(6); k.push_back(0); }
+        else if (contains(info.free_ints, p)) { k.push_back(2); k.push_back(int_class(a.i)); }
+        else { k.push_back(3); k.push_back(a.i); }
+        break;
+      case 'f': k.push_back(4); k.push_back(0); break;
+      default: k.push_back(5); k.push_back(0); break;
+    }
+  }
+  return k;
+}
+
+// A compiled kernel ready to launch: its handle, launch shape, and each argument's ABI kind
+// ('p' pointer, 'i' int32, 'l' int64, 'f' fp32, 'x' a constant the kernel does not take).
+struct Entry {
+  void* function = nullptr;
+  unsigned threads = 0;
+  unsigned shared = 0;
+  std::string kinds;
+  int64_t rows = 1;   // the ROWS constexpr: rows a program covers
+};
+
+std::mutex table_mutex;
+std::unordered_map<Key, Entry, KeyHash> table;        // full key -> kernel
+std::unordered_map<Key, int64_t, KeyHash> tunings;    // tuning key -> ROWS (kernels with late integers)
+int64_t grad_target = 0;   // heuristics.grad_grid's target program count (SMs x programs an SM)
+bool poison = false;       // runtime.POISON: outputs start as NaN, so an unwritten element fails a test
+
+Tensor poisoned(Tensor t) {
+  if (poison) t.fill_(std::numeric_limits<double>::quiet_NaN());
+  return t;
+}
+Tensor out_like(const Tensor& x) { return poisoned(at::empty_like(x)); }
+Tensor out_empty(at::IntArrayRef sizes, const at::TensorOptions& o) { return poisoned(at::empty(sizes, o)); }
+
+using LaunchFn = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                         void*, void**, void**);
+LaunchFn cu_launch = nullptr;
+
+const Entry* find(const Key& k) {
+  std::lock_guard<std::mutex> g(table_mutex);
+  auto it = table.find(k);
+  return it == table.end() ? nullptr : &it->second;   // never erased, and nodes do not move
+}
+
+bool find_rows(const Key& k, int64_t& rows) {
+  std::lock_guard<std::mutex> g(table_mutex);
+  auto it = tunings.find(k);
+  if (it == tunings.end()) return false;
+  rows = it->second;
+  return true;
+}
+
+void launch(const Entry& e, const std::vector<Arg>& args, int64_t gx, int64_t gy, int device) {
+  TORCH_CHECK(args.size() == e.kinds.size() && args.size() <= 24, "warpforge fast path: argument count mismatch");
+  if (gx <= 0 || gy <= 0) return;
+  uint64_t words[24];
+  void* params[26];
+  int n = 0;
+  for (size_t p = 0; p < args.size(); ++p) {
+    const Arg& a = args[p];
+    void* slot = &words[p];
+    switch (e.kinds[p]) {
+      case 'x': continue;
+      case 'p': words[p] = a.ptr; break;
+      case 'i': { int32_t v = static_cast<int32_t>(a.i); std::memcpy(slot, &v, 4); break; }
+      case 'l': { int64_t v = a.i; std::memcpy(slot, &v, 8); break; }
+      case 'f': { float v = static_cast<float>(a.f); std::memcpy(slot, &v, 4); break; }
+      default: TORCH_CHECK(false, "warpforge fast path: unknown argument kind");
+    }
+    params[n++] = slot;
+  }
+  uint64_t scratch[2] = {0, 0};   // global and profile scratch: none (kernels needing them are not offered)
+  params[n++] = &scratch[0];
+  params[n++] = &scratch[1];
+  void* stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  int rc = cu_launch(e.function, static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1, e.threads, 1, 1,
+                     e.shared, stream, params, nullptr);
+  TORCH_CHECK(rc == 0, "warpforge fast path: cuLaunchKernel failed, CUresult ", std::to_string(rc));
+}
+
+// Launch ``kid`` over ceil(m / ROWS) programs; false when no kernel was offered for the key.
+bool run_rows(Kid kid, int device, const std::vector<int64_t>& flags, const std::vector<Arg>& args, int64_t m) {
+  const Entry* e = find(make_key(kid, device, flags, args, true));
+  if (!e) return false;
+  launch(*e, args, (m + e->rows - 1) / e->rows, 1, device);
+  return true;
+}
+
+// Python functions that compute a backward when its kernel was never offered (set at load).
+std::unordered_map<std::string, py::object>* fallbacks = new std::unordered_map<std::string, py::object>();
+
+py::object fallback(const char* name) {
+  auto it = fallbacks->find(name);
+  TORCH_CHECK(it != fallbacks->end(), "warpforge fast path: no fallback registered for ", name);
+  return it->second;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Argument screening: anything unusual returns None, and the Python path runs it (raising the
+// clear error where the input is wrong)
+// ---------------------------------------------------------------------------------------------
+bool usable(const Tensor& t) {
+  if (!t.defined() || !t.is_cuda() || t.dim() < 1 || t.numel() == 0 || !t.is_contiguous()) return false;
+  auto st = t.scalar_type();
+  return st == at::kFloat || st == at::kHalf || st == at::kBFloat16;
+}
+
+bool usable_param(const std::optional<Tensor>& w, const Tensor& x, int64_t n) {
+  if (!w.has_value()) return true;
+  const Tensor& t = *w;
+  return usable(t) && t.dim() == 1 && t.size(0) == n && t.device() == x.device();
+}
+
+bool wants_grad(std::initializer_list<const Tensor*> ts) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const Tensor* t : ts)
+    if (t && t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+int64_t rows_of(const Tensor& x) { return x.numel() / x.size(-1); }
+
+// An optional tensor argument: None, or a tensor (anything else: not ours to judge).
+bool opt_tensor(py::handle o, std::optional<Tensor>& out) {
+  if (o.is_none()) { out.reset(); return true; }
+  if (!THPVariable_Check(o.ptr())) return false;
+  out = THPVariable_Unpack(o.ptr());
+  return true;
+}
+
+// A number as ``float(v)`` takes it from an int or a float.
+bool num_value(py::handle o, double& out) {
+  if (!(PyFloat_Check(o.ptr()) || PyLong_Check(o.ptr()))) return false;
+  out = o.cast<double>();
+  return true;
+}
+
+// ``normalized_shape`` as torch takes it (an int or a one-element sequence) equal to n.
+bool shape_is(py::handle s, int64_t n) {
+  if (py::isinstance<py::int_>(s)) return s.cast<int64_t>() == n;
+  if (!py::isinstance<py::sequence>(s) || py::len(s) != 1) return false;
+  py::object v = py::reinterpret_borrow<py::sequence>(s)[0];
+  return py::isinstance<py::int_>(v) && v.cast<int64_t>() == n;
+}
+
+// eps as the Python path accepts it (a non-negative int or float, not a bool); None: the dtype's
+// machine epsilon when ``dtype_default``.
+bool eps_value(py::handle e, const Tensor& x, bool dtype_default, double& out) {
+  if (e.is_none()) {
+    if (!dtype_default) return false;
+    switch (x.scalar_type()) {
+      case at::kFloat: out = 1.1920928955078125e-07; return true;
+      case at::kHalf: out = 0.0009765625; return true;
+      default: out = 0.0078125; return true;
+    }
+  }
+  if (PyBool_Check(e.ptr()) || !(PyFloat_Check(e.ptr()) || PyLong_Check(e.ptr()))) return false;
+  out = e.cast<double>();
+  return out >= 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// softmax / log_softmax
+// ---------------------------------------------------------------------------------------------
+Tensor softmax_bwd(const Tensor& y, Tensor dy, bool log) {
+  if (!dy.is_contiguous()) dy = dy.contiguous();
+  int64_t n = y.size(-1), m = rows_of(y);
+  Tensor dx = out_like(y);
+  std::vector<Arg> args{T(y), T(dy), T(dx), I(m), I(n), I(n), I(n), I(n)};
+  if (run_rows(SOFTMAX_BWD, y.get_device(), {log}, args, m)) return dx;
+  py::gil_scoped_acquire gil;
+  return fallback("softmax_bwd")(y, dy, log).cast<Tensor>();
+}
+
+struct SoftmaxFn : public torch::autograd::Function<SoftmaxFn> {
+  // y: the output the kernel already wrote (passed by pointer: an output, not an input)
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, Tensor* y, bool log) {
+    ctx->save_for_backward({*y});
+    ctx->saved_data["log"] = log;
+    return *y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Tensor y = ctx->get_saved_variables()[0];
+    Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(y);
+    return {softmax_bwd(y, dy, ctx->saved_data["log"].toBool()), Tensor(), Tensor()};
+  }
+};
+
+py::object softmax(const Tensor& x, int64_t dim, bool log) {
+  if (!usable(x)) return py::none();
+  int64_t nd = x.dim();
+  if (dim < 0) dim += nd;
+  if (dim != nd - 1) return py::none();
+  int64_t n = x.size(-1), m = rows_of(x);
+  c10::cuda::CUDAGuard guard(x.device());
+  Tensor y = out_like(x);
+  if (!run_rows(SOFTMAX_FWD, x.get_device(), {log}, {T(x), T(y), I(m), I(n), I(n), I(n)}, m)) return py::none();
+  if (!wants_grad({&x})) return py::cast(y);
+  return py::cast(SoftmaxFn::apply(x, &y, log));
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm, LayerNorm, add + RMSNorm
+// ---------------------------------------------------------------------------------------------
+struct NormFwd { Tensor y, h, mean, rstd; };
+
+// The norm forward (block kernel); false if no kernel was offered for the key.
+bool norm_fwd(const Tensor& x, const Tensor* res, const std::optional<Tensor>& w, const std::optional<Tensor>& b,
+              double eps, double offset, bool rms, bool llama, NormFwd& out) {
+  int64_t n = x.size(-1), m = rows_of(x);
+  auto f32 = x.options().dtype(at::kFloat);
+  out.y = out_like(x);
+  out.rstd = out_empty({m}, f32);
+  if (!rms) out.mean = out_empty({m}, f32);
+  if (res) out.h = out_like(x);
+  const Tensor& r = res ? *res : x;
+  const Tensor& h = res ? out.h : out.y;
+  std::vector<Arg> args{T(x), T(r), T(out.y), T(h), T(w ? *w : x), T(b ? *b : x),
+                        T(rms ? out.rstd : out.mean), T(out.rstd),
+                        I(m), I(n), I(n), I(res ? n : 0), I(n), I(res ? n : 0), F(eps), F(offset)};
+  std::vector<int64_t> flags{rms, w.has_value(), b.has_value(), res != nullptr, llama};
+  return run_rows(NORM_FWD, x.get_device(), flags, args, m);
+}
+
+// dx and the fp32 dw/db sums over rows, from the block-mode backward kernel, with
+// heuristics.grad_grid's partial-sum grid and the same fixed-order sum of the partial rows.
+struct NormBwd { Tensor dx, dw, db; };
+
+bool norm_bwd(Tensor dy, const Tensor& x, const Tensor* dsum, const Tensor& w, const Tensor& mean,
+              const Tensor& rstd, double offset, bool rms, bool llama, bool has_b, NormBwd& out) {
+  if (!dy.is_contiguous()) dy = dy.contiguous();
+  Tensor ds;
+  if (dsum) ds = dsum->is_contiguous() ? *dsum : dsum->contiguous();
+  int64_t n = x.size(-1), m = rows_of(x);
+  int device = x.get_device();
+  bool has_w = w.defined();
+  out.dx = out_like(x);
+  std::vector<int64_t> flags{rms, has_w, has_b, dsum != nullptr, llama, 1};
+  // dw/db stand-ins for the tuning key: an fp32 allocation (aligned alike), or dx where absent
+  std::vector<Arg> args{T(dy), T(x), T(dsum ? ds : dy), T(has_w ? w : x), T(rms ? rstd : mean), T(rstd), T(rstd),
+                        T(out.dx), T(has_w ? rstd : out.dx), T(has_b ? rstd : out.dx), I(m), I(n), I(n), I(n),
+                        I(dsum ? n : 0), I(n), I(0), F(offset)};
+  // the grid: ROWS from the tuning key, then heuristics.grad_grid(m, ROWS, 1)
+  int64_t rows;
+  if (!find_rows(make_key(NORM_BWD, device, flags, args, false), rows)) return false;
+  int64_t groups = std::max<int64_t>(1, std::min((m + rows - 1) / rows, grad_target));
+  int64_t per = ((m + groups - 1) / groups + rows - 1) / rows * rows;
+  groups = (m + per - 1) / per;
+  auto f32 = x.options().dtype(at::kFloat);
+  Tensor dw = has_w ? out_empty({groups, n}, f32) : Tensor();
+  Tensor db = has_b ? out_empty({groups, n}, f32) : Tensor();
+  args[8] = T(has_w ? dw : out.dx);
+  args[9] = T(has_b ? db : out.dx);
+  args[16] = I(per);
+  const Entry* e = find(make_key(NORM_BWD, device, flags, args, true));
+  if (!e) return false;
+  launch(*e, args, groups, 1, device);
+  if (has_w) out.dw = dw.sum(0);
+  if (has_b) out.db = db.sum(0);
+  return true;
+}
+
+Tensor cast_like(const Tensor& g, const Tensor& p) { return g.defined() && p.defined() ? g.to(p.scalar_type()) : Tensor(); }
+
+Tensor grad_or_zeros(const Tensor& g, const Tensor& like) { return g.defined() ? g : at::zeros_like(like); }
+
+struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const std::optional<Tensor>& w, NormFwd* out,
+                        double offset, bool llama) {
+    ctx->save_for_backward({x, w.value_or(Tensor()), out->rstd});
+    ctx->saved_data["offset"] = offset;
+    ctx->saved_data["llama"] = llama;
+    return out->y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const Tensor &x = s[0], &w = s[1], &rstd = s[2];
+    double offset = ctx->saved_data["offset"].toDouble();
+    bool llama = ctx->saved_data["llama"].toBool();
+    Tensor dy = grad_or_zeros(grads[0], x);
+    NormBwd g;
+    if (!norm_bwd(dy, x, nullptr, w, Tensor(), rstd, offset, true, llama, false, g)) {
+      py::gil_scoped_acquire gil;
+      auto r = fallback("rms_norm_bwd")(dy, x, w.defined() ? py::cast(w) : py::none(), rstd, offset, llama)
+                   .cast<std::tuple<Tensor, Tensor>>();
+      g.dx = std::get<0>(r);
+      if (w.defined()) g.dw = std::get<1>(r);
+    }
+    return {g.dx, cast_like(g.dw, w), Tensor(), Tensor(), Tensor()};
+  }
+};
+
+struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const std::optional<Tensor>& w,
+                        const std::optional<Tensor>& b, NormFwd* out) {
+    ctx->save_for_backward({x, w.value_or(Tensor()), out->mean, out->rstd, b.value_or(Tensor())});
+    return out->y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const Tensor &x = s[0], &w = s[1], &mean = s[2], &rstd = s[3], &b = s[4];
+    Tensor dy = grad_or_zeros(grads[0], x);
+    NormBwd g;
+    if (!norm_bwd(dy, x, nullptr, w, mean, rstd, 0.0, false, false, b.defined(), g)) {
+      py::gil_scoped_acquire gil;
+      auto r = fallback("layer_norm_bwd")(dy, x, w.defined() ? py::cast(w) : py::none(), mean, rstd, b.defined())
+                   .cast<std::tuple<Tensor, Tensor, Tensor>>();
+      g.dx = std::get<0>(r);
+      g.dw = std::get<1>(r);
+      g.db = std::get<2>(r);
+    }
+    return {g.dx, cast_like(g.dw, w), cast_like(g.db, b), Tensor()};
+  }
+};
+
+struct AddRmsNormFn : public torch::autograd::Function<AddRmsNormFn> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& r, const Tensor& w, NormFwd* out,
+                               double offset) {
+    ctx->save_for_backward({out->h, w, out->rstd});
+    ctx->saved_data["offset"] = offset;
+    return {out->y, out->h};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const Tensor &h = s[0], &w = s[1], &rstd = s[2];
+    double offset = ctx->saved_data["offset"].toDouble();
+    Tensor dn = grad_or_zeros(grads[0], h), dsum = grad_or_zeros(grads[1], h);
+    NormBwd g;
+    if (!norm_bwd(dn, h, &dsum, w, Tensor(), rstd, offset, true, false, false, g)) {
+      py::gil_scoped_acquire gil;
+      auto r = fallback("add_rms_norm_bwd")(dn, dsum, h, w, rstd, offset).cast<std::tuple<Tensor, Tensor>>();
+      g.dx = std::get<0>(r);
+      g.dw = std::get<1>(r);
+    }
+    return {g.dx, g.dx, cast_like(g.dw, w), Tensor(), Tensor()};
+  }
+};
+
+py::object rms_norm(const Tensor& x, py::handle normalized_shape, py::handle w_obj, py::handle eps_obj,
+                    py::handle offset_obj, bool llama) {
+  if (!usable(x)) return py::none();
+  int64_t n = x.size(-1);
+  double eps, offset;
+  std::optional<Tensor> w;
+  if (!shape_is(normalized_shape, n) || !opt_tensor(w_obj, w) || !usable_param(w, x, n) ||
+      !eps_value(eps_obj, x, true, eps) || !num_value(offset_obj, offset))
+    return py::none();
+  c10::cuda::CUDAGuard guard(x.device());
+  NormFwd out;
+  if (!norm_fwd(x, nullptr, w, std::nullopt, eps, offset, true, llama, out)) return py::none();
+  Tensor wt = w ? *w : Tensor();
+  if (!wants_grad({&x, &wt})) return py::cast(out.y);
+  return py::cast(RmsNormFn::apply(x, w, &out, offset, llama));
+}
+
+py::object layer_norm(const Tensor& x, py::handle normalized_shape, py::handle w_obj, py::handle b_obj,
+                      py::handle eps_obj) {
+  if (!usable(x)) return py::none();
+  int64_t n = x.size(-1);
+  double eps;
+  std::optional<Tensor> w, b;
+  if (!shape_is(normalized_shape, n) || !opt_tensor(w_obj, w) || !opt_tensor(b_obj, b) || !usable_param(w, x, n) ||
+      !usable_param(b, x, n) || !eps_value(eps_obj, x, false, eps))
+    return py::none();
+  c10::cuda::CUDAGuard guard(x.device());
+  NormFwd out;
+  if (!norm_fwd(x, nullptr, w, b, eps, 0.0, false, false, out)) return py::none();
+  Tensor wt = w ? *w : Tensor(), bt = b ? *b : Tensor();
+  if (!wants_grad({&x, &wt, &bt})) return py::cast(out.y);
+  return py::cast(LayerNormFn::apply(x, w, b, &out));
+}
+
+py::object add_rms_norm(const Tensor& x, const Tensor& r, py::handle w_obj, py::handle eps_obj, py::handle offset_obj) {
+  if (!usable(x) || !usable(r) || r.sizes() != x.sizes() || r.scalar_type() != x.scalar_type() ||
+      r.device() != x.device() || !THPVariable_Check(w_obj.ptr()))
+    return py::none();
+  int64_t n = x.size(-1);
+  double eps, offset;
+  const Tensor& w = THPVariable_Unpack(w_obj.ptr());
+  if (!usable_param(w, x, n) || !eps_value(eps_obj, x, true, eps) || !num_value(offset_obj, offset)) return py::none();
+  c10::cuda::CUDAGuard guard(x.device());
+  NormFwd out;
+  if (!norm_fwd(x, &r, w, std::nullopt, eps, offset, true, false, out)) return py::none();
+  if (!wants_grad({&x, &r, &w})) return py::make_tuple(out.y, out.h);
+  auto ys = AddRmsNormFn::apply(x, r, w, &out, offset);
+  return py::make_tuple(ys[0], ys[1]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registration from Python
+// ---------------------------------------------------------------------------------------------
+// Called by runtime/launch.py after a Python-path launch of one of the kernels above: record the
+// compiled kernel under the key these arguments give. ``kinds``: each argument's ABI kind.
+void offer(const std::string& name, int device, py::sequence args, py::dict constexprs, int threads, int shared,
+           const std::string& kinds, uint64_t function) {
+  int kid = -1;
+  for (int k = 0; k < N_KIDS; ++k)
+    if (name == INFO[k].name) kid = k;
+  if (kid < 0 || static_cast<size_t>(py::len(args)) != kinds.size()) return;
+  std::vector<Arg> a;
+  for (py::handle o : args) {
+    if (THPVariable_Check(o.ptr())) a.push_back(T(THPVariable_Unpack(o.ptr())));
+    else if (PyBool_Check(o.ptr())) return;   // not a kernel argument we key
+    else if (PyLong_Check(o.ptr())) a.push_back(I(o.cast<int64_t>()));
+    else if (PyFloat_Check(o.ptr())) a.push_back(F(o.cast<double>()));
+    else if (o.is_none()) a.push_back(Arg());
+    else return;
+  }
+  std::vector<int64_t> flags;
+  for (const char* f : INFO[kid].flags) {
+    if (!constexprs.contains(f)) return;
+    flags.push_back(py::int_(constexprs[f]).cast<int64_t>());
+  }
+  Entry e;
+  e.function = reinterpret_cast<void*>(function);
+  e.threads = threads;
+  e.shared = shared;
+  e.kinds = kinds;
+  e.rows = constexprs.contains("ROWS") ? py::int_(constexprs["ROWS"]).cast<int64_t>() : 1;
+  std::lock_guard<std::mutex> g(table_mutex);
+  table.emplace(make_key(static_cast<Kid>(kid), device, flags, a, true), e);
+  if (!INFO[kid].late_ints.empty()) tunings.emplace(make_key(static_cast<Kid>(kid), device, flags, a, false), e.rows);
+}
+
+void init(int64_t target, bool poison_outputs, py::dict fbs) {
+  grad_target = target;
+  poison = poison_outputs;
+  for (auto item : fbs) (*fallbacks)[item.first.cast<std::string>()] = py::reinterpret_borrow<py::object>(item.second);
+  if (!cu_launch) {
+    void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!lib) lib = dlopen("libcuda.so.1", RTLD_LAZY);
+    TORCH_CHECK(lib, "warpforge fast path: cannot open libcuda.so.1");
+    cu_launch = reinterpret_cast<LaunchFn>(dlsym(lib, "cuLaunchKernel"));
+    TORCH_CHECK(cu_launch, "warpforge fast path: libcuda.so.1 has no cuLaunchKernel");
+  }
+}
+
+py::list kernel_names() {
+  py::list out;
+  for (const auto& k : INFO) out.append(k.name);
+  return out;
+}
+
+size_t table_size() {
+  std::lock_guard<std::mutex> g(table_mutex);
+  return table.size();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "warpforge's eager fast path (runtime/fastpath.py)";
+  m.def("init", &init);
+  m.def("offer", &offer);
+  m.def("kernel_names", &kernel_names);
+  m.def("table_size", &table_size);
+  m.def("softmax", &softmax);
+  m.def("rms_norm", &rms_norm);
+  m.def("layer_norm", &layer_norm);
+  m.def("add_rms_norm", &add_rms_norm);
+}

@@ -1,0 +1,187 @@
+"""The eager fast path (runtime/fastpath.py, csrc/fastpath.cpp): it must give the Python path's
+bits -- the same kernels, grids and reductions -- forward and backward, decline what it does not
+handle, and stay out of torch.compile."""
+import pytest
+import torch
+
+import warpforge as wf
+from warpforge.runtime import fastpath, registry
+from conftest import ON_GPU, gpu_only, noncontig, randn
+
+DT = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def test_status_off_without_gpu():
+    if ON_GPU:
+        pytest.skip("a GPU is present: the fast path may be on")
+    assert fastpath.lib is None
+    assert fastpath.status().startswith("off")
+
+
+@pytest.fixture
+def fast():
+    if not fastpath.load():
+        pytest.skip(f"the fast path is {fastpath.status()}")
+    lib = fastpath.lib
+    yield lib
+    fastpath.lib = lib
+
+
+def _cpp_node(y) -> bool:
+    """y was made by one of the fast path's C++ autograd nodes (not the Python Function's)."""
+    name = y.grad_fn.name()
+    return "Fn" in name and "autograd" not in name.lower().replace("torch::autograd", "")
+
+
+def _leaves(*ts):
+    return [None if t is None else t.detach().clone().requires_grad_(t.requires_grad) for t in ts]
+
+
+def _run(fn, inputs, grad_out_seed: int):
+    """Outputs and input gradients of fn(*inputs)."""
+    outs = fn(*inputs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    g = torch.Generator(device="cuda").manual_seed(grad_out_seed)
+    grads_out = [torch.randn(o.shape, device=o.device, generator=g).to(o.dtype) for o in outs]
+    need = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    grads = torch.autograd.grad(outs, need, grads_out) if need else ()
+    return [o.detach() for o in outs], list(grads)
+
+
+def _same_bits(fn, make_inputs, fast_lib):
+    """fn through the Python path and through the fast path: identical outputs and gradients, and
+    the fast path really took the calls (its C++ node is on the graph)."""
+    fastpath.lib = None
+    ref = _run(fn, make_inputs(), 0)          # Python path: offers the kernels
+    fastpath.lib = fast_lib
+    inputs = make_inputs()
+    outs = fn(*inputs)
+    first = outs[0] if isinstance(outs, tuple) else outs
+    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
+        assert _cpp_node(first), first.grad_fn.name()
+    got = _run(fn, make_inputs(), 0)
+    for a, b in zip(ref[0] + ref[1], got[0] + got[1]):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a, b), (a - b).abs().max()
+
+
+SHAPES = [(1, 4096), (7, 123), (64, 4096), (3, 5, 1000), (2, 8192), (1, 7)]
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_same_bits(fast, shape, dtype, log):
+    fn = wf.log_softmax if log else wf.softmax
+    x = randn(*shape, dtype=dtype, scale=3.0)
+    _same_bits(lambda t: fn(t, -1), lambda: _leaves(x.requires_grad_()), fast)
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("variant", ["weight", "none", "gemma1", "llama", "fp32w"])
+def test_rms_norm_same_bits(fast, shape, dtype, variant):
+    n = shape[-1]
+    x = randn(*shape, dtype=dtype, scale=2.0).requires_grad_()
+    wdt = torch.float32 if variant == "fp32w" else dtype
+    w = None if variant == "none" else (randn(n) * 0.5 + 1).to(wdt).requires_grad_()
+    kw = dict(offset=1.0) if variant == "gemma1" else dict(casting_mode="llama") if variant == "llama" else {}
+    _same_bits(lambda t, w: wf.rms_norm(t, (n,), w, 1e-6, **kw), lambda: _leaves(x, w), fast)
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("params", ["wb", "w", "b", "none"])
+def test_layer_norm_same_bits(fast, shape, dtype, params):
+    n = shape[-1]
+    x = randn(*shape, dtype=dtype, scale=2.0).requires_grad_()
+    w = (randn(n) * 0.5 + 1).to(dtype).requires_grad_() if "w" in params else None
+    b = randn(n, dtype=dtype).requires_grad_() if "b" in params else None
+    _same_bits(lambda t, w, b: wf.layer_norm(t, n, w, b), lambda: _leaves(x, w, b), fast)
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_add_rms_norm_same_bits(fast, shape, dtype):
+    n = shape[-1]
+    x = randn(*shape, dtype=dtype).requires_grad_()
+    r = randn(*shape, dtype=dtype).requires_grad_()
+    w = (randn(n) * 0.5 + 1).to(dtype).requires_grad_()
+    _same_bits(lambda x, r, w: wf.add_rms_norm(x, r, w, 1e-6, offset=0.5), lambda: _leaves(x, r, w), fast)
+
+
+@gpu_only
+def test_no_grad_and_inference_mode(fast):
+    x = randn(16, 4096, dtype=torch.bfloat16)
+    w = randn(4096, dtype=torch.bfloat16)
+    fastpath.lib = None
+    ref = wf.rms_norm(x, (4096,), w)
+    fastpath.lib = fast
+    with torch.no_grad():
+        assert fast.rms_norm(x, (4096,), w, None, 0.0, False) is not None   # offered by the call above
+        assert torch.equal(wf.rms_norm(x, (4096,), w), ref)
+    with torch.inference_mode():
+        assert torch.equal(wf.rms_norm(x, (4096,), w), ref)
+
+
+@gpu_only
+def test_backward_falls_back_to_python(fast):
+    """A forward offered without its backward (first seen under no_grad): the C++ node computes
+    the gradient through the Python launcher, which offers it."""
+    n = 3000
+    x = randn(5, n, dtype=torch.float16, requires_grad=True)
+    with torch.no_grad():
+        wf.softmax(x, -1)                                  # Python path: offers the forward only
+    assert fast.softmax(x.detach(), -1, False) is not None
+    y = wf.softmax(x, -1)
+    assert _cpp_node(y), y.grad_fn.name()
+    (dx,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    ref = torch.softmax(x.detach().double(), -1)
+    assert dx.abs().max().item() < 1e-2 and torch.isfinite(dx).all()   # d(sum softmax)/dx = 0
+    assert torch.allclose(y.detach().double(), ref, atol=1e-3)
+
+
+@gpu_only
+def test_declines_what_it_does_not_take(fast):
+    x = randn(8, 256, dtype=torch.bfloat16)
+    wf.softmax(x, -1)
+    assert fast.softmax(x, 0, False) is None                       # not the last dim
+    assert fast.softmax(noncontig(x), -1, False) is None           # not contiguous
+    assert fast.softmax(x.cpu(), -1, False) is None                # not CUDA
+    assert fast.softmax(x.int(), -1, False) is None                # not a float
+    assert fast.rms_norm(x, (255,), None, None, 0.0, False) is None
+    assert fast.rms_norm(x, (256,), torch.ones(255, device="cuda"), None, 0.0, False) is None
+    assert fast.rms_norm(x, (256,), None, True, 0.0, False) is None    # eps=True: Python raises
+    assert fast.layer_norm(x, 256, "w", None, 1e-5) is None
+    # ... and the public functions still raise the clear errors
+    with pytest.raises(ValueError, match="normalized_shape"):
+        wf.rms_norm(x, (255,))
+    with pytest.raises(ValueError, match="weight"):
+        wf.layer_norm(x, (256,), torch.ones(255, device="cuda", dtype=torch.bfloat16))
+    # a non-contiguous input still gives the right answer, through Python
+    xt = noncontig(x)
+    torch.testing.assert_close(wf.softmax(xt, -1).float(), torch.softmax(xt.float(), -1), atol=1e-2, rtol=0)
+
+
+@gpu_only
+def test_off_under_dispatch_door_and_compile(fast, monkeypatch):
+    x = randn(4, 512, dtype=torch.float32)
+    wf.softmax(x, -1)
+    calls = []
+    real = fast.softmax
+    spy = type("Spy", (), {"softmax": staticmethod(lambda *a: calls.append(a) or real(*a))})()
+    fastpath.lib = spy
+    wf.softmax(x, -1)
+    assert len(calls) == 1
+    monkeypatch.setattr(registry, "FAST_EAGER", False)
+    wf.softmax(x, -1)
+    assert len(calls) == 1
+    monkeypatch.setattr(registry, "FAST_EAGER", True)
+    torch._dynamo.reset()
+    out = torch.compile(lambda t: wf.softmax(t, -1), fullgraph=True)(x)
+    assert len(calls) == 1
+    torch.testing.assert_close(out, torch.softmax(x, -1))
