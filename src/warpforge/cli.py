@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--dtype", action="append", metavar="D[,D]",
                    help=f"comma-separated, from {','.join(DTYPES)} (default: bf16; the correctness run: fp32,bf16)")
     b.add_argument("--quick", action="store_true", help="trimmed sweep and fewer repetitions (~5 GPU minutes)")
+    b.add_argument("--small", action="store_true", help="the decode-like (host-bound) cases only")
     b.add_argument("--out", metavar="DIR", help="output folder (default: bench-out/<gpu>-<date>/)")
     b.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     b.add_argument("--no-liger", action="store_true", help="skip the Liger-Kernel peer")
@@ -113,7 +114,8 @@ def _bench(args, parser) -> int:
     if bad:
         parser.error(f"unknown dtype: {', '.join(bad)} (known: {', '.join(DTYPES)})")
     return bench(args.ops or None, modes=modes, dtypes=dtypes, quick=args.quick, out=args.out,
-                 use_compile=not args.no_compile, use_liger=not args.no_liger, check=args.check)
+                 use_compile=not args.no_compile, use_liger=not args.no_liger, check=args.check,
+                 small_only=args.small)
 
 
 def _info(args) -> int:

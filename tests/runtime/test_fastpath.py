@@ -29,7 +29,10 @@ def fast():
 
 def _cpp_node(y) -> bool:
     """y was made by one of the fast path's C++ autograd nodes (not the Python Function's)."""
-    name = y.grad_fn.name()
+    node = y.grad_fn
+    while node.name().startswith("Unsqueeze"):        # keepdim=True: a view on top of ours
+        node = node.next_functions[0][0]
+    name = node.name()
     return "Fn" in name and "autograd" not in name.lower().replace("torch::autograd", "")
 
 
@@ -185,3 +188,39 @@ def test_off_under_dispatch_door_and_compile(fast, monkeypatch):
     out = torch.compile(lambda t: wf.softmax(t, -1), fullgraph=True)(x)
     assert len(calls) == 1
     torch.testing.assert_close(out, torch.softmax(x, -1))
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("shape", [(1, 4096), (7, 123), (64, 14336), (3, 1)])
+@pytest.mark.parametrize("act", ["swiglu", "geglu_tanh", "geglu"])
+def test_glu_same_bits(fast, shape, dtype, act):
+    g = randn(*shape, dtype=dtype, scale=2.0).requires_grad_()
+    u = randn(*shape, dtype=dtype).requires_grad_()
+    fn = {"swiglu": lambda a, b: wf.swiglu(a, b), "geglu_tanh": lambda a, b: wf.geglu(a, b),
+          "geglu": lambda a, b: wf.geglu(a, b, approximate="none")}[act]
+    _same_bits(fn, lambda: _leaves(g, u), fast)
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("shape", [(1, 4096), (7, 123), (64, 4096), (2, 3, 1000), (5, 1)])
+@pytest.mark.parametrize("op", ["sum", "amax", "sum_keepdim", "amax_keepdim"])
+def test_reduce_same_bits(fast, shape, dtype, op):
+    x = randn(*shape, dtype=dtype, scale=2.0)
+    if op.startswith("amax"):
+        x[..., 0] = x.amax(-1)          # a tie: the gradient is shared
+    x.requires_grad_()
+    keep = op.endswith("keepdim")
+    fn = wf.amax if op.startswith("amax") else wf.sum
+    _same_bits(lambda t: fn(t, -1, keep), lambda: _leaves(x), fast)
+
+
+@gpu_only
+def test_packed_glu_and_sum_dtype_take_python(fast):
+    gu = randn(4, 256, dtype=torch.bfloat16)
+    torch.testing.assert_close(wf.swiglu(gu).float(), (torch.nn.functional.silu(gu[:, :128].float())
+                                                       * gu[:, 128:].float()), atol=2e-2, rtol=2e-2)
+    x = randn(4, 256, dtype=torch.bfloat16)
+    assert wf.sum(x, -1, dtype=torch.float32).dtype == torch.float32
+    assert fast.glu(gu, gu[:, :1], 0) is None                   # shapes differ

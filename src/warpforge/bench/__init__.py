@@ -58,8 +58,9 @@ def metadata(*, quick: bool, modes: list[str], dtypes: list[str], ceilings: dict
 
 def bench(ops: list[str] | None = None, *, modes: list[str] | None = None, dtypes: list[str] | None = None,
           quick: bool = False, out: str | Path | None = None, use_compile: bool = True, use_liger: bool = True,
-          check: bool = False) -> int:
-    """Run the benchmark (CUDA) or the correctness run (no CUDA, or ``check``). Returns the exit code."""
+          check: bool = False, small_only: bool = False) -> int:
+    """Run the benchmark (CUDA) or the correctness run (no CUDA, or ``check``). Returns the exit code.
+    ``small_only``: the decode-like (host-bound) cases alone."""
     wls = workloads.get(ops)
     modes = list(modes or MODES)
     notice = report.extras_notice()
@@ -85,6 +86,7 @@ def bench(ops: list[str] | None = None, *, modes: list[str] | None = None, dtype
     # winners persist in the tuning cache. WARPFORGE_AUTOTUNE=0 keeps the heuristic defaults.
     with tuning.tuning(os.environ.get("WARPFORGE_AUTOTUNE", "1") != "0"):
         res = runner.run_bench(wls, modes, dts, quick=quick, use_compile=use_compile, use_liger=use_liger,
+                               small_only=small_only,
                                copy_gbps=ceil.get("copy_gbps"),
                                gemm_tflops={torch.bfloat16: ceil.get("bf16_tflops"),
                                             torch.float16: ceil.get("fp16_tflops")},

@@ -275,10 +275,11 @@ def _fill_ratios(rows: list[dict]) -> None:
 
 def run_bench(workloads: list[Workload], modes: list[str], dtypes: list[torch.dtype], *, quick: bool = False,
               use_compile: bool = True, use_liger: bool = True, copy_gbps: float | None = None,
-              gemm_tflops: dict | None = None, progress=None, device: str = "cuda") -> BenchResult:
+              gemm_tflops: dict | None = None, progress=None, device: str = "cuda",
+              small_only: bool = False) -> BenchResult:
     """Time every implementation of every workload on the current CUDA device. ``gemm_tflops``:
     measured GEMM rate by dtype (the roofline's flat part). (``device`` exists for the tests, which
-    run this on the CPU with the timers replaced.)"""
+    run this on the CPU with the timers replaced.) ``small_only``: the decode-like cases alone."""
     progress = progress or NullProgress()
     cfg = timing.TimingConfig.quick() if quick else timing.TimingConfig()
     device = torch.device(device)
@@ -333,12 +334,15 @@ def run_bench(workloads: list[Workload], modes: list[str], dtypes: list[torch.dt
         import torch._dynamo as dynamo   # binds only `dynamo`: `torch` stays the module global
         dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 64)
 
-    total = sum(len(wl.cases(quick)) * len(wl.dtypes_of(dtypes)) for wl, *_ in plan)
+    def cases(wl):
+        return [c for c in wl.cases(quick) if c.small or not small_only]
+
+    total = sum(len(cases(wl)) * len(wl.dtypes_of(dtypes)) for wl, *_ in plan)
     progress.start(total)
     try:
         for wl, ours, liger, wl_modes, named in plan:
             for dtype in wl.dtypes_of(dtypes):
-                for case in wl.cases(quick):
+                for case in cases(wl):
                     progress.advance(f"{wl.name} {DTYPE_NAMES[dtype]} {case.label}")
                     result.rows.extend(_bench_case(wl, case, dtype, device, ours, liger, wl_modes,
                                                    use_compile and wl.compile_peer and not (quick and case.small),

@@ -65,15 +65,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ..runtime import new_empty
+from ..runtime import fastpath, new_empty, registry
 from ..runtime.checks import check_normalized_shape, check_same, check_tensor, check_weight
 from ..runtime.heuristics import grad_grid, norm_bwd_config, norm_fwd_config
-from ..runtime import fastpath, registry
 from ..runtime.registry import Op
 from ..runtime.launch import run
-
-_is_compiling = torch.compiler.is_compiling
 from ._rows import as_rows, gather_row_stats, publish_row_stats, split_launch
+
+_is_compiling = torch.compiler.is_compiling   # the fast path's guard: True while Dynamo traces
 
 CASTING_MODES = ("gemma", "llama")
 
@@ -683,8 +682,16 @@ def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: 
          n, dy2.stride(0), x2.stride(0), 0 if ds2 is None else ds2.stride(0), dx.stride(0), rows_per_prog,
          float(offset)),
         **flags, FULL_ROW=full_row, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
-    # fixed-order reduction over the G partial rows: deterministic
-    return (dx.view(x.shape), None if dw is None else dw.sum(0), None if db is None else db.sum(0))
+    # fixed-order reduction over the G partial rows: deterministic (one row: itself, no launch)
+    return dx.view(x.shape), _row_sum(dw), _row_sum(db)
+
+
+def _row_sum(parts: torch.Tensor | None) -> torch.Tensor | None:
+    """The (N,) sum of a (G, N) partial-sum buffer; a single row is returned as it is (the fast
+    path in runtime/csrc/fastpath.cpp does the same, so both give the same bits)."""
+    if parts is None:
+        return None
+    return parts[0] if parts.shape[0] == 1 else parts.sum(0)
 
 
 def _absent(t: torch.Tensor) -> torch.Tensor:

@@ -26,15 +26,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ..runtime import new_empty
+from ..runtime import fastpath, new_empty, registry
 from ..runtime.checks import check_backend, check_tensor, normalize_dim
 from ..runtime.heuristics import softmax_config
-from ..runtime import fastpath, registry
 from ..runtime.registry import Op
 from ..runtime.launch import run
-
-_is_compiling = torch.compiler.is_compiling
 from ._rows import as_rows, exp_minus, gather_row_stats, online_finish, online_update, publish_row_stats, split_launch
+
+_is_compiling = torch.compiler.is_compiling   # the fast path's guard: True while Dynamo traces
 
 
 # ----------------------------------------------------------------------------------------------

@@ -78,9 +78,11 @@ def _cache_dir() -> Path:
 
 def _fallbacks() -> dict:
     """Python backward launchers the C++ nodes call for a shape whose kernel was never offered."""
-    from ..ops import norms, softmax
+    from ..ops import activations, norms, reduce, softmax
 
     return {
+        "glu_bwd": activations._glu_bwd,
+        "amax_bwd": reduce._amax_bwd,
         "softmax_bwd": lambda y, dy, log: softmax._softmax_bwd(y, dy, log),
         "rms_norm_bwd": norms._rms_norm_bwd_impl,
         "layer_norm_bwd": norms._layer_norm_bwd_impl,

@@ -50,7 +50,7 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // The kernels this file launches, and what each is keyed on
 // ---------------------------------------------------------------------------------------------
-enum Kid { SOFTMAX_FWD, SOFTMAX_BWD, NORM_FWD, NORM_BWD, N_KIDS };
+enum Kid { SOFTMAX_FWD, SOFTMAX_BWD, NORM_FWD, NORM_BWD, GLU_FWD, GLU_BWD, REDUCE_FWD, AMAX_BWD, N_KIDS };
 
 struct KernelInfo {
   const char* name;                 // the @triton.jit function's name
@@ -65,6 +65,10 @@ const KernelInfo INFO[N_KIDS] = {
     {"_norm_fwd_block_kernel", {8}, {}, {"RMS", "HAS_W", "HAS_B", "HAS_RES", "LLAMA"}},  // M
     // M; rows per program group (a multiple of ROWS: the weight-gradient grid)
     {"_norm_bwd_kernel", {10, 16}, {16}, {"RMS", "HAS_W", "HAS_B", "HAS_DSUM", "LLAMA", "FULL_ROW"}},
+    {"_glu_fwd_flat_kernel", {3}, {}, {"ACT"}},                                      // elements
+    {"_glu_bwd_flat_kernel", {5}, {}, {"ACT"}},                                      // elements
+    {"_reduce_fwd_block_kernel", {2}, {}, {"MAX"}},                                  // M
+    {"_amax_bwd_block_kernel", {4}, {}, {}},                                         // M
 };
 
 // One runtime argument, as the key and the launch see it.
@@ -134,6 +138,7 @@ struct Entry {
   unsigned shared = 0;
   std::string kinds;
   int64_t rows = 1;   // the ROWS constexpr: rows a program covers
+  int64_t block = 1;  // the BLOCK constexpr: elements a program covers (flat kernels)
 };
 
 std::mutex table_mutex;
@@ -200,6 +205,14 @@ bool run_rows(Kid kid, int device, const std::vector<int64_t>& flags, const std:
   const Entry* e = find(make_key(kid, device, flags, args, true));
   if (!e) return false;
   launch(*e, args, (m + e->rows - 1) / e->rows, 1, device);
+  return true;
+}
+
+// Launch a flat elementwise ``kid`` over ceil(total / BLOCK) programs; false when not offered.
+bool run_flat(Kid kid, int device, const std::vector<int64_t>& flags, const std::vector<Arg>& args, int64_t total) {
+  const Entry* e = find(make_key(kid, device, flags, args, true));
+  if (!e) return false;
+  launch(*e, args, (total + e->block - 1) / e->block, 1, device);
   return true;
 }
 
@@ -372,8 +385,9 @@ bool norm_bwd(Tensor dy, const Tensor& x, const Tensor* dsum, const Tensor& w, c
   const Entry* e = find(make_key(NORM_BWD, device, flags, args, true));
   if (!e) return false;
   launch(*e, args, groups, 1, device);
-  if (has_w) out.dw = dw.sum(0);
-  if (has_b) out.db = db.sum(0);
+  // as ops/norms.py's _row_sum: one partial row is the sum
+  if (has_w) out.dw = groups == 1 ? dw[0] : dw.sum(0);
+  if (has_b) out.db = groups == 1 ? db[0] : db.sum(0);
   return true;
 }
 
@@ -504,6 +518,98 @@ py::object add_rms_norm(const Tensor& x, const Tensor& r, py::handle w_obj, py::
 }
 
 // ---------------------------------------------------------------------------------------------
+// SwiGLU / GeGLU with separate, contiguous gate and up (the flat kernels)
+// ---------------------------------------------------------------------------------------------
+Tensor glu_bwd(const Tensor& gate, const Tensor& up, Tensor dy, int64_t act) {
+  if (!dy.is_contiguous()) dy = dy.contiguous();
+  std::vector<int64_t> shape{2};
+  shape.insert(shape.end(), gate.sizes().begin(), gate.sizes().end());
+  Tensor grad = out_empty(shape, gate.options());
+  Tensor dg = grad[0], du = grad[1];
+  int64_t total = gate.numel();
+  if (run_flat(GLU_BWD, gate.get_device(), {act}, {T(gate), T(up), T(dy), T(dg), T(du), I(total)}, total)) return grad;
+  py::gil_scoped_acquire gil;
+  return fallback("glu_bwd")(gate, up, dy, act).cast<Tensor>();
+}
+
+struct GluFn : public torch::autograd::Function<GluFn> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& gate, const Tensor& up, Tensor* y, int64_t act) {
+    ctx->save_for_backward({gate, up});
+    ctx->saved_data["act"] = act;
+    return *y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    Tensor dy = grad_or_zeros(grads[0], s[0]);
+    Tensor grad = glu_bwd(s[0], s[1], dy, ctx->saved_data["act"].toInt());
+    return {grad[0], grad[1], Tensor(), Tensor()};
+  }
+};
+
+py::object glu(const Tensor& gate, py::handle up_obj, int64_t act) {
+  if (!usable(gate) || !THPVariable_Check(up_obj.ptr())) return py::none();
+  const Tensor& up = THPVariable_Unpack(up_obj.ptr());
+  if (!usable(up) || up.sizes() != gate.sizes() || up.scalar_type() != gate.scalar_type() ||
+      up.device() != gate.device())
+    return py::none();
+  c10::cuda::CUDAGuard guard(gate.device());
+  Tensor y = out_like(gate);
+  int64_t total = gate.numel();
+  if (!run_flat(GLU_FWD, gate.get_device(), {act}, {T(gate), T(up), T(y), I(total)}, total)) return py::none();
+  if (!wants_grad({&gate, &up})) return py::cast(y);
+  return py::cast(GluFn::apply(gate, up, &y, act));
+}
+
+// ---------------------------------------------------------------------------------------------
+// sum / amax over the last dim (output in the input's dtype)
+// ---------------------------------------------------------------------------------------------
+Tensor amax_bwd(const Tensor& x, const Tensor& y, Tensor dy) {
+  if (!dy.is_contiguous()) dy = dy.contiguous();
+  int64_t n = x.size(-1), m = rows_of(x);
+  Tensor dx = out_like(x);
+  std::vector<Arg> args{T(x), T(y), T(dy), T(dx), I(m), I(n), I(n), I(1), I(n)};
+  if (run_rows(AMAX_BWD, x.get_device(), {}, args, m)) return dx;
+  py::gil_scoped_acquire gil;
+  return fallback("amax_bwd")(x, y, dy).cast<Tensor>();
+}
+
+struct SumFn : public torch::autograd::Function<SumFn> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, Tensor* y) {
+    ctx->saved_data["shape"] = x.sizes();
+    return *y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto shape = ctx->saved_data["shape"].toIntVector();
+    return {grads[0].unsqueeze(-1).expand(shape), Tensor()};
+  }
+};
+
+struct AmaxFn : public torch::autograd::Function<AmaxFn> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, Tensor* y) {
+    ctx->save_for_backward({x, *y});
+    return *y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    return {amax_bwd(s[0], s[1], grad_or_zeros(grads[0], s[1])), Tensor()};
+  }
+};
+
+py::object reduce(const Tensor& x, int64_t dim, bool keepdim, bool is_max) {
+  if (!usable(x)) return py::none();
+  int64_t nd = x.dim();
+  if (dim < 0) dim += nd;
+  if (dim != nd - 1) return py::none();
+  int64_t n = x.size(-1), m = rows_of(x);
+  c10::cuda::CUDAGuard guard(x.device());
+  Tensor y = out_empty(x.sizes().slice(0, nd - 1), x.options());
+  if (!run_rows(REDUCE_FWD, x.get_device(), {is_max}, {T(x), T(y), I(m), I(n), I(n)}, m)) return py::none();
+  Tensor out = y;
+  if (wants_grad({&x})) out = is_max ? AmaxFn::apply(x, &y) : SumFn::apply(x, &y);
+  return py::cast(keepdim ? out.unsqueeze(-1) : out);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Registration from Python
 // ---------------------------------------------------------------------------------------------
 // Called by runtime/launch.py after a Python-path launch of one of the kernels above: record the
@@ -534,6 +640,7 @@ void offer(const std::string& name, int device, py::sequence args, py::dict cons
   e.shared = shared;
   e.kinds = kinds;
   e.rows = constexprs.contains("ROWS") ? py::int_(constexprs["ROWS"]).cast<int64_t>() : 1;
+  e.block = constexprs.contains("BLOCK") ? py::int_(constexprs["BLOCK"]).cast<int64_t>() : 1;
   std::lock_guard<std::mutex> g(table_mutex);
   table.emplace(make_key(static_cast<Kid>(kid), device, flags, a, true), e);
   if (!INFO[kid].late_ints.empty()) tunings.emplace(make_key(static_cast<Kid>(kid), device, flags, a, false), e.rows);
@@ -575,4 +682,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm);
   m.def("layer_norm", &layer_norm);
   m.def("add_rms_norm", &add_rms_norm);
+  m.def("glu", &glu);
+  m.def("reduce", &reduce);
 }
