@@ -250,6 +250,14 @@ bool wants_grad(std::initializer_list<const Tensor*> ts) {
 
 int64_t rows_of(const Tensor& x) { return x.numel() / x.size(-1); }
 
+// A usable input whose ``dim`` (torch's convention: negative counts from the end) is its last.
+bool over_last_dim(const Tensor& x, int64_t dim) {
+  if (!usable(x)) return false;
+  return (dim < 0 ? dim + x.dim() : dim) == x.dim() - 1;
+}
+
+Tensor grad_or_zeros(const Tensor& g, const Tensor& like) { return g.defined() ? g : at::zeros_like(like); }
+
 // An optional tensor argument: None, or a tensor (anything else: not ours to judge).
 bool opt_tensor(py::handle o, std::optional<Tensor>& out) {
   if (o.is_none()) { out.reset(); return true; }
@@ -311,16 +319,12 @@ struct SoftmaxFn : public torch::autograd::Function<SoftmaxFn> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     Tensor y = ctx->get_saved_variables()[0];
-    Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(y);
-    return {softmax_bwd(y, dy, ctx->saved_data["log"].toBool()), Tensor(), Tensor()};
+    return {softmax_bwd(y, grad_or_zeros(grads[0], y), ctx->saved_data["log"].toBool()), Tensor(), Tensor()};
   }
 };
 
 py::object softmax(const Tensor& x, int64_t dim, bool log) {
-  if (!usable(x)) return py::none();
-  int64_t nd = x.dim();
-  if (dim < 0) dim += nd;
-  if (dim != nd - 1) return py::none();
+  if (!over_last_dim(x, dim)) return py::none();
   int64_t n = x.size(-1), m = rows_of(x);
   c10::cuda::CUDAGuard guard(x.device());
   Tensor y = out_like(x);
@@ -392,8 +396,6 @@ bool norm_bwd(Tensor dy, const Tensor& x, const Tensor* dsum, const Tensor& w, c
 }
 
 Tensor cast_like(const Tensor& g, const Tensor& p) { return g.defined() && p.defined() ? g.to(p.scalar_type()) : Tensor(); }
-
-Tensor grad_or_zeros(const Tensor& g, const Tensor& like) { return g.defined() ? g : at::zeros_like(like); }
 
 struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const std::optional<Tensor>& w, NormFwd* out,
@@ -596,13 +598,10 @@ struct AmaxFn : public torch::autograd::Function<AmaxFn> {
 };
 
 py::object reduce(const Tensor& x, int64_t dim, bool keepdim, bool is_max) {
-  if (!usable(x)) return py::none();
-  int64_t nd = x.dim();
-  if (dim < 0) dim += nd;
-  if (dim != nd - 1) return py::none();
+  if (!over_last_dim(x, dim)) return py::none();
   int64_t n = x.size(-1), m = rows_of(x);
   c10::cuda::CUDAGuard guard(x.device());
-  Tensor y = out_empty(x.sizes().slice(0, nd - 1), x.options());
+  Tensor y = out_empty(x.sizes().slice(0, x.dim() - 1), x.options());
   if (!run_rows(REDUCE_FWD, x.get_device(), {is_max}, {T(x), T(y), I(m), I(n), I(n)}, m)) return py::none();
   Tensor out = y;
   if (wants_grad({&x})) out = is_max ? AmaxFn::apply(x, &y) : SumFn::apply(x, &y);
