@@ -52,14 +52,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..runtime import fastpath, new_empty, registry
+from ..runtime import fastpath, new_empty
 from ..runtime.checks import check_same, check_tensor
 from ..runtime.heuristics import FLAT_BLOCK, FLAT_WARPS, tile_config
 from ..runtime.registry import Op
 from ..runtime.launch import run
 from ._rows import as_rows
-
-_is_compiling = torch.compiler.is_compiling   # the fast path's guard: True while Dynamo traces
 
 SILU, GELU, GELU_TANH = 0, 1, 2
 _GELU_MODES = {"none": GELU, "tanh": GELU_TANH}
@@ -338,9 +336,9 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
     """``silu(gate) * up``. With ``up=None``, ``gate`` is a fused [..., 2n] gate_up projection:
     first half gate, second half up; the result is [..., n]."""
     # the eager fast path (runtime/fastpath.py): None when it does not take the call
-    if (up is not None and fastpath.lib is not None and registry.FAST_EAGER and type(gate) is torch.Tensor
-            and not _is_compiling()):
-        out = fastpath.lib.glu(gate, up, SILU)
+    fast = fastpath.door(gate)
+    if fast is not None and up is not None:
+        out = fast.glu(gate, up, SILU)
         if out is not None:
             return out
     _check(gate, up)
@@ -351,9 +349,9 @@ def geglu(gate: torch.Tensor, up: torch.Tensor | None = None, approximate: str =
     """``gelu(gate, approximate) * up`` (``approximate`` in {"none", "tanh"}, as
     ``torch.nn.functional.gelu``). With ``up=None``, ``gate`` is a fused [..., 2n] gate_up
     projection: first half gate, second half up; the result is [..., n]."""
-    if (up is not None and fastpath.lib is not None and registry.FAST_EAGER and type(gate) is torch.Tensor
-            and type(approximate) is str and approximate in _GELU_MODES and not _is_compiling()):
-        out = fastpath.lib.glu(gate, up, _GELU_MODES[approximate])
+    fast = fastpath.door(gate)
+    if fast is not None and up is not None and type(approximate) is str and approximate in _GELU_MODES:
+        out = fast.glu(gate, up, _GELU_MODES[approximate])
         if out is not None:
             return out
     if approximate not in _GELU_MODES:

@@ -65,14 +65,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..runtime import fastpath, new_empty, registry
+from ..runtime import fastpath, new_empty
 from ..runtime.checks import check_normalized_shape, check_same, check_tensor, check_weight
 from ..runtime.heuristics import grad_grid, norm_bwd_config, norm_fwd_config
 from ..runtime.registry import Op
 from ..runtime.launch import run
 from ._rows import as_rows, gather_row_stats, publish_row_stats, split_launch
-
-_is_compiling = torch.compiler.is_compiling   # the fast path's guard: True while Dynamo traces
 
 CASTING_MODES = ("gemma", "llama")
 
@@ -856,9 +854,9 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | Non
     (``normalized_shape`` must be ``(input.shape[-1],)``). ``weight`` and ``bias`` are optional,
     independently, and may be fp32 or the input's dtype; the output has the input's dtype."""
     # the eager fast path (runtime/fastpath.py): None when it does not take the call
-    if (fastpath.lib is not None and registry.FAST_EAGER and type(input) is torch.Tensor
-            and not _is_compiling()):
-        out = fastpath.lib.layer_norm(input, normalized_shape, weight, bias, eps)
+    fast = fastpath.door(input)
+    if fast is not None:
+        out = fast.layer_norm(input, normalized_shape, weight, bias, eps)
         if out is not None:
             return out
     check_tensor("input", input)
@@ -884,9 +882,9 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None 
     passes gradients straight through, as autograd through ``.to(dtype)`` does); in "llama" mode
     dw uses the rounded x_hat that the forward multiplied by w.
     """
-    if (fastpath.lib is not None and registry.FAST_EAGER and type(input) is torch.Tensor
-            and (casting_mode == "gemma" or casting_mode == "llama") and not _is_compiling()):
-        out = fastpath.lib.rms_norm(input, normalized_shape, weight, eps, offset, casting_mode == "llama")
+    fast = fastpath.door(input)
+    if fast is not None and (casting_mode == "gemma" or casting_mode == "llama"):
+        out = fast.rms_norm(input, normalized_shape, weight, eps, offset, casting_mode == "llama")
         if out is not None:
             return out
     check_tensor("input", input)
@@ -906,9 +904,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     that reads x and residual once. ``h`` is rounded before it is normalised, so ``normed``
     equals ``rms_norm(x + residual)`` computed in the input dtype. Maths as ``rms_norm`` with
     ``casting_mode="gemma"``."""
-    if (fastpath.lib is not None and registry.FAST_EAGER and type(x) is torch.Tensor
-            and type(residual) is torch.Tensor and not _is_compiling()):
-        out = fastpath.lib.add_rms_norm(x, residual, weight, eps, offset)
+    fast = fastpath.door(x)
+    if fast is not None and type(residual) is torch.Tensor:
+        out = fast.add_rms_norm(x, residual, weight, eps, offset)
         if out is not None:
             return out
     check_tensor("x", x)

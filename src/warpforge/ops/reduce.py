@@ -41,14 +41,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..runtime import fastpath, new_empty, registry
+from ..runtime import fastpath, new_empty
 from ..runtime.checks import FLOAT_DTYPES, check_backend, check_tensor, normalize_dim
 from ..runtime.heuristics import BLOCK_MAX, REDUCE_CHUNK, amax_bwd_config, row_config, warps_for
 from ..runtime.registry import Op
 from ..runtime.launch import run
 from ._rows import as_rows, gather_row_stats, publish_row_stats, split_launch
-
-_is_compiling = torch.compiler.is_compiling   # the fast path's guard: True while Dynamo traces
 
 
 # ----------------------------------------------------------------------------------------------
@@ -336,9 +334,9 @@ def sum(input: torch.Tensor, dim: int = -1, keepdim: bool = False, *, dtype: tor
     ``backend="cuda"``: the CUDA C++ kernel (warpforge.cuda).
     """
     # the eager fast path (runtime/fastpath.py): None when it does not take the call
-    if (dtype is None and backend == "triton" and fastpath.lib is not None and registry.FAST_EAGER
-            and type(input) is torch.Tensor and type(dim) is int and type(keepdim) is bool and not _is_compiling()):
-        out = fastpath.lib.reduce(input, dim, keepdim, False)
+    fast = fastpath.door(input)
+    if fast is not None and dtype is None and backend == "triton" and type(dim) is int and type(keepdim) is bool:
+        out = fast.reduce(input, dim, keepdim, False)
         if out is not None:
             return out
     if dtype is not None and dtype not in FLOAT_DTYPES:
@@ -352,9 +350,9 @@ def amax(input: torch.Tensor, dim: int = -1, keepdim: bool = False, *, backend: 
     """``torch.amax(input, dim, keepdim)`` over one dim; NaN in a row gives NaN; the gradient is
     shared evenly among the elements equal to the max, as in torch. ``backend="cuda"``: the CUDA
     C++ kernel for the forward (the backward is the Triton kernel)."""
-    if (backend == "triton" and fastpath.lib is not None and registry.FAST_EAGER and type(input) is torch.Tensor
-            and type(dim) is int and type(keepdim) is bool and not _is_compiling()):
-        out = fastpath.lib.reduce(input, dim, keepdim, True)
+    fast = fastpath.door(input)
+    if fast is not None and backend == "triton" and type(dim) is int and type(keepdim) is bool:
+        out = fast.reduce(input, dim, keepdim, True)
         if out is not None:
             return out
     return _reduce_public(amax_op, input, dim, keepdim, cuda=_cuda("amax_last", backend))

@@ -26,14 +26,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..runtime import fastpath, new_empty, registry
+from ..runtime import fastpath, new_empty
 from ..runtime.checks import check_backend, check_tensor, normalize_dim
 from ..runtime.heuristics import softmax_config
 from ..runtime.registry import Op
 from ..runtime.launch import run
 from ._rows import as_rows, exp_minus, gather_row_stats, online_finish, online_update, publish_row_stats, split_launch
-
-_is_compiling = torch.compiler.is_compiling   # the fast path's guard: True while Dynamo traces
 
 
 # ----------------------------------------------------------------------------------------------
@@ -394,9 +392,9 @@ def softmax(input: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None
     """Drop-in for ``torch.nn.functional.softmax(input, dim, dtype=dtype)``. ``backend="cuda"``:
     the CUDA C++ kernels (warpforge.cuda)."""
     # the eager fast path (runtime/fastpath.py): None when it does not take the call
-    if (fastpath.lib is not None and registry.FAST_EAGER and dtype is None and backend == "triton"
-            and type(input) is torch.Tensor and type(dim) is int and not _is_compiling()):
-        out = fastpath.lib.softmax(input, dim, False)
+    fast = fastpath.door(input)
+    if fast is not None and dtype is None and backend == "triton" and type(dim) is int:
+        out = fast.softmax(input, dim, False)
         if out is not None:
             return out
     return _softmax_public(input, dim, dtype, False, backend)
@@ -406,9 +404,9 @@ def log_softmax(input: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = 
                 backend: str = "triton") -> torch.Tensor:
     """Drop-in for ``torch.nn.functional.log_softmax(input, dim, dtype=dtype)``. ``backend="cuda"``:
     the CUDA C++ kernels (warpforge.cuda)."""
-    if (fastpath.lib is not None and registry.FAST_EAGER and dtype is None and backend == "triton"
-            and type(input) is torch.Tensor and type(dim) is int and not _is_compiling()):
-        out = fastpath.lib.softmax(input, dim, True)
+    fast = fastpath.door(input)
+    if fast is not None and dtype is None and backend == "triton" and type(dim) is int:
+        out = fast.softmax(input, dim, True)
         if out is not None:
             return out
     return _softmax_public(input, dim, dtype, True, backend)

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from . import registry
+
 CSRC = Path(__file__).parent / "csrc"
 NAME = "warpforge_fastpath"
 
@@ -137,6 +139,13 @@ class _Loader:
 
 if disabled_reason() is None:
     lib = _Loader()
+
+
+def door(t):
+    """The fast path to try for an eager call whose first tensor is ``t`` (the module, or before
+    the first such call the loader), or None: it is off, or the call does not take the eager
+    door (registry.eager_door: compiling, a tensor subclass, WARPFORGE_EAGER_DISPATCH=1)."""
+    return lib if lib is not None and registry.eager_door(t) else None
 
 
 def offer(kernel, args: tuple, constexprs: dict, num_warps: int, compiled) -> None:

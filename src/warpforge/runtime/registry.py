@@ -46,6 +46,13 @@ def _eager_function(name: str, impl: Callable, setup_context: Callable, backward
                 {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
+def eager_door(t) -> bool:
+    """Whether a call whose first tensor is ``t`` takes the direct eager door: the door is on
+    (:data:`FAST_EAGER`), ``t`` is a plain tensor (type() is exact on purpose: FakeTensor and
+    FunctionalTensor are subclasses and must take the operator door) and Dynamo is not tracing."""
+    return FAST_EAGER and type(t) is torch.Tensor and not torch.compiler.is_compiling()
+
+
 class Op:
     """A custom operator ``warpforge::<name>`` with a fast eager path.
 
@@ -75,10 +82,7 @@ class Op:
         return getattr(getattr(torch.ops, NAMESPACE), self.name).default
 
     def __call__(self, *args):
-        first = args[0]
-        # type() is exact on purpose: FakeTensor and FunctionalTensor are subclasses and must
-        # take the operator door.
-        if FAST_EAGER and type(first) is torch.Tensor and not torch.compiler.is_compiling():
+        if eager_door(args[0]):
             if self._function is not None and torch.is_grad_enabled() and any(
                 isinstance(a, torch.Tensor) and a.requires_grad for a in args
             ):

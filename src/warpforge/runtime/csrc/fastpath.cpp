@@ -664,11 +664,6 @@ py::list kernel_names() {
   return out;
 }
 
-size_t table_size() {
-  std::lock_guard<std::mutex> g(table_mutex);
-  return table.size();
-}
-
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -676,7 +671,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("init", &init);
   m.def("offer", &offer);
   m.def("kernel_names", &kernel_names);
-  m.def("table_size", &table_size);
   m.def("softmax", &softmax);
   m.def("rms_norm", &rms_norm);
   m.def("layer_norm", &layer_norm);
