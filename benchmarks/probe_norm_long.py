@@ -6,12 +6,19 @@ reference and the default config's output (largest elementwise difference, so a 
 row shows), and times it with the bench's own timer (`bench/timing.py`).
 
     python benchmarks/probe_norm_long.py [--ns 32768,65536,262144] [--bwd] [--pipe] [--softmax]
+        [--only ln] [--fwd-variants pipeL:2048:4,...] [--bwd-variants block:1024:4:2,...] [--per-sm 2,3]
+
+A variant is ``mode:chunk:warps[:rows]`` (mode pipeL: the pipe kernels with reload). ``--per-sm``
+sweeps the block backward's weight-gradient grid (programs an SM, ``grad_grid``). Run it with
+WARPFORGE_FASTPATH=0: the fast path would replay the first config it was offered for a shape.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 
 import torch
+import triton
 
 import warpforge as wf
 from warpforge.bench import timing
@@ -30,6 +37,22 @@ PIPE_FWD = [("pipe", 4096, 4), ("pipe", 8192, 4), ("pipe", 8192, 8), ("pipe", 16
             ("pipeL", 8192, 4), ("pipeL", 8192, 8)]
 PIPE_BWD = [("pipe", 2048, 4), ("pipe", 4096, 4), ("pipe", 8192, 8), ("pipeL", 2048, 4), ("pipeL", 4096, 4),
             ("pipeL", 8192, 8)]
+
+
+def parse_variants(text):
+    """``mode:chunk:warps[:rows],...`` -> [(mode, chunk, warps, rows)]."""
+    out = []
+    for item in filter(None, text.split(",")):
+        f = item.split(":")
+        out.append((f[0], int(f[1]), int(f[2]), int(f[3]) if len(f) > 3 else 1))
+    return out
+
+
+def grid_per_sm(per_sm, m, rows, col_tiles, _config_per_sm=None):
+    """``heuristics.grad_grid`` with ``per_sm`` programs an SM instead of GRAD_PROGRAMS_PER_SM."""
+    groups = max(1, min(triton.cdiv(m, rows), dev.sm_count() * per_sm // col_tiles))
+    per = triton.cdiv(triton.cdiv(m, groups), rows) * rows
+    return triton.cdiv(m, per), per
 
 
 def rel(a, b):
@@ -58,6 +81,10 @@ def main():
     ap.add_argument("--softmax", action="store_true", help="softmax / log-softmax forward and backward instead")
     ap.add_argument("--pipe", action="store_true", help="sweep pipe-mode shapes (the deferred-wait kernels) instead of block/loop/split ones")
     ap.add_argument("--defaults-only", action="store_true", help="forward: the heuristic's config only")
+    ap.add_argument("--only", default="rms,ln,add", help="which norms (rms, ln, add)")
+    ap.add_argument("--fwd-variants", default="", help="mode:chunk:warps[:rows],... instead of the built-in lists")
+    ap.add_argument("--bwd-variants", default="", help="mode:chunk:warps[:rows],... instead of the built-in lists")
+    ap.add_argument("--per-sm", default="", help="block backward: programs an SM of the weight-gradient grid")
     args = ap.parse_args()
     copy = dev.ceilings()["copy_gbps"]
     cfg_t = timing.TimingConfig.quick()
@@ -77,7 +104,7 @@ def main():
         calls = {"rms": lambda: wf.rms_norm(x, (n,), w, eps=1e-6),
                  "ln": lambda: wf.layer_norm(x, (n,), w, b, eps=1e-5),
                  "add": lambda: wf.add_rms_norm(x, res, w, eps=1e-6)[0]}
-        for name in ("rms", "ln", "add"):
+        for name in [v for v in ("rms", "ln", "add") if v in args.only.split(",")]:
             nbytes = (4 if name == "add" else 2) * m * n * 2
             comp = torch.compile({"rms": lambda t: torch.nn.functional.rms_norm(t, (n,), w, 1e-6),
                                   "ln": lambda t: torch.nn.functional.layer_norm(t, (n,), w, b, 1e-5),
@@ -88,12 +115,13 @@ def main():
             print(table[-1], flush=True)
             print(f"  default config: {real(n, name == 'ln')}", flush=True)
             base = calls[name]().clone()
-            variants = [("default", 0, 0)] + ([] if args.defaults_only else PIPE_FWD if args.pipe else FWD_VARIANTS)
-            for mode, chunk, warps in variants:
+            variants = [("default", 0, 0, 1)] + ([] if args.defaults_only else parse_variants(args.fwd_variants)
+                                                 or [v + (1,) for v in (PIPE_FWD if args.pipe else FWD_VARIANTS)])
+            for mode, chunk, warps, rows in variants:
                 if chunk > n or (mode == "block" and chunk != n):
                     continue
                 c = (real(n, name == "ln") if mode == "default"
-                     else RowConfig(mode.rstrip("L"), chunk, 1, warps, -(-n // chunk), mode == "pipeL"))
+                     else RowConfig(mode.rstrip("L"), chunk, rows, warps, -(-n // chunk), mode == "pipeL"))
                 norms.norm_fwd_config = lambda _n, layer=False, _c=c: _c
 
                 def run(name=name, c=c, mode=mode, nbytes=nbytes):
@@ -112,7 +140,8 @@ def main():
             dy = torch.randn_like(x)
             bbytes = 3 * m * n * 2
             realb = norms.norm_bwd_config
-            for name in ("rms", "ln"):
+            real_grid = norms.grad_grid
+            for name in [v for v in ("rms", "ln") if v in args.only.split(",")]:
                 xg = x.detach().requires_grad_()
                 wg = w.detach().requires_grad_()
                 bg = b.detach().requires_grad_()
@@ -121,13 +150,19 @@ def main():
                 ins = (xg, wg) if name == "rms" else (xg, wg, bg)
                 ref = torch.autograd.grad(y, ins, dy, retain_graph=True)
                 print(f"  bwd default: {realb(n, name == 'ln')}", flush=True)
-                for mode, chunk, warps in [("default", 0, 0)] + (PIPE_BWD if args.pipe else BWD_VARIANTS):
-                    if chunk > n or (mode == "block" and chunk != n):
+                bwd_variants = [("default", 0, 0, 1, 0)] + [
+                    v + (p,) for v in (parse_variants(args.bwd_variants)
+                                       or [v + (1,) for v in (PIPE_BWD if args.pipe else BWD_VARIANTS)])
+                    for p in ([int(t) for t in args.per_sm.split(",")] if args.per_sm and v[0] == "block" else [0])]
+                for mode, chunk, warps, rows, per_sm in bwd_variants:
+                    if chunk > n or (mode == "block" and chunk != triton.next_power_of_2(n)):
                         continue
                     c = (realb(n, name == "ln") if mode == "default"
-                         else RowConfig(mode.rstrip("L"), chunk, 1, warps, -(-n // chunk), mode == "pipeL"))
+                         else RowConfig(mode.rstrip("L"), chunk, rows, warps, -(-n // chunk), mode == "pipeL"))
                     norms.norm_bwd_config = lambda _n, layer=False, _c=c: _c
-                    what = f"bwd {mode} {chunk}x{warps}w"
+                    if per_sm:
+                        norms.grad_grid = functools.partial(grid_per_sm, per_sm)
+                    what = f"bwd {mode} {chunk}x{warps}w r{rows}" + (f" {per_sm}/SM" if per_sm else "")
 
                     def run(y=y, ins=ins, ref=ref, what=what):
                         got = torch.autograd.grad(y, ins, dy, retain_graph=True)
@@ -141,6 +176,7 @@ def main():
                         attempt(table, n, name, what, run)
                     finally:
                         norms.norm_bwd_config = realb
+                        norms.grad_grid = real_grid
                 del y, ref
             del dy
         del x

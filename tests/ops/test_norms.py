@@ -255,6 +255,29 @@ def test_fp32_weight_with_bf16_input(op):
         assert_close(b.grad, br.grad, torch.float32, scale=10.0, what="db fp32")
 
 
+@pytest.mark.parametrize("groups", [1, 3, 8, 9, 64, 65])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("which", ["both", "w", "b"])
+def test_weight_gradient_partial_sums(groups, dtype, which):
+    """The (G, N) fp32 partial-sum buffers to (N,) gradients in the parameter's dtype: one fp32
+    row as it is, up to GRAD_SUM_MAX rows the fused sum-and-cast kernel, more ATen's sum."""
+    from warpforge.ops import norms
+
+    n = 300                                      # not a multiple of the kernel's column block
+    dw = randn(groups, n) if which != "b" else None
+    db = randn(groups, n) + 0.5 if which != "w" else None
+    got_w, got_b = norms._grad_sums(dw, db, dtype)
+    for got, parts in ((got_w, dw), (got_b, db)):
+        if parts is None:
+            assert got is None
+            continue
+        assert got.shape == (n,) and got.dtype == dtype
+        assert_close(got, parts.double().sum(0), dtype, what=f"G={groups}")
+        if groups == 1 and dtype == torch.float32:
+            assert got.data_ptr() == parts.data_ptr()        # no copy, no launch
+    assert norms.GRAD_SUM_MAX == 64                          # the parametrisation straddles it
+
+
 def test_noncontiguous_inputs_and_expanded_gradients():
     n = 50
     x = noncontig(randn(6, n, requires_grad=True))

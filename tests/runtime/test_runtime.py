@@ -53,24 +53,36 @@ def test_norm_fwd_config_paths():
                 assert (c.mode, c.block_n, c.rows, c.num_warps) == ("block", 32768, 1, 32)
             else:
                 assert c.mode == "pipe" and c.chunks * c.block_n >= n
-                assert c.block_n == (4096 if layer and n <= 65536 else 8192)
+                short_ln = layer and n <= 65536          # 2,048 x 2 warps (NOTES.md item 24)
+                assert (c.block_n, c.num_warps) == ((2048, 2) if short_ln else (8192, 4))
                 assert c.reload == (layer or n <= 65536)
 
 
 def test_norm_bwd_config_paths():
-    """Whole rows to 8K (RMSNorm) / 4K (LayerNorm); on a GPU the split exchange to 32K and the
-    pipe mode past it; the interpreter's two-pass loop."""
+    """Whole rows to 8K (RMSNorm) / 4K (LayerNorm); on a GPU the split exchange and the pipe mode
+    past it (LayerNorm in one-warp 1,024-column programs to 64K); the interpreter's two-pass
+    loop. LayerNorm's short rows: 2,048-element tiles, four programs an SM in the
+    weight-gradient grid (one at 4,096)."""
     for layer in (False, True):
         assert heuristics.norm_bwd_config(4096, layer).mode == "block"
-        for n in (20000, 32768, 65536, 262144):
+        for n in (8192, 20000, 32768, 65536, 262144):
             c = heuristics.norm_bwd_config(n, layer)
             if wf.interpreting():
-                assert c.mode == "loop"
+                assert c.mode == ("block" if n == 8192 and not layer else "loop")
+            elif n == 8192 and not layer:
+                assert c.mode == "block"
+            elif layer and n <= 65536:
+                assert (c.mode, c.block_n, c.num_warps) == ("split" if n <= 16384 else "pipe", 1024, 1)
+                assert c.chunks == -(-n // 1024)
             elif n <= 32768:
                 assert (c.mode, c.block_n, c.chunks) == ("split", 4096, -(-n // 4096))
             else:
                 assert c.mode == "pipe" and c.chunks * c.block_n >= n
                 assert (c.block_n, c.num_warps) == ((2048, 4) if n <= 131072 else (8192, 8))
+    assert heuristics.norm_bwd_config(4096, False).grad_per_sm == heuristics.GRAD_PROGRAMS_PER_SM
+    for n, rows, warps, per_sm in ((1024, 2, 4, 4), (2048, 1, 4, 4), (4096, 2, 16, 1), (100, 16, 4, 4)):
+        c = heuristics.norm_bwd_config(n, True)
+        assert (c.mode, c.rows, c.num_warps, c.grad_per_sm) == ("block", rows, warps, per_sm), n
 
 
 def test_softmax_config_paths():

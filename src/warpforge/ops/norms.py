@@ -39,9 +39,11 @@ Why the kernels look the way they do:
   thread at 16,384 (see ``runtime/heuristics.py: norm_bwd_config``).
 - Weight and bias gradients are deterministic: a persistent grid of G programs (~16 warps per
   SM: 132 row groups on a 132-SM H200 at 16 warps), each walking a fixed contiguous range of
-  rows and accumulating dw (and db) in fp32 registers, writes one row of a (G, N) fp32 buffer;
-  ``buffer.sum(0)`` then reduces it in a fixed order. No atomics, so two runs give the same
-  bits. The buffer costs 2*G*N*4 bytes: 4.3 MB against 805 MB for a 32768x4096 bf16 backward.
+  rows and accumulating dw (and db) in fp32 registers, writes one row of a (G, N) fp32 buffer,
+  reduced in a fixed order and cast to the parameter's dtype: for G <= GRAD_SUM_MAX (every small
+  call) by ``_grad_sum_kernel``, one launch for both parameters, else by ``buffer.sum(0)``; one
+  row group stores the sums itself. No atomics, so two runs give the same bits. The buffer costs
+  2*G*N*4 bytes: 4.3 MB against 805 MB for a 32768x4096 bf16 backward.
   Each program loads its next tile of (x, dy) before computing the current one, so with only
   one program per SM the memory pipe still has a tile in flight.
 - Backward for longer rows, ``split`` (to 32K) and ``pipe`` (past it, the wait a row behind)
@@ -532,10 +534,13 @@ def _norm_bwd_kernel(
     M, N, stride_dy, stride_x, stride_ds, stride_dx, rows_per_prog, offset,
     RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_DSUM: tl.constexpr,
     LLAMA: tl.constexpr, FULL_ROW: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    GRID_PER_SM: tl.constexpr,
 ):
     """dx and deterministic dw/db partials. Program (g, c) owns rows [g*rows_per_prog, +rows_per_prog)
     and columns [c*BLOCK_N, +BLOCK_N). FULL_ROW (block path, one column tile): the row statistics
-    are computed here, in one pass over (x, dy); else they come from c_ptr."""
+    are computed here, in one pass over (x, dy); else they come from c_ptr. GRID_PER_SM is not
+    read here: it names the weight-gradient grid (``grad_grid``) the launch used, which the eager
+    fast path (runtime/csrc/fastpath.cpp) reads from the offered launch to size its own grids."""
     g_id = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -597,6 +602,38 @@ def _norm_bwd_kernel(
         tl.store(db_ptr + part, tl.sum(db_acc, axis=0), mask=cmask)
 
 
+GRAD_SUM_MAX = 64       # partial rows _grad_sum_kernel reduces; more go to torch's sum(0)
+GRAD_SUM_ROWS = 8       # partial rows a _grad_sum_kernel step loads (GRAD_SUM_MAX / 8 steps at most)
+GRAD_SUM_BLOCK = 256    # columns a _grad_sum_kernel program owns
+
+
+@triton.jit
+def _grad_sum_kernel(dw_part_ptr, db_part_ptr,   # (G, N) fp32 partial sums (HAS_W, HAS_B)
+                     dw_ptr, db_ptr,             # (N,) out, the parameters' dtype
+                     G, N,
+                     HAS_W: tl.constexpr, HAS_B: tl.constexpr, GR: tl.constexpr, BLOCK: tl.constexpr):
+    """dw and db from their partial-sum buffers in one launch: GR rows at a time into a (GR, BLOCK)
+    fp32 accumulator, then one fixed-shape reduction over its rows -- the same order for a given
+    G, so the same bits -- and the cast to the parameter's dtype at the store. For the small G of
+    decode-sized calls, where two sums and two casts were four more launches (benchmarks/NOTES.md)."""
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    cmask = cols < N
+    dw = tl.zeros((GR, BLOCK), tl.float32)
+    db = tl.zeros((GR, BLOCK), tl.float32)
+    for g0 in range(0, G, GR):
+        rows = g0 + tl.arange(0, GR)
+        mask = (rows < G)[:, None] & cmask[None, :]
+        off = rows.to(tl.int64)[:, None] * N + cols[None, :]
+        if HAS_W:
+            dw += tl.load(dw_part_ptr + off, mask=mask, other=0.0)
+        if HAS_B:
+            db += tl.load(db_part_ptr + off, mask=mask, other=0.0)
+    if HAS_W:
+        tl.store(dw_ptr + cols, tl.sum(dw, axis=0).to(dw_ptr.dtype.element_ty), mask=cmask)
+    if HAS_B:
+        tl.store(db_ptr + cols, tl.sum(db, axis=0).to(db_ptr.dtype.element_ty), mask=cmask)
+
+
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
@@ -632,13 +669,15 @@ def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, l
 
 
 def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: bool, has_bias: bool):
-    """Returns (dx, dw, db): dw/db are fp32 (N,) sums over rows, or None when absent."""
+    """Returns (dx, dw, db): dw/db are (N,) sums over rows in the weight's dtype (x's without a
+    weight: see ``_param_dtype``), or None when absent."""
     dy2, x2 = as_rows(dy), as_rows(x)
     m, n = x2.shape
     dx = new_empty((m, n), device=x.device, dtype=x.dtype)
     has_w = weight is not None
+    pdtype = _param_dtype(x, weight)
     if m == 0:
-        zeros = torch.zeros((n,), device=x.device, dtype=torch.float32)
+        zeros = torch.zeros((n,), device=x.device, dtype=pdtype)
         return dx.view(x.shape), (zeros if has_w else None), (zeros.clone() if has_bias else None)
     ds2 = None if dsum is None else as_rows(dsum)
     flags = dict(RMS=rms, HAS_W=has_w, HAS_B=has_bias, HAS_DSUM=ds2 is not None, LLAMA=llama)
@@ -660,13 +699,16 @@ def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: 
                          BLOCK_N=cfg.block_n)
         else:
             split_launch(_norm_bwd_split_kernel, m, cfg, x.device, args, **flags, BLOCK_N=cfg.block_n)
-        dw, db = parts["dw"], parts["db"]
-        return (dx.view(x.shape), None if dw is None else dw.sum(0), None if db is None else db.sum(0))
+        return (dx.view(x.shape), *_grad_sums(parts["dw"], parts["db"], pdtype))
     full_row = cfg.mode == "block"
     col_tiles = 1 if full_row else triton.cdiv(n, cfg.block_n)
-    groups, rows_per_prog = grad_grid(m, cfg.rows, col_tiles)
-    dw = new_empty((groups, n), device=x.device, dtype=torch.float32) if has_w else None
-    db = new_empty((groups, n), device=x.device, dtype=torch.float32) if has_bias else None
+    groups, rows_per_prog = grad_grid(m, cfg.rows, col_tiles, cfg.grad_per_sm)
+    # one row group (a few rows): the kernel's partial row is the sum, stored in the parameters'
+    # dtype straight into the (N,) gradients -- no buffer, no second launch
+    direct = groups == 1
+    shape, bdtype = ((n,), pdtype) if direct else ((groups, n), torch.float32)
+    dw = new_empty(shape, device=x.device, dtype=bdtype) if has_w else None
+    db = new_empty(shape, device=x.device, dtype=bdtype) if has_bias else None
     c = rstd
     if not full_row:
         c = new_empty((m, 2), device=x.device, dtype=torch.float32)
@@ -679,21 +721,43 @@ def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: 
          rstd if mean is None else mean, rstd, c, dx, dx if dw is None else dw, dx if db is None else db, m,
          n, dy2.stride(0), x2.stride(0), 0 if ds2 is None else ds2.stride(0), dx.stride(0), rows_per_prog,
          float(offset)),
-        **flags, FULL_ROW=full_row, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
-    # fixed-order reduction over the G partial rows: deterministic (one row: itself, no launch)
-    return dx.view(x.shape), _row_sum(dw), _row_sum(db)
+        **flags, FULL_ROW=full_row, ROWS=cfg.rows, BLOCK_N=cfg.block_n, GRID_PER_SM=cfg.grad_per_sm,
+        num_warps=cfg.num_warps)
+    return dx.view(x.shape), *((dw, db) if direct else _grad_sums(dw, db, pdtype))
 
 
-def _row_sum(parts: torch.Tensor | None) -> torch.Tensor | None:
-    """The (N,) sum of a (G, N) partial-sum buffer; a single row is returned as it is (the fast
-    path in runtime/csrc/fastpath.cpp does the same, so both give the same bits)."""
-    if parts is None:
-        return None
-    return parts[0] if parts.shape[0] == 1 else parts.sum(0)
+def _param_dtype(x: torch.Tensor, weight: torch.Tensor | None) -> torch.dtype:
+    """The dtype dw and db are returned in: the weight's, else x's (autograd casts a bias of
+    another dtype on its way out)."""
+    return x.dtype if weight is None else weight.dtype
 
 
-def _absent(t: torch.Tensor) -> torch.Tensor:
-    return t.new_empty((0,), dtype=torch.float32)
+def _grad_sums(dw: torch.Tensor | None, db: torch.Tensor | None, dtype: torch.dtype):
+    """The (N,) sums of the (G, N) fp32 partial-sum buffers dw and db (either may be None), in
+    ``dtype``, in a fixed order: one fp32 row is returned as it is; up to GRAD_SUM_MAX rows
+    ``_grad_sum_kernel`` sums and casts both in one launch; more go to ``sum(0)`` and a cast. The
+    fast path (runtime/csrc/fastpath.cpp: norm_bwd) makes the same choices, so both give the same
+    bits."""
+    some = dw if dw is not None else db
+    if some is None:
+        return None, None
+    g, n = some.shape
+    if g == 1 and dtype == torch.float32:
+        return (None if dw is None else dw[0]), (None if db is None else db[0])
+    if g > GRAD_SUM_MAX:
+        return (None if dw is None else dw.sum(0).to(dtype)), (None if db is None else db.sum(0).to(dtype))
+    dw_out = None if dw is None else new_empty((n,), device=some.device, dtype=dtype)
+    db_out = None if db is None else new_empty((n,), device=some.device, dtype=dtype)
+    other = dw_out if dw_out is not None else db_out
+    run(_grad_sum_kernel, (triton.cdiv(n, GRAD_SUM_BLOCK),),
+        (some if dw is None else dw, some if db is None else db,
+         other if dw_out is None else dw_out, other if db_out is None else db_out, g, n),
+        HAS_W=dw is not None, HAS_B=db is not None, GR=GRAD_SUM_ROWS, BLOCK=GRAD_SUM_BLOCK, num_warps=4)
+    return dw_out, db_out
+
+
+def _absent(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.new_empty((0,), dtype=dtype)
 
 
 def _rows_of(x: torch.Tensor):
@@ -718,16 +782,17 @@ def _layer_norm_fake(x, weight, bias, eps):
 def _layer_norm_bwd_impl(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
                          mean: torch.Tensor, rstd: torch.Tensor,
                          has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dw, db); dw/db fp32, empty (0,) when that parameter is absent."""
+    """(dx, dw, db); dw/db in the weight's dtype (``_param_dtype``), empty (0,) when absent."""
     dx, dw, db = _norm_bwd(dy, x, None, weight, mean, rstd, 0.0, rms=False, llama=False, has_bias=has_bias)
-    return dx, (_absent(x) if dw is None else dw), (_absent(x) if db is None else db)
+    pdtype = _param_dtype(x, weight)
+    return dx, (_absent(x, pdtype) if dw is None else dw), (_absent(x, pdtype) if db is None else db)
 
 
 def _layer_norm_bwd_fake(dy, x, weight, mean, rstd, has_bias):
     n = x.shape[-1]
-    f32 = torch.float32
-    return (x.new_empty(x.shape), x.new_empty((n if weight is not None else 0,), dtype=f32),
-            x.new_empty((n if has_bias else 0,), dtype=f32))
+    pdtype = _param_dtype(x, weight)
+    return (x.new_empty(x.shape), x.new_empty((n if weight is not None else 0,), dtype=pdtype),
+            x.new_empty((n if has_bias else 0,), dtype=pdtype))
 
 
 layer_norm_backward_op = Op("layer_norm_backward", _layer_norm_bwd_impl, _layer_norm_bwd_fake)
@@ -744,8 +809,8 @@ def _layer_norm_setup(ctx, inputs, output):
 def _layer_norm_backward(ctx, dy, _dmean, _drstd):
     x, weight, mean, rstd = ctx.saved_tensors
     dx, dw, db = layer_norm_backward_op(dy, x, weight, mean, rstd, ctx.bias_dtype is not None)
-    dw = None if weight is None else dw.to(weight.dtype)
-    db = None if ctx.bias_dtype is None else db.to(ctx.bias_dtype)
+    dw = None if weight is None else dw
+    db = None if ctx.bias_dtype is None else db.to(ctx.bias_dtype)   # a no-op unless it differs
     return dx, dw, db, None
 
 
@@ -766,13 +831,13 @@ def _rms_norm_fake(x, weight, eps, offset, llama):
 
 def _rms_norm_bwd_impl(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
                        rstd: torch.Tensor, offset: float, llama: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dw); dw fp32, empty (0,) without a weight."""
+    """(dx, dw); dw in the weight's dtype, empty (0,) without a weight."""
     dx, dw, _ = _norm_bwd(dy, x, None, weight, None, rstd, offset, rms=True, llama=llama, has_bias=False)
-    return dx, (_absent(x) if dw is None else dw)
+    return dx, (_absent(x, x.dtype) if dw is None else dw)
 
 
 def _rms_norm_bwd_fake(dy, x, weight, rstd, offset, llama):
-    return x.new_empty(x.shape), x.new_empty((x.shape[-1] if weight is not None else 0,), dtype=torch.float32)
+    return x.new_empty(x.shape), x.new_empty((x.shape[-1] if weight is not None else 0,), dtype=_param_dtype(x, weight))
 
 
 rms_norm_backward_op = Op("rms_norm_backward", _rms_norm_bwd_impl, _rms_norm_bwd_fake)
@@ -789,7 +854,7 @@ def _rms_norm_setup(ctx, inputs, output):
 def _rms_norm_backward(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
     dx, dw = rms_norm_backward_op(dy, x, weight, rstd, ctx.offset, ctx.llama)
-    return dx, (None if weight is None else dw.to(weight.dtype)), None, None, None
+    return dx, (None if weight is None else dw), None, None, None
 
 
 rms_norm_op = Op("rms_norm", _rms_norm_impl, _rms_norm_fake,
@@ -809,13 +874,13 @@ def _add_rms_norm_fake(x, residual, weight, eps, offset):
 
 def _add_rms_norm_bwd_impl(dnormed: torch.Tensor, dsum: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
                            rstd: torch.Tensor, offset: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dh, dw): dh is the gradient of both x and residual; dw fp32."""
+    """(dh, dw): dh is the gradient of both x and residual; dw in the weight's dtype."""
     dh, dw, _ = _norm_bwd(dnormed, h, dsum, weight, None, rstd, offset, rms=True, llama=False, has_bias=False)
     return dh, dw
 
 
 def _add_rms_norm_bwd_fake(dnormed, dsum, h, weight, rstd, offset):
-    return h.new_empty(h.shape), h.new_empty((h.shape[-1],), dtype=torch.float32)
+    return h.new_empty(h.shape), h.new_empty((h.shape[-1],), dtype=weight.dtype)
 
 
 add_rms_norm_backward_op = Op("add_rms_norm_backward", _add_rms_norm_bwd_impl, _add_rms_norm_bwd_fake)
@@ -832,7 +897,7 @@ def _add_rms_norm_setup(ctx, inputs, output):
 def _add_rms_norm_backward(ctx, dnormed, dsum, _drstd):
     h, weight, rstd = ctx.saved_tensors
     dh, dw = add_rms_norm_backward_op(dnormed, dsum, h, weight, rstd, ctx.offset)
-    return dh, dh, dw.to(weight.dtype), None, None
+    return dh, dh, dw, None, None
 
 
 add_rms_norm_op = Op("add_rms_norm", _add_rms_norm_impl, _add_rms_norm_fake,

@@ -109,13 +109,13 @@ def load(verbose: bool = False) -> bool:
 
             from . import POISON
             from .device import sm_count
-            from .heuristics import GRAD_PROGRAMS_PER_SM
+            from ..ops.norms import GRAD_SUM_MAX
 
             mod = cpp_extension.load(
                 name=NAME, sources=[str(CSRC / "fastpath.cpp")], extra_cflags=["-O3"], with_cuda=True,
                 build_directory=str(_cache_dir()), is_python_module=True,
                 verbose=verbose or bool(os.environ.get("WARPFORGE_BUILD_VERBOSE")))
-            mod.init(sm_count() * GRAD_PROGRAMS_PER_SM, POISON, _fallbacks())
+            mod.init(sm_count(), GRAD_SUM_MAX, POISON, _fallbacks())
         except Exception as e:  # noqa: BLE001 -- no compiler, no ninja, no headers: stay on Python
             _why = f"build failed ({type(e).__name__}: {e}); build directory {_cache_dir()}"
             print(f"warpforge: the eager fast path is off: {_why}", file=sys.stderr)

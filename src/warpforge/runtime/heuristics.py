@@ -33,6 +33,7 @@ CHUNK = 4096               # elements per program in the split and loop paths
 SPLIT_WARPS = 4            # 32 elements a thread: 16 resident programs an SM hide the exchange best
 SPLIT_MAX_CHUNKS = 128     # split path up to N = 128 * CHUNK = 524,288; loop past that
 ELEMS_PER_PROGRAM = 4096   # pack short rows until a program holds about this many elements
+GRAD_PROGRAMS_PER_SM = 2   # programs per SM a weight-gradient grid aims for (RowConfig.grad_per_sm)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +44,7 @@ class RowConfig:
     num_warps: int
     chunks: int = 1    # programs per row (split and pipe modes)
     reload: bool = False   # pipe mode: re-read the per-column weight (and bias) every row
+    grad_per_sm: int = GRAD_PROGRAMS_PER_SM   # block-mode norm backward: weight-gradient grid (grad_grid)
 
 
 def warps_for(elems: int) -> int:
@@ -119,7 +121,9 @@ def norm_fwd_config(n: int, layer: bool) -> RowConfig:
         return wide
     if n > 16 * CHUNK:
         return _exchange_or_row("pipe", n, 2 * CHUNK, SPLIT_WARPS, reload=layer)
-    return _exchange_or_row("pipe", n, CHUNK if layer else 2 * CHUNK, SPLIT_WARPS, reload=True)
+    if layer:   # 2,048 x 2 warps at 65K: 92.1% (4,096 x 4: 83.3%; 262K keeps 8,192 x 4, 88.5 against 80.7)
+        return _exchange_or_row("pipe", n, CHUNK // 2, 2, reload=True)
+    return _exchange_or_row("pipe", n, 2 * CHUNK, SPLIT_WARPS, reload=True)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -324,10 +328,14 @@ def tile_config(n_cols: int) -> tuple[int, int, int]:
 # tiled path (RMSNorm whole to 8,192; LayerNorm's extra accumulator spills there, so it stops at
 # 4,096). H200 sweep at 32768 x 4096 bf16 (benchmarks/NOTES.md): RMSNorm 8 warps x 1 row 85% of
 # copy against 42-60% with 16 warps; LayerNorm 16 warps x 2 rows 71%; two programs an SM.
+# LayerNorm, H100 (NOTES.md item 24): its 8,192-element tile at 16 warps is capped at 128 registers
+# a thread and spills (380 bytes at N = 1,024: 69.5% of copy); 2,048-element tiles of 4 warps
+# (168 registers, three resident an SM) with four programs an SM in the weight-gradient grid run
+# 83-85% at N <= 2,048, and at 4,096 the 16-warp tile with one program an SM 87% (two: 84.5%).
 NORM_BWD_BLOCK_MAX = 8192
 NORM_BWD_TILE = {False: 4096, True: 8192}    # elements a program holds: RMSNorm, LayerNorm
+LN_BWD_SHORT_TILE = 2048                     # LayerNorm rows of <= 2,048: elements a program holds
 NORM_BWD_ELEMS_PER_THREAD = 16
-GRAD_PROGRAMS_PER_SM = 2   # programs per SM a weight-gradient grid aims for
 # Longer rows on a GPU: the split exchange to 32K (C = 8), the pipe mode past it (see above: the
 # split backward waited on the slowest of C programs every row, and at C = 64 lost to the two-pass
 # loop; with the wait deferred a row, 262K runs at 75-84% of copy against the loop's 53-57%).
@@ -341,11 +349,18 @@ def norm_bwd_config(n: int, layer: bool) -> RowConfig:
     4,096-column tiles: two passes; the interpreter's path, and rows past the pipe's reach)."""
     block = triton.next_power_of_2(n)
     if block <= (NORM_BWD_BLOCK_MAX // 2 if layer else NORM_BWD_BLOCK_MAX):
-        rows = max(1, min(64, NORM_BWD_TILE[layer] // block))
+        short = layer and block <= LN_BWD_SHORT_TILE
+        tile = LN_BWD_SHORT_TILE if short else NORM_BWD_TILE[layer]
+        rows = max(1, min(64, tile // block))
         warps = max(4, min(16, block * rows // (32 * NORM_BWD_ELEMS_PER_THREAD)))
-        return RowConfig("block", block, rows, warps)
+        per_sm = (4 if short else 1) if layer else GRAD_PROGRAMS_PER_SM
+        return RowConfig("block", block, rows, warps, grad_per_sm=per_sm)
     if interpreting():
         return RowConfig("loop", 4096, 1, 16)
+    if layer and n <= 16 * CHUNK:
+        # one-warp programs of 1,024 columns (32 a thread), many resident an SM: 82.8% of copy at
+        # 8K (split), 82.2 at 32K and 81.0 at 65K (pipe), against 72.9 / 68.6 / 77.7 before
+        return _exchange_or_row("split" if n <= 4 * CHUNK else "pipe", n, CHUNK // 4, 1)
     if n <= 8 * CHUNK:
         return _exchange_or_row("split", n, CHUNK, SPLIT_WARPS)
     if n <= 32 * CHUNK:
@@ -354,12 +369,12 @@ def norm_bwd_config(n: int, layer: bool) -> RowConfig:
 
 
 @functools.lru_cache(maxsize=4096)
-def grad_grid(m: int, rows: int, col_tiles: int) -> tuple[int, int]:
+def grad_grid(m: int, rows: int, col_tiles: int, per_sm: int = GRAD_PROGRAMS_PER_SM) -> tuple[int, int]:
     """Row groups G and rows per group of a deterministic weight-gradient kernel: G x col_tiles
-    programs, GRAD_PROGRAMS_PER_SM per SM in all, each owning a fixed contiguous run of rows
-    (a multiple of ``rows``) and writing one row of a (G, N) partial-sum buffer. G depends only on
-    the shape and the device, so the reduction order -- and the result's bits -- never change."""
-    target = sm_count() * GRAD_PROGRAMS_PER_SM
+    programs, ``per_sm`` per SM in all, each owning a fixed contiguous run of rows (a multiple of
+    ``rows``) and writing one row of a (G, N) partial-sum buffer. G depends only on the shape, the
+    config and the device, so the reduction order -- and the result's bits -- never change."""
+    target = sm_count() * per_sm
     groups = max(1, min(triton.cdiv(m, rows), target // col_tiles))
     per = triton.cdiv(triton.cdiv(m, groups), rows) * rows
     return triton.cdiv(m, per), per

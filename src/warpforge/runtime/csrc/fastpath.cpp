@@ -24,7 +24,8 @@
 // scratch are not taken).
 //
 // Both paths give the same bits: same kernels, same grids (the weight-gradient grid repeats
-// heuristics.grad_grid, three lines), same ATen reductions after them (tests/runtime/test_fastpath.py).
+// heuristics.grad_grid, three lines, with the programs an SM the offered launch named), same
+// reductions after them (ops/norms.py's _grad_sums; tests/runtime/test_fastpath.py).
 #include <torch/extension.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -50,12 +51,12 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // The kernels this file launches, and what each is keyed on
 // ---------------------------------------------------------------------------------------------
-enum Kid { SOFTMAX_FWD, SOFTMAX_BWD, NORM_FWD, NORM_BWD, GLU_FWD, GLU_BWD, REDUCE_FWD, AMAX_BWD, N_KIDS };
+enum Kid { SOFTMAX_FWD, SOFTMAX_BWD, NORM_FWD, NORM_BWD, GLU_FWD, GLU_BWD, REDUCE_FWD, AMAX_BWD, GRAD_SUM, N_KIDS };
 
 struct KernelInfo {
   const char* name;                 // the @triton.jit function's name
   std::vector<int> free_ints;       // positions keyed by their Triton class (row counts), not value
-  std::vector<int> late_ints;       // free positions whose value depends on the tuning (see find_rows)
+  std::vector<int> late;            // positions that follow from the tuning (see find_rows)
   std::vector<const char*> flags;   // constexprs that select the op's semantics, in key order
 };
 
@@ -63,12 +64,14 @@ const KernelInfo INFO[N_KIDS] = {
     {"_softmax_fwd_block_kernel", {2}, {}, {"LOG"}},                                   // M
     {"_softmax_bwd_block_kernel", {3}, {}, {"LOG"}},                                   // M
     {"_norm_fwd_block_kernel", {8}, {}, {"RMS", "HAS_W", "HAS_B", "HAS_RES", "LLAMA"}},  // M
-    // M; rows per program group (a multiple of ROWS: the weight-gradient grid)
-    {"_norm_bwd_kernel", {10, 16}, {16}, {"RMS", "HAS_W", "HAS_B", "HAS_DSUM", "LLAMA", "FULL_ROW"}},
+    // M; rows per program group (a multiple of ROWS: the weight-gradient grid). Late: that and the
+    // dw/db buffers, whose shape and dtype follow from the grid (one group: the parameters' dtype)
+    {"_norm_bwd_kernel", {10, 16}, {8, 9, 16}, {"RMS", "HAS_W", "HAS_B", "HAS_DSUM", "LLAMA", "FULL_ROW"}},
     {"_glu_fwd_flat_kernel", {3}, {}, {"ACT"}},                                      // elements
     {"_glu_bwd_flat_kernel", {5}, {}, {"ACT"}},                                      // elements
     {"_reduce_fwd_block_kernel", {2}, {}, {"MAX"}},                                  // M
     {"_amax_bwd_block_kernel", {4}, {}, {}},                                         // M
+    {"_grad_sum_kernel", {4}, {}, {"HAS_W", "HAS_B"}},                               // partial rows G
 };
 
 // One runtime argument, as the key and the launch see it.
@@ -105,7 +108,7 @@ int64_t int_class(int64_t v) {
 bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 
 // The key of a launch. ``with_late``: false gives the *tuning key*, which leaves out the late
-// integers (their value follows from the tuning it looks up).
+// arguments (they follow from the tuning it looks up).
 Key make_key(Kid kid, int device, const std::vector<int64_t>& flags, const std::vector<Arg>& args, bool with_late) {
   Key k;
   k.reserve(4 + flags.size() + 2 * args.size());
@@ -116,11 +119,11 @@ Key make_key(Kid kid, int device, const std::vector<int64_t>& flags, const std::
   const KernelInfo& info = INFO[kid];
   for (int p = 0; p < static_cast<int>(args.size()); ++p) {
     const Arg& a = args[p];
+    if (!with_late && contains(info.late, p)) { k.push_back(6); k.push_back(0); continue; }
     switch (a.kind) {
       case 't': k.push_back(1); k.push_back(a.i * 2 + (a.ptr % 16 == 0 ? 1 : 0)); break;
       case 'i':
-        if (contains(info.late_ints, p) && !with_late) { k.push_back(6); k.push_back(0); }
-        else if (contains(info.free_ints, p)) { k.push_back(2); k.push_back(int_class(a.i)); }
+        if (contains(info.free_ints, p)) { k.push_back(2); k.push_back(int_class(a.i)); }
         else { k.push_back(3); k.push_back(a.i); }
         break;
       case 'f': k.push_back(4); k.push_back(0); break;
@@ -138,13 +141,15 @@ struct Entry {
   unsigned shared = 0;
   std::string kinds;
   int64_t rows = 1;   // the ROWS constexpr: rows a program covers
+  int64_t per_sm = 0; // the GRID_PER_SM constexpr: programs an SM of a weight-gradient grid
   int64_t block = 1;  // the BLOCK constexpr: elements a program covers (flat kernels)
 };
 
 std::mutex table_mutex;
 std::unordered_map<Key, Entry, KeyHash> table;        // full key -> kernel
-std::unordered_map<Key, int64_t, KeyHash> tunings;    // tuning key -> ROWS (kernels with late integers)
-int64_t grad_target = 0;   // heuristics.grad_grid's target program count (SMs x programs an SM)
+std::unordered_map<Key, std::pair<int64_t, int64_t>, KeyHash> tunings;   // tuning key -> (ROWS, GRID_PER_SM)
+int64_t sms = 0;             // the device's SM count (heuristics.grad_grid's target is SMs x GRID_PER_SM)
+int64_t grad_sum_max = 0;    // ops/norms.py's GRAD_SUM_MAX: most partial rows _grad_sum_kernel reduces
 bool poison = false;       // runtime.POISON: outputs start as NaN, so an unwritten element fails a test
 
 Tensor poisoned(Tensor t) {
@@ -164,11 +169,12 @@ const Entry* find(const Key& k) {
   return it == table.end() ? nullptr : &it->second;   // never erased, and nodes do not move
 }
 
-bool find_rows(const Key& k, int64_t& rows) {
+bool find_rows(const Key& k, int64_t& rows, int64_t& per_sm) {
   std::lock_guard<std::mutex> g(table_mutex);
   auto it = tunings.find(k);
   if (it == tunings.end()) return false;
-  rows = it->second;
+  rows = it->second.first;
+  per_sm = it->second.second;
   return true;
 }
 
@@ -219,7 +225,10 @@ bool run_flat(Kid kid, int device, const std::vector<int64_t>& flags, const std:
 // Python functions that compute a backward when its kernel was never offered (set at load).
 std::unordered_map<std::string, py::object>* fallbacks = new std::unordered_map<std::string, py::object>();
 
+int64_t fallback_calls = 0;   // how often a backward fell back (tests: a warm shape never should)
+
 py::object fallback(const char* name) {
+  ++fallback_calls;
   auto it = fallbacks->find(name);
   TORCH_CHECK(it != fallbacks->end(), "warpforge fast path: no fallback registered for ", name);
   return it->second;
@@ -356,8 +365,10 @@ bool norm_fwd(const Tensor& x, const Tensor* res, const std::optional<Tensor>& w
   return run_rows(NORM_FWD, x.get_device(), flags, args, m);
 }
 
-// dx and the fp32 dw/db sums over rows, from the block-mode backward kernel, with
-// heuristics.grad_grid's partial-sum grid and the same fixed-order sum of the partial rows.
+// dx and the dw/db sums over rows (in the weight's dtype, x's without one), from the block-mode
+// backward kernel, with heuristics.grad_grid's partial-sum grid and ops/norms.py's choices after
+// it: one row group stores the sums itself; up to grad_sum_max partial rows _grad_sum_kernel
+// (both parameters, summed and cast in one launch); more rows ATen's sum(0) and a cast.
 struct NormBwd { Tensor dx, dw, db; };
 
 bool norm_bwd(Tensor dy, const Tensor& x, const Tensor* dsum, const Tensor& w, const Tensor& mean,
@@ -370,32 +381,64 @@ bool norm_bwd(Tensor dy, const Tensor& x, const Tensor* dsum, const Tensor& w, c
   bool has_w = w.defined();
   out.dx = out_like(x);
   std::vector<int64_t> flags{rms, has_w, has_b, dsum != nullptr, llama, 1};
-  // dw/db stand-ins for the tuning key: an fp32 allocation (aligned alike), or dx where absent
+  // dw/db: placeholders until the grid is known (late arguments, not in the tuning key)
   std::vector<Arg> args{T(dy), T(x), T(dsum ? ds : dy), T(has_w ? w : x), T(rms ? rstd : mean), T(rstd), T(rstd),
                         T(out.dx), T(has_w ? rstd : out.dx), T(has_b ? rstd : out.dx), I(m), I(n), I(n), I(n),
                         I(dsum ? n : 0), I(n), I(0), F(offset)};
-  // the grid: ROWS from the tuning key, then heuristics.grad_grid(m, ROWS, 1)
-  int64_t rows;
-  if (!find_rows(make_key(NORM_BWD, device, flags, args, false), rows)) return false;
-  int64_t groups = std::max<int64_t>(1, std::min((m + rows - 1) / rows, grad_target));
+  // the grid: ROWS and GRID_PER_SM from the tuning key, then heuristics.grad_grid(m, ROWS, 1, per_sm)
+  int64_t rows, per_sm;
+  if (!find_rows(make_key(NORM_BWD, device, flags, args, false), rows, per_sm)) return false;
+  int64_t groups = std::max<int64_t>(1, std::min((m + rows - 1) / rows, sms * per_sm));
   int64_t per = ((m + groups - 1) / groups + rows - 1) / rows * rows;
   groups = (m + per - 1) / per;
-  auto f32 = x.options().dtype(at::kFloat);
-  Tensor dw = has_w ? out_empty({groups, n}, f32) : Tensor();
-  Tensor db = has_b ? out_empty({groups, n}, f32) : Tensor();
+  // as ops/norms.py: one row group stores its sums in the parameters' dtype straight into (N,)
+  auto pdtype = has_w ? w.scalar_type() : x.scalar_type();
+  bool direct = groups == 1;
+  auto bo = x.options().dtype(direct ? pdtype : at::kFloat);
+  std::vector<int64_t> shape = direct ? std::vector<int64_t>{n} : std::vector<int64_t>{groups, n};
+  Tensor dw = has_w ? out_empty(shape, bo) : Tensor();
+  Tensor db = has_b ? out_empty(shape, bo) : Tensor();
   args[8] = T(has_w ? dw : out.dx);
   args[9] = T(has_b ? db : out.dx);
   args[16] = I(per);
   const Entry* e = find(make_key(NORM_BWD, device, flags, args, true));
   if (!e) return false;
+  // the sums, as _grad_sums: look their kernel up before launching anything
+  bool fused = !direct && groups <= grad_sum_max && (has_w || has_b);
+  Tensor dwo, dbo;
+  std::vector<Arg> sargs;
+  const Entry* se = nullptr;
+  if (fused) {
+    auto po = x.options().dtype(pdtype);
+    if (has_w) dwo = out_empty({n}, po);
+    if (has_b) dbo = out_empty({n}, po);
+    const Tensor& some = has_w ? dw : db;
+    const Tensor& other = has_w ? dwo : dbo;
+    sargs = {T(has_w ? dw : some), T(has_b ? db : some), T(has_w ? dwo : other), T(has_b ? dbo : other),
+             I(groups), I(n)};
+    se = find(make_key(GRAD_SUM, device, {has_w, has_b}, sargs, true));
+    if (!se) return false;
+  }
   launch(*e, args, groups, 1, device);
-  // as ops/norms.py's _row_sum: one partial row is the sum
-  if (has_w) out.dw = groups == 1 ? dw[0] : dw.sum(0);
-  if (has_b) out.db = groups == 1 ? db[0] : db.sum(0);
+  if (fused) {
+    launch(*se, sargs, (n + se->block - 1) / se->block, 1, device);
+    out.dw = dwo;
+    out.db = dbo;
+  } else if (direct) {
+    out.dw = dw;
+    out.db = db;
+  } else {
+    if (has_w) out.dw = dw.sum(0).to(pdtype);
+    if (has_b) out.db = db.sum(0).to(pdtype);
+  }
   return true;
 }
 
-Tensor cast_like(const Tensor& g, const Tensor& p) { return g.defined() && p.defined() ? g.to(p.scalar_type()) : Tensor(); }
+// a parameter's gradient in its dtype (norm_bwd gives the weight's; a bias of another dtype casts)
+Tensor cast_like(const Tensor& g, const Tensor& p) {
+  if (!g.defined() || !p.defined()) return Tensor();
+  return g.scalar_type() == p.scalar_type() ? g : g.to(p.scalar_type());
+}
 
 struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const std::optional<Tensor>& w, NormFwd* out,
@@ -639,14 +682,17 @@ void offer(const std::string& name, int device, py::sequence args, py::dict cons
   e.shared = shared;
   e.kinds = kinds;
   e.rows = constexprs.contains("ROWS") ? py::int_(constexprs["ROWS"]).cast<int64_t>() : 1;
+  e.per_sm = constexprs.contains("GRID_PER_SM") ? py::int_(constexprs["GRID_PER_SM"]).cast<int64_t>() : 0;
   e.block = constexprs.contains("BLOCK") ? py::int_(constexprs["BLOCK"]).cast<int64_t>() : 1;
   std::lock_guard<std::mutex> g(table_mutex);
   table.emplace(make_key(static_cast<Kid>(kid), device, flags, a, true), e);
-  if (!INFO[kid].late_ints.empty()) tunings.emplace(make_key(static_cast<Kid>(kid), device, flags, a, false), e.rows);
+  if (!INFO[kid].late.empty())
+    tunings.emplace(make_key(static_cast<Kid>(kid), device, flags, a, false), std::make_pair(e.rows, e.per_sm));
 }
 
-void init(int64_t target, bool poison_outputs, py::dict fbs) {
-  grad_target = target;
+void init(int64_t sm_count, int64_t grad_sum_rows, bool poison_outputs, py::dict fbs) {
+  sms = sm_count;
+  grad_sum_max = grad_sum_rows;
   poison = poison_outputs;
   for (auto item : fbs) (*fallbacks)[item.first.cast<std::string>()] = py::reinterpret_borrow<py::object>(item.second);
   if (!cu_launch) {
@@ -657,6 +703,8 @@ void init(int64_t target, bool poison_outputs, py::dict fbs) {
     TORCH_CHECK(cu_launch, "warpforge fast path: libcuda.so.1 has no cuLaunchKernel");
   }
 }
+
+int64_t fallbacks_used() { return fallback_calls; }
 
 py::list kernel_names() {
   py::list out;
@@ -671,6 +719,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("init", &init);
   m.def("offer", &offer);
   m.def("kernel_names", &kernel_names);
+  m.def("fallbacks_used", &fallbacks_used);
   m.def("softmax", &softmax);
   m.def("rms_norm", &rms_norm);
   m.def("layer_norm", &layer_norm);
