@@ -49,15 +49,20 @@ def test_report_merges_runs(tmp_path):
            "status": "ok", "ms": 1.0, "gbps": 1.0, "pct_copy": 50.0, "ratio": 1.0, "headline": True,
            "small": False, "bytes": 1, "flops": 1, "tflops": 0.0}
     meta = {"device": {"name": "FakeGPU"}, "ceilings": {"copy_gbps": 2.0, "bf16_tflops": 1.0}, "command": "x"}
+    small = {**row, "shape": "1x8", "small": True, "headline": False}
     runs = [[{**row, "op": "softmax", "ms": 2.0}, {**row, "op": "sum"},   # softmax bf16 re-timed in run 1
-             {**row, "op": "sum", "dtype": "fp16", "ms": 3.0}],
-            [{**row, "op": "softmax"}, {**row, "op": "rms_norm"}, {**row, "op": "sum", "dtype": "fp32", "ms": 4.0}]]
+             {**row, "op": "sum", "dtype": "fp16", "ms": 3.0},
+             {**small, "op": "rms_norm", "ms": 5.0}, {**row, "op": "rms_norm", "ms": 6.0}],
+            [{**row, "op": "softmax"}, {**row, "op": "add"}, {**row, "op": "sum", "dtype": "fp32", "ms": 4.0}],
+            [{**small, "op": "rms_norm", "ms": 7.0}]]   # a --small run
     for i, rows in enumerate(runs):
         report.write_results(tmp_path / f"r{i}", rows, {**meta, "command": f"run {i}"}, [f"note {i}"])
-    assert main(["report", str(tmp_path / "r0"), str(tmp_path / "r1"), "--out", str(tmp_path / "m")]) == 0
+    assert main(["report", *(str(tmp_path / f"r{i}") for i in range(3)), "--out", str(tmp_path / "m")]) == 0
     merged = json.loads((tmp_path / "m" / "results.json").read_text())
-    assert sorted(r["op"] for r in merged["rows"]) == ["rms_norm", "softmax", "sum", "sum", "sum"]
+    assert sorted(r["op"] for r in merged["rows"]) == ["add", "rms_norm", "rms_norm", "softmax", "sum", "sum", "sum"]
     assert [r["ms"] for r in merged["rows"] if r["op"] == "softmax"] == [1.0], "the later run wins"
     assert sorted(r["ms"] for r in merged["rows"] if r["op"] == "sum") == [1.0, 3.0, 4.0], \
         "a later run of another dtype keeps the earlier dtype's rows"
-    assert merged["merged_from"] == ["run 0", "run 1"] and merged["notes"] == ["note 0", "note 1"]
+    assert sorted((r["small"], r["ms"]) for r in merged["rows"] if r["op"] == "rms_norm") == [(False, 6.0), (True, 7.0)], \
+        "a --small run replaces the small rows and keeps the large ones"
+    assert merged["merged_from"] == ["run 0", "run 1", "run 2"] and merged["notes"] == ["note 0", "note 1", "note 2"]

@@ -179,7 +179,14 @@ def test_bench_runner_plumbing_with_fake_timers(monkeypatch):
     monkeypatch.setattr(runner, "_measure", measure)
     monkeypatch.setattr(timing, "warm", lambda fn, n: fn())
     monkeypatch.setattr(timing, "device_ms", fake_ms)
-    monkeypatch.setattr(timing, "host_us", lambda fn, calls=200: 7.0)
+    host_doors = []
+
+    def fake_host_us(fn, calls=200):   # every round returns less: each row keeps its last round
+        fn()
+        host_doors.append(registry.FAST_EAGER)
+        return 100.0 - len(host_doors)
+
+    monkeypatch.setattr(timing, "host_us", fake_host_us)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     wl = W.WORKLOADS["softmax"]
     monkeypatch.setattr(wl, "cases", lambda quick: [W.Case("4x33", {"M": 4, "N": 33}, headline=True),
@@ -207,7 +214,15 @@ def test_bench_runner_plumbing_with_fake_timers(monkeypatch):
         assert r["best_peer"] == "eager"
         assert r["ratio"] == pytest.approx(2.0 / times[r["impl"]])
         assert r["gbps"] == pytest.approx(r["bytes"] / r["ms"] / 1e6)
-        assert (r["host_us"] == 7.0) == r["small"]
+        assert (r["host_us"] is not None) == r["small"]
+    # host time of the small case: the three working implementations in alternating rounds, each
+    # keeping its least (here its last) round
+    rounds = timing.TimingConfig().host_rounds
+    assert host_doors == [saved, False, saved] * rounds * len(W.MODES)
+    for j, mode in enumerate(W.MODES):
+        for i, impl in enumerate(("warpforge", "warpforge[dispatch]", "eager")):
+            r = next(r for r in small if r["impl"] == impl and r["mode"] == mode)
+            assert r["host_us"] == 100.0 - (3 * rounds * j + 3 * (rounds - 1) + i + 1)
     fwd = next(r for r in big if r["impl"] == "warpforge" and r["mode"] == "fwd")
     assert fwd["err_vs_eager"] < 1e-5
     assert ("warpforge[dispatch]", False) in doors and ("warpforge", True) in doors

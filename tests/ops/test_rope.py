@@ -190,6 +190,7 @@ def test_double_backward():
 def test_positions_out_of_range(monkeypatch):
     q, k = randn(2, 2, 4, 8), randn(2, 1, 4, 8)
     cos, sin = make_table(None, 10, 8)
+    monkeypatch.setattr(rope_mod, "CHECK_POSITIONS", True)       # asked for (always so for CPU ids)
     for bad in (torch.tensor([0, 1, 10, 2], device=DEVICE), torch.tensor([[0, 1, 2, 3], [0, -1, 2, 3]], device=DEVICE)):
         with pytest.raises(IndexError, match="'position_ids' has values in"):
             apply_rope(q, k, cos, sin, bad)
@@ -197,9 +198,15 @@ def test_positions_out_of_range(monkeypatch):
         apply_rope(q, k, cos, sin, 7)
     with pytest.raises(ValueError, match="offset is -1"):
         apply_rope(q, k, cos, sin, -1)
-    # unchecked (as under torch.compile): the kernel reads nothing outside the table, the token is NaN
+    # unchecked (GPU ids by default, and under torch.compile): the kernel reads nothing outside
+    # the table, the token is NaN
     monkeypatch.setattr(rope_mod, "CHECK_POSITIONS", False)
-    qo, ko = apply_rope(q, k, cos, sin, torch.tensor([0, 1, 10**9, -5], device=DEVICE))
+    bad = torch.tensor([0, 1, 10**9, -5], device=DEVICE)
+    if bad.device.type == "cpu":
+        with pytest.raises(IndexError, match="'position_ids' has values in"):   # CPU ids: no sync, checked
+            apply_rope(q, k, cos, sin, bad)
+        monkeypatch.setattr(rope_mod, "_check_positions", lambda ids, rows: None)
+    qo, ko = apply_rope(q, k, cos, sin, bad)
     assert torch.isnan(qo[:, :, 2:]).all() and torch.isnan(ko[:, :, 2:]).all()
     qr, kr = rope_reference(q, k, cos, sin)                                # ids 0, 1 are rows 0, 1
     assert_close(qo[:, :, :2], qr[:, :, :2], torch.float32)

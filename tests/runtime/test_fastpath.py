@@ -223,6 +223,28 @@ def test_reduce_same_bits(fast, shape, dtype, op):
 
 
 @gpu_only
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("shape", [(1, 4096), (7, 123), (2**20,), (3, 5, 1000), (1,)])
+@pytest.mark.parametrize("alpha", [1.0, -0.5])
+def test_add_same_bits(fast, shape, dtype, alpha):
+    x = randn(*shape, dtype=dtype).requires_grad_()
+    y = randn(*shape, dtype=dtype).requires_grad_()
+    _same_bits(lambda a, b: wf.add(a, b, alpha=alpha), lambda: _leaves(x, y), fast)
+
+
+@gpu_only
+def test_add_takes_python_where_it_must(fast):
+    x, y = randn(4, 256), randn(4, 256)
+    assert fast.add(x, y.T.contiguous().T, 1.0) is None              # not contiguous
+    assert fast.add(x, y[:, :128], 1.0) is None                      # shapes differ
+    assert fast.add(x, y.half(), 1.0) is None                        # dtypes differ
+    with pytest.raises(ValueError, match="'other' has shape"):
+        wf.add(x, y[:, :128])                                        # the Python path's clear error
+    torch.testing.assert_close(wf.add(x, y, alpha=2), x + 2 * y)     # an int alpha
+    torch.testing.assert_close(wf.add(x, y, variant="naive"), x + y)
+
+
+@gpu_only
 def test_packed_glu_and_sum_dtype_take_python(fast):
     gu = randn(4, 256, dtype=torch.bfloat16)
     torch.testing.assert_close(wf.swiglu(gu).float(), (torch.nn.functional.silu(gu[:, :128].float())

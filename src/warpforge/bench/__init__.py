@@ -110,7 +110,8 @@ def merge(inputs: list[str | Path], out: str | Path) -> int:
     """One report (JSON, markdown, roofline) from the results.json of several runs on one device:
     metadata from the first run plus each run's command; for an (op, dtype, mode) timed in several
     runs, the rows of the last run that timed it (pass the runs oldest first): a later fp16 run of
-    an op does not displace an earlier bf16 one."""
+    an op does not displace an earlier bf16 one. Decode-sized rows and large ones count apart: a
+    ``--small`` run replaces an op's small rows and leaves its large ones."""
     runs = [json.loads((Path(d) / "results.json").read_text()) for d in inputs]
     names = {r["device"]["name"] for r in runs}
     if len(names) != 1:
@@ -118,7 +119,7 @@ def merge(inputs: list[str | Path], out: str | Path) -> int:
     meta = {k: v for k, v in runs[0].items() if k not in ("rows", "notes", "summary")}
     meta["merged_from"] = [r.get("command") for r in runs]
     def group(row):
-        return row["op"], row["dtype"], row["mode"]
+        return row["op"], row["dtype"], row["mode"], bool(row.get("small"))
 
     latest = {group(row): i for i, r in enumerate(runs) for row in r["rows"]}
     rows = [row for i, r in enumerate(runs) for row in r["rows"] if latest[group(row)] == i]

@@ -14,7 +14,9 @@
     opens gaps between the calls (what ``device_ms`` measures is GPU time).
   * ``clean`` -- smaller calls, one at a time, each after a flush that leaves the L2 holding only
     *clean* lines of an unrelated buffer (a 256 MB memset, then a read pass over twice the L2): the
-    call's inputs come from DRAM and it writes back nothing it did not write.
+    call's inputs come from DRAM and it writes back nothing it did not write. A GPU sleep between
+    the flush and the first event covers the call's host time (a small forward+backward spends
+    100+ us in autograd, longer than the flush), so here too the events bracket GPU work alone.
 
   Why not ``triton.testing.do_bench``'s flush (a 256 MB memset before each call, which this module
   used until 2026-11-22): the memset's last ~L2 of writes is still dirty when the call starts, so the
@@ -25,7 +27,10 @@
   that way carry ``timing: memset`` in merged reports.
 - ``host_us``: what a decode loop feels. 200 back-to-back calls, one synchronize, wall clock per
   call. Below ~20 us of GPU work per call, Python and dispatcher overhead is the cost, and this is
-  the number that shows it; ``device_ms`` hides it because events bracket only the GPU work.
+  the number that shows it; ``device_ms`` hides it because events bracket only the GPU work. The
+  bench times a small case's implementations in 5 alternating rounds and keeps each one's least
+  (``runner._host_times``): the host's noise only adds time, and single loops varied +-30% from
+  run to run.
 
 - ``extra_gib``: the peak device memory one call adds above what is allocated before it (its
   outputs, gradients and workspace count; the inputs, already there, do not).
@@ -49,10 +54,11 @@ class TimingConfig:
     rep_ms: float = 100.0     # measurement budget, milliseconds of GPU time
     warm_calls: int = 3       # explicit calls before timing: JIT/compile, autotune, allocator
     host_calls: int = 200     # back-to-back calls for host_us
+    host_rounds: int = 5      # alternating host_us rounds over a small case's implementations (runner)
 
     @classmethod
     def quick(cls) -> "TimingConfig":
-        return cls(warmup_ms=10.0, rep_ms=40.0, warm_calls=2, host_calls=200)
+        return cls(warmup_ms=10.0, rep_ms=40.0, warm_calls=2, host_calls=200, host_rounds=5)
 
 
 def warm(fn: Callable[[], object], calls: int) -> None:
@@ -130,13 +136,34 @@ def _warm_calls(cfg: "TimingConfig", est: float) -> int:
     return min(max(1, int(cfg.warmup_ms / est)), 1000)
 
 
+def _host_ms(fn: Callable[[], object]) -> float:
+    """Host milliseconds to issue one call (three calls after a synchronize; their GPU work runs
+    behind)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        fn()
+    return (time.perf_counter() - t0) / 3 * 1e3
+
+
+def _cover(host_ms: float) -> int:
+    """GPU sleep cycles ahead of a timed call or batch that let the host queue all of its work
+    first (1.5x its issue time and 50 us, at most 50 ms): the events then bracket GPU work, not
+    gaps the host leaves."""
+    return int(min(1.5 * host_ms + 0.05, 50.0) * _cycles_per_ms())
+
+
 def _clean_ms(fn: Callable[[], object], cfg: "TimingConfig", est: float) -> float:
     for _ in range(_warm_calls(cfg, est)):
         fn()
+    # A small call's host time (a forward+backward through autograd: 100+ us) can outlast the flush,
+    # and the GPU would then sit between the events waiting for kernels the host has not issued yet.
+    sleep = _cover(_host_ms(fn))
     n = min(max(int(cfg.rep_ms / est), 10), 1000)
     start, end = _events(n), _events(n)
     for i in range(n):
         flush_l2()
+        torch.cuda._sleep(sleep)
         start[i].record()
         fn()
         end[i].record()
@@ -149,13 +176,8 @@ def _steady_ms(fn: Callable[[], object], cfg: "TimingConfig", est: float) -> flo
     n = min(max(int(cfg.rep_ms / (batch * est)), 5), 100)
     for _ in range(_warm_calls(cfg, est)):
         fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()       # host time to issue one call (its GPU work runs behind)
-    for _ in range(3):
-        fn()
-    host_ms = (time.perf_counter() - t0) / 3 * 1e3
     # Enough GPU sleep before each batch for the host to queue all of it: no gaps inside a batch.
-    sleep = int(min(1.5 * batch * host_ms + 0.05, 50.0) * _cycles_per_ms())
+    sleep = _cover(batch * _host_ms(fn))
     start, end = _events(n), _events(n)
     torch.cuda.synchronize()
     for i in range(n):

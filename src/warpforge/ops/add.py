@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..runtime import new_empty
+from ..runtime import fastpath, new_empty
 from ..runtime.checks import check_backend, check_same, check_tensor
 from ..runtime.heuristics import FLAT_BLOCK, FLAT_WARPS
 from ..runtime.registry import Op
@@ -166,6 +166,12 @@ def add(input: torch.Tensor, other: torch.Tensor, *, alpha: float = 1.0, variant
     the kernel: ``"vectorized"`` (default, the fast one) or ``"naive"`` (the textbook version).
     ``backend="cuda"`` runs the CUDA C++ kernels of the same two variants (warpforge.cuda).
     """
+    # the eager fast path (runtime/fastpath.py): None when it does not take the call
+    fast = fastpath.door(input)
+    if fast is not None and variant == "vectorized" and backend == "triton" and type(alpha) in (int, float):
+        out = fast.add(input, other, float(alpha))
+        if out is not None:
+            return out
     check_tensor("input", input, min_dim=0)
     check_tensor("other", other, min_dim=0)
     if other.shape != input.shape:

@@ -69,7 +69,7 @@ import triton.language as tl
 
 from ..runtime import fastpath, new_empty
 from ..runtime.checks import check_normalized_shape, check_same, check_tensor, check_weight
-from ..runtime.heuristics import grad_grid, norm_bwd_config, norm_fwd_config
+from ..runtime.heuristics import grad_grid, grad_sum_config, norm_bwd_config, norm_fwd_config
 from ..runtime.registry import Op
 from ..runtime.launch import run
 from ._rows import as_rows, gather_row_stats, publish_row_stats, split_launch
@@ -122,6 +122,9 @@ def add_rms_norm_reference(x, residual, weight, eps: float | None = None, offset
 # the optional weight/bias, the fused residual add (HAS_RES) and Llama rounding (LLAMA). Pointers
 # of absent tensors are placeholders that are never touched.
 # ----------------------------------------------------------------------------------------------
+EARLY_PARAMS_MAX = tl.constexpr(4096)  # the block forward's widest program that loads w and b with x
+
+
 @triton.jit
 def _norm_fwd_block_kernel(
     x_ptr, res_ptr,            # (M, N) input and residual (HAS_RES), column stride 1, any row stride
@@ -139,6 +142,16 @@ def _norm_fwd_block_kernel(
     cmask = cols < N
     mask = rmask[:, None] & cmask[None, :]
     r = rows.to(tl.int64)[:, None]
+    # Programs of up to 4,096 elements (every row to 4K, the decode shapes among them) load the
+    # weight and bias with x rather than after the row's reductions: a decode-sized call then waits
+    # for memory once, not twice (LayerNorm, 64 x 4,096 bf16, H100: 7.3 -> 5.5 us). Wider programs
+    # load them late: held from the start they spill (32K x 32 warps: 94.6 -> 75.4% of copy).
+    if HAS_W:
+        if ROWS * BLOCK_N <= EARLY_PARAMS_MAX:
+            w = tl.load(w_ptr + cols, mask=cmask, other=0.0)
+    if HAS_B:
+        if ROWS * BLOCK_N <= EARLY_PARAMS_MAX:
+            b = tl.load(b_ptr + cols, mask=cmask, other=0.0)
     x = tl.load(x_ptr + r * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
         x += tl.load(res_ptr + r * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -159,10 +172,13 @@ def _norm_fwd_block_kernel(
         x_hat = x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
     y = x_hat
     if HAS_W:
-        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-        y = y * (w + offset)[None, :]
+        if ROWS * BLOCK_N > EARLY_PARAMS_MAX:
+            w = tl.load(w_ptr + cols, mask=cmask, other=0.0)
+        y = y * (w.to(tl.float32) + offset)[None, :]
     if HAS_B:
-        y += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        if ROWS * BLOCK_N > EARLY_PARAMS_MAX:
+            b = tl.load(b_ptr + cols, mask=cmask, other=0.0)
+        y += b.to(tl.float32)[None, :]
     tl.store(y_ptr + r * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -603,8 +619,6 @@ def _norm_bwd_kernel(
 
 
 GRAD_SUM_MAX = 64       # partial rows _grad_sum_kernel reduces; more go to torch's sum(0)
-GRAD_SUM_ROWS = 8       # partial rows a _grad_sum_kernel step loads (GRAD_SUM_MAX / 8 steps at most)
-GRAD_SUM_BLOCK = 256    # columns a _grad_sum_kernel program owns
 
 
 @triton.jit
@@ -749,10 +763,11 @@ def _grad_sums(dw: torch.Tensor | None, db: torch.Tensor | None, dtype: torch.dt
     dw_out = None if dw is None else new_empty((n,), device=some.device, dtype=dtype)
     db_out = None if db is None else new_empty((n,), device=some.device, dtype=dtype)
     other = dw_out if dw_out is not None else db_out
-    run(_grad_sum_kernel, (triton.cdiv(n, GRAD_SUM_BLOCK),),
+    rows, block = grad_sum_config(n, GRAD_SUM_MAX)
+    run(_grad_sum_kernel, (triton.cdiv(n, block),),
         (some if dw is None else dw, some if db is None else db,
          other if dw_out is None else dw_out, other if db_out is None else db_out, g, n),
-        HAS_W=dw is not None, HAS_B=db is not None, GR=GRAD_SUM_ROWS, BLOCK=GRAD_SUM_BLOCK, num_warps=4)
+        HAS_W=dw is not None, HAS_B=db is not None, GR=rows, BLOCK=block, num_warps=4)
     return dw_out, db_out
 
 

@@ -1,4 +1,4 @@
-"""The eager fast path: small row-op calls issued from C++ (``csrc/fastpath.cpp``).
+"""The eager fast path: small row-op (and add) calls issued from C++ (``csrc/fastpath.cpp``).
 
 A decode-sized row op (1-64 rows) does a few microseconds of GPU work. Issued from Python -- argument
 checks, allocations, a Triton launch, an ``autograd.Function`` whose backward the autograd engine

@@ -1,4 +1,4 @@
-// The eager fast path: small calls of the row ops without Python in the loop.
+// The eager fast path: small calls of the row ops (and add) without Python in the loop.
 //
 // Why. A decode-sized call (1-64 rows) does ~3-5 us of GPU work, and eager PyTorch issues it in
 // 7-26 us. Our Python path -- argument checks, allocations, a Triton launch, an
@@ -51,7 +51,8 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // The kernels this file launches, and what each is keyed on
 // ---------------------------------------------------------------------------------------------
-enum Kid { SOFTMAX_FWD, SOFTMAX_BWD, NORM_FWD, NORM_BWD, GLU_FWD, GLU_BWD, REDUCE_FWD, AMAX_BWD, GRAD_SUM, N_KIDS };
+enum Kid { SOFTMAX_FWD, SOFTMAX_BWD, NORM_FWD, NORM_BWD, GLU_FWD, GLU_BWD, REDUCE_FWD, AMAX_BWD, GRAD_SUM, ADD_FWD,
+            N_KIDS };
 
 struct KernelInfo {
   const char* name;                 // the @triton.jit function's name
@@ -72,6 +73,7 @@ const KernelInfo INFO[N_KIDS] = {
     {"_reduce_fwd_block_kernel", {2}, {}, {"MAX"}},                                  // M
     {"_amax_bwd_block_kernel", {4}, {}, {}},                                         // M
     {"_grad_sum_kernel", {4}, {}, {"HAS_W", "HAS_B"}},                               // partial rows G
+    {"_add_fwd_vectorized_kernel", {3}, {}, {}},                                     // elements
 };
 
 // One runtime argument, as the key and the launch see it.
@@ -606,6 +608,35 @@ py::object glu(const Tensor& gate, py::handle up_obj, int64_t act) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// add, the vectorized variant (same shape and dtype, contiguous; ops/add.py)
+// ---------------------------------------------------------------------------------------------
+struct AddFn : public torch::autograd::Function<AddFn> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& y, Tensor* out, double alpha) {
+    ctx->saved_data["alpha"] = alpha;
+    return *out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    // as ops/add.py: d_input is dy itself, d_other dy scaled by alpha (when alpha != 1)
+    double alpha = ctx->saved_data["alpha"].toDouble();
+    const Tensor& dy = grads[0];
+    return {dy, (!dy.defined() || alpha == 1.0) ? dy : dy * alpha, Tensor(), Tensor()};
+  }
+};
+
+py::object add(const Tensor& x, py::handle y_obj, double alpha) {
+  if (!usable(x) || !THPVariable_Check(y_obj.ptr())) return py::none();
+  const Tensor& y = THPVariable_Unpack(y_obj.ptr());
+  if (!usable(y) || y.sizes() != x.sizes() || y.scalar_type() != x.scalar_type() || y.device() != x.device())
+    return py::none();
+  c10::cuda::CUDAGuard guard(x.device());
+  Tensor out = out_like(x);
+  int64_t total = x.numel();
+  if (!run_flat(ADD_FWD, x.get_device(), {}, {T(x), T(y), T(out), I(total), F(alpha)}, total)) return py::none();
+  if (!wants_grad({&x, &y})) return py::cast(out);
+  return py::cast(AddFn::apply(x, y, &out, alpha));
+}
+
+// ---------------------------------------------------------------------------------------------
 // sum / amax over the last dim (output in the input's dtype)
 // ---------------------------------------------------------------------------------------------
 Tensor amax_bwd(const Tensor& x, const Tensor& y, Tensor dy) {
@@ -726,4 +757,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm);
   m.def("glu", &glu);
   m.def("reduce", &reduce);
+  m.def("add", &add);
 }
