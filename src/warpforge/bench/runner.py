@@ -201,7 +201,7 @@ def _measure(wl: Workload, case: Case, dtype: torch.dtype, mode: str, impl: Impl
     try:
         args = private_copy(base) if impl.private_inputs else base
         with _impl_context(impl):
-            step = impl.fn(mode, args) if impl.kind == "ref" else _step(impl.fn, mode, args, wl.grad_args)
+            step = _impl_step(wl, mode, impl, args)
             timing.warm(step, cfg.warm_calls)
             ms = timing.device_ms(step, cfg, nbytes)
             row["timing"] = timing.method(nbytes)
@@ -229,6 +229,11 @@ def _measure(wl: Workload, case: Case, dtype: torch.dtype, mode: str, impl: Impl
     return row
 
 
+def _impl_step(wl: Workload, mode: str, impl: Impl, args: tuple) -> Callable[[], object]:
+    """The zero-argument callable timed for ``impl`` in ``mode`` (a reference builds its own)."""
+    return impl.fn(mode, args) if impl.kind == "ref" else _step(impl.fn, mode, args, wl.grad_args)
+
+
 def _impl_context(impl: Impl) -> contextlib.ExitStack:
     stack = contextlib.ExitStack()
     stack.enter_context(dispatcher_door(impl.dispatch))
@@ -251,7 +256,7 @@ def _host_times(wl: Workload, mode: str, impls: list[Impl], group: list[dict], b
                 continue
             args = private_copy(base) if impl.private_inputs else base
             with _impl_context(impl):
-                step = impl.fn(mode, args) if impl.kind == "ref" else _step(impl.fn, mode, args, wl.grad_args)
+                step = _impl_step(wl, mode, impl, args)
                 timing.warm(step, 1)
             steps.append((row, impl, step))
         best = [math.inf] * len(steps)
