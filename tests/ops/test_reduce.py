@@ -5,9 +5,11 @@ from warpforge.ops import reduce as R
 from warpforge.ops.reduce import amax, amax_backward_op, amax_op, amax_reference, sum_op, sum_reference
 from conftest import DTYPES, ON_GPU, DEVICE, assert_close, gpu_only, noncontig, randn
 
-SHAPES = [(1,), (3, 7), (2, 3, 123), (5, 4097), (2, 20000), (3, 40000)]   # block path; partials past 16,384
+# block path; past 16,384 partials, or one looping program a row with rows enough (9: the
+# interpreter's stand-in chip of 4 SMs; 300 x 40000 on a GPU)
+SHAPES = [(1,), (3, 7), (2, 3, 123), (5, 4097), (2, 20000), (3, 40000), (9, 20000)]
 if ON_GPU:
-    SHAPES += [(64, 32768), (8, 65536), (3, 262144), (4097, 1024), (2, 3_000_001)]
+    SHAPES += [(64, 32768), (8, 65536), (3, 262144), (4097, 1024), (2, 3_000_001), (300, 40000)]
 
 OPS = {"sum": (R.sum, torch.sum), "amax": (amax, torch.amax)}
 
@@ -131,6 +133,33 @@ def test_nan_and_infinities(n):
     xt = x.clone().requires_grad_()
     gt = torch.autograd.grad(xt.amax(-1), xt, torch.ones(4, device=DEVICE))[0]
     torch.testing.assert_close(g, gt, equal_nan=True)
+
+
+@pytest.mark.parametrize("mode", ["loop", "partial"])
+def test_long_row_modes(monkeypatch, mode):
+    """Both long-row forwards, forced, on the same rows: each matches the reference (NaN and
+    infinities included) and the mode asked for is the one that ran."""
+    seen = []
+    real = R.reduce_config
+
+    def forced(m, n):
+        if n < 20000:                                                  # the partials' own reduction
+            return real(m, n)
+        seen.append(mode)
+        return (mode, 4096, 4)
+
+    monkeypatch.setattr(R, "reduce_config", forced)
+    n = 20001                                                           # a ragged last step
+    x = randn(5, n, scale=3.0)
+    x[1, 7] = float("nan")
+    x[2] = -float("inf")
+    x[3, n - 1] = float("inf")
+    x[4, n - 1] = x[4].abs().max() + 1                                  # the max in the last, partial step
+    for fn, tfn in OPS.values():
+        got, ref = fn(x), tfn(x.double(), -1)
+        torch.testing.assert_close(got.double(), ref, equal_nan=True, rtol=1e-5, atol=1e-3)
+    assert seen and set(seen) == {mode}
+    assert torch.equal(R.sum(x[:1]), R.sum(x[:1]))                     # deterministic
 
 
 @pytest.mark.parametrize("in_dtype,out_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),

@@ -223,6 +223,23 @@ def test_reduce_same_bits(fast, shape, dtype, op):
 
 
 @gpu_only
+def test_reduce_many_rows_take_python(fast):
+    """A few rows of 8K take the block kernel (offered), many the loop kernel (heuristics.reduce_config):
+    the block kernel's key holds only M's class, so the fast path must leave many rows to Python."""
+    n = heuristics.REDUCE_LOOP_MIN_N
+    many = heuristics.REDUCE_LOOP_ROWS_PER_SM * heuristics.sm_count()
+    x = randn(16, n, dtype=torch.bfloat16)
+    wf.sum(x, -1)
+    assert fast.reduce(x, -1, False, False) is not None
+    big = randn(many + 16, n, dtype=torch.bfloat16)
+    assert fast.reduce(big, -1, False, False) is None
+    fastpath.lib = None
+    ref = wf.sum(big, -1)
+    fastpath.lib = fast
+    assert torch.equal(wf.sum(big, -1), ref)
+
+
+@gpu_only
 @pytest.mark.parametrize("dtype", DT)
 @pytest.mark.parametrize("shape", [(1, 4096), (7, 123), (2**20,), (3, 5, 1000), (1,)])
 @pytest.mark.parametrize("alpha", [1.0, -0.5])
@@ -252,3 +269,87 @@ def test_packed_glu_and_sum_dtype_take_python(fast):
     x = randn(4, 256, dtype=torch.bfloat16)
     assert wf.sum(x, -1, dtype=torch.float32).dtype == torch.float32
     assert fast.glu(gu, gu[:, :1], 0) is None                   # shapes differ
+
+
+def _rope_inputs(case: str, dtype):
+    """(q, k, cos, sin, position_ids, interleaved) for a RoPE case."""
+    d = 128 if case == "decode_offset" else 64
+    b, hq, hk, s = {"decode_ids": (4, 8, 2, 1), "decode_offset": (1, 32, 8, 1), "prefill": (2, 4, 2, 37),
+                    "interleaved_half": (2, 6, 3, 37), "batch_table": (2, 4, 1, 37)}[case]
+    q = randn(b, hq, s, d, dtype=dtype).requires_grad_()
+    k = randn(b, hk, s, d, dtype=dtype).requires_grad_()
+    rows = 40 if s > 1 else 64
+    tdt = torch.float32 if case in ("decode_offset", "batch_table") else dtype
+    width = d // 2 if case == "interleaved_half" else d
+    lead = (2,) if case == "batch_table" else ()
+    ang = torch.rand(*lead, rows, width, device="cuda") * 6.28
+    cos, sin = ang.cos().to(tdt), ang.sin().to(tdt)
+    pos = {"decode_ids": torch.randint(0, rows, (b, 1), device="cuda"), "decode_offset": 17, "prefill": None,
+           "interleaved_half": torch.randperm(rows, device="cuda")[:s].int(),
+           "batch_table": torch.randint(0, rows, (1, s), device="cuda")}[case]
+    return q, k, cos, sin, pos, case == "interleaved_half"
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("case", ["decode_ids", "decode_offset", "prefill", "interleaved_half", "batch_table"])
+def test_rope_same_bits(fast, case, dtype):
+    q, k, cos, sin, pos, il = _rope_inputs(case, dtype)
+    _same_bits(lambda a, b: wf.apply_rope(a, b, cos, sin, pos, il), lambda: _leaves(q, k), fast)
+
+
+@gpu_only
+def test_rope_double_backward_and_one_output(fast):
+    """create_graph takes the differentiable Python backward (the C++ kernel launch is not); a
+    gradient for only one output gets zeros for the other, as the Python Function's."""
+    q, k, cos, sin, pos, il = _rope_inputs("decode_ids", torch.float32)
+
+    def second(use_fast):
+        fastpath.lib = fast if use_fast else None
+        a, b = _leaves(q, k)
+        qo, ko = wf.apply_rope(a, b, cos, sin, pos, il)
+        gq = torch.randn(qo.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1)).requires_grad_()
+        dq, dk = torch.autograd.grad((qo, ko), (a, b), (gq, torch.ones_like(ko)), create_graph=True)
+        (ggq,) = torch.autograd.grad((dq * dq).sum(), gq)
+        (only_q,) = torch.autograd.grad(wf.apply_rope(a, b, cos, sin, pos, il)[0].sum(), a)
+        return [dq.detach(), dk.detach(), ggq, only_q], qo.grad_fn.name()
+
+    ref, _ = second(False)
+    used = fast.fallbacks_used()
+    got, node = second(True)
+    fastpath.lib = fast
+    assert "Rope" in node and fast.fallbacks_used() > used
+    for a, b in zip(ref, got):
+        assert torch.equal(a, b), (a - b).abs().max()
+
+
+@gpu_only
+def test_rope_takes_python_where_it_must(fast):
+    q, k, cos, sin, pos, _ = _rope_inputs("decode_ids", torch.bfloat16)
+    q, k = q.detach(), k.detach()
+    wf.apply_rope(q, k, cos, sin, pos)                              # offered
+    assert fast.rope(q, k, cos, sin, pos, False) is not None
+    qp, kp, cp, sp, _, _ = _rope_inputs("prefill", torch.bfloat16)
+    qt = qp.detach().transpose(1, 2).contiguous().transpose(1, 2)  # (B, S, H, D) in memory
+    assert fast.rope(qt, kp.detach(), cp, sp, None, False) is None  # not contiguous: Python
+    assert fast.rope(q, k, cos, sin, pos.cpu(), False) is None      # CPU ids: checked in Python
+    assert fast.rope(q, k, cos, sin, pos.float(), False) is None
+    assert fast.rope(q, k, cos, sin, 64, False) is None             # offset past the table
+    assert fast.rope(q, k, cos, sin, True, False) is None
+    assert fast.rope(q, k[:, :, :, :32], cos, sin, pos, False) is None
+    assert fast.rope(q, k, cos.requires_grad_(), sin, pos, False) is None
+    cos.requires_grad_(False)
+    from warpforge.ops import rope as rope_mod
+
+    bad = torch.full((4, 1), 64, device="cuda")
+    assert fast.rope(q, k, cos, sin, bad, False) is not None        # unchecked GPU ids: NaN tokens
+    rope_mod.CHECK_POSITIONS = True                                 # checked: Python raises
+    try:
+        with pytest.raises(IndexError, match="position_ids"):
+            wf.apply_rope(q, k, cos, sin, bad)
+    finally:
+        rope_mod.CHECK_POSITIONS = False
+    with pytest.raises(ValueError, match="offset"):
+        wf.apply_rope(q, k, cos, sin, 64)
+    # a transposed (B, S, H, D) view still gives the right answer, through Python
+    torch.testing.assert_close(wf.apply_rope(qt, kp, cp, sp)[0], wf.apply_rope(qp.detach(), kp, cp, sp)[0])

@@ -15,15 +15,22 @@ rows are copied to contiguous ones first (one extra read and write). Accumulatio
 the input dtype; the result is cast once, at the store, to the input dtype (or ``dtype`` for sum).
 
 Paths by N (``runtime/heuristics.py``):
-- ``block``   N <= 16,384: a program holds ROWS whole rows (ROWS x BLOCK_N ~ 4,096 elements, so a
-  short-row program still moves ~8-16 KB) and reduces each in registers: one read, the floor.
-- ``partial`` N > 16,384: nothing has to be exchanged, unlike softmax, because nothing is written
-  back per element. Each row is cut into C = N / 8,192 chunks; program (row, chunk) reduces its
-  chunk to one fp32 partial in an (M, C) buffer, and a second launch reduces the (M, C) partials
-  with the block kernel, always in the same order: bitwise deterministic run to run, no atomics,
-  no spin-waits, so it also runs in the interpreter. The partials are 1/8,192 of the input
-  (4 B per 16 KB of bf16), a rounding error in the byte count; the price is one more launch
-  (~3 us), which matters only for inputs under a few MB.
+- ``block``   N <= 16,384 (past 4,096 only with fewer than 2 rows an SM): a program holds ROWS
+  whole rows (ROWS x BLOCK_N ~ 4,096 elements, so a short-row program still moves ~8-16 KB) and
+  reduces each in registers: one read, the floor.
+- ``loop`` N >= 8,192 with at least 2 rows an SM: one 16-warp program a row walks it in
+  4,096-element steps, each step's load issued a step ahead and marked evict-first, lanes folded
+  once at the end (a fixed order: deterministic). One launch, one read. H100, bf16, M*N = 2^27
+  (``benchmarks/probe_reduce_long.py``, NOTES item 28): 87.4-89.0 us at N = 32K-262K against
+  torch.compile's 86.9-89.7, where the partials below took 90.4-91.4 (their second launch); at 8K
+  and 16K 86.3-86.7 against the block kernel's 87.0-88.0.
+- ``partial`` N > 16,384 with fewer rows: nothing has to be exchanged, unlike softmax, because
+  nothing is written back per element. Each row is cut into C = N / 8,192 chunks; program (row,
+  chunk) reduces its chunk to one fp32 partial in an (M, C) buffer, and a second launch reduces the
+  (M, C) partials with the block kernel, always in the same order: bitwise deterministic run to
+  run, no atomics, no spin-waits. The partials are 1/8,192 of the input (4 B per 16 KB of bf16), a
+  rounding error in the byte count; the price is one more launch (~3 us), paid where the rows are
+  too few to fill the chip one program a row.
 - amax backward is a row op (count the ties, then scatter), with softmax's paths: ``block`` (one
   program holds ROWS rows, or one 32-warp program a row to 32K on a GPU): count and scatter in
   registers, 2*M*N*s bytes. ``split`` (longer rows on a GPU): C co-resident programs a row each
@@ -32,8 +39,9 @@ Paths by N (``runtime/heuristics.py``):
   re-reads x to scatter, 3*M*N*s. (The count-then-scatter pass was the GPU path too until
   2026-11-22: 65% of copy at N = 32K-262K on an H100, against 99% at 4K.)
 
-NaN: the hardware max ignores NaN (``max.f32`` returns the other operand), so the kernels count
-NaNs explicitly and return NaN for such a row, matching torch.
+NaN: the plain hardware max ignores NaN (``max.f32`` returns the other operand), so the block and
+partial kernels count NaNs explicitly, and the loop kernel uses the NaN-propagating ``max.NaN``
+lane by lane and tests the lanes once; a row holding NaN gives NaN, matching torch.
 """
 from __future__ import annotations
 
@@ -43,7 +51,7 @@ import triton.language as tl
 
 from ..runtime import fastpath, new_empty
 from ..runtime.checks import FLOAT_DTYPES, check_backend, check_tensor, normalize_dim
-from ..runtime.heuristics import BLOCK_MAX, REDUCE_CHUNK, amax_bwd_config, row_config, warps_for
+from ..runtime.heuristics import BLOCK_MAX, REDUCE_CHUNK, amax_bwd_config, reduce_config, row_config, warps_for
 from ..runtime.registry import Op
 from ..runtime.launch import run
 from ._rows import as_rows, gather_row_stats, publish_row_stats, split_launch
@@ -108,6 +116,36 @@ def _reduce_fwd_partial_kernel(
     x = tl.load(x_ptr + row.to(tl.int64) * stride_x + cols[None, :], mask=mask, other=other).to(tl.float32)
     v = _reduce_tile(x, mask, MAX)                                     # (1,)
     tl.store(part_ptr + row.to(tl.int64) * C + chunk + tl.arange(0, 1), v)
+
+
+@triton.jit
+def _reduce_fwd_loop_kernel(
+    x_ptr, y_ptr,              # (M, N) rows (column stride 1), (M,) contiguous out
+    N, stride_x,               # one program a row
+    MAX: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """One program walks its row in BLOCK_N-element steps, the next step's load issued before this
+    step's math (two loads in flight a thread), marked evict-first (read once: keep L2 for others)."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    base = x_ptr + row.to(tl.int64) * stride_x
+    other = -float("inf") if MAX else 0.0
+    acc = tl.full((BLOCK_N,), other, tl.float32)       # lane-wise, folded once at the end: a fixed order
+    nxt = tl.load(base + cols, mask=cols < N, other=other, eviction_policy="evict_first")
+    for start in range(0, N, BLOCK_N):
+        x = nxt.to(tl.float32)
+        c = start + BLOCK_N + cols
+        nxt = tl.load(base + c, mask=c < N, other=other, eviction_policy="evict_first")
+        if MAX:                                        # max.NaN: a lane that met a NaN keeps it
+            acc = tl.maximum(acc, x, propagate_nan=tl.PropagateNan.ALL)
+        else:
+            acc += x
+    if MAX:                                            # the lane fold drops NaN: test for it once
+        v = tl.max(acc, axis=0)
+        v = tl.where(tl.sum((acc != acc).to(tl.int32), axis=0) > 0, float("nan"), v)
+    else:
+        v = tl.sum(acc, axis=0)
+    tl.store(y_ptr + row, v.to(y_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -203,12 +241,17 @@ def _amax_bwd_split_kernel(
 def _reduce_rows(x2: torch.Tensor, out_dtype: torch.dtype, is_max: bool) -> torch.Tensor:
     """Reduce each row of ``x2`` (M, N), unit column stride, to an (M,) tensor of ``out_dtype``."""
     m, n = x2.shape
-    if n > BLOCK_MAX:
-        c = triton.cdiv(n, REDUCE_CHUNK)
+    mode, block_n, warps = reduce_config(m, n)
+    if mode == "loop":
+        y = new_empty((m,), device=x2.device, dtype=out_dtype)
+        run(_reduce_fwd_loop_kernel, (m,), (x2, y, n, x2.stride(0)), MAX=is_max, BLOCK_N=block_n, num_warps=warps)
+        return y
+    if mode == "partial":
+        c = triton.cdiv(n, block_n)
         part = torch.empty((m, c), device=x2.device, dtype=torch.float32)   # every entry written
         run(_reduce_fwd_partial_kernel, (m * c,),
             (x2, part, n, x2.stride(0), c),
-            MAX=is_max, BLOCK_N=REDUCE_CHUNK, num_warps=warps_for(REDUCE_CHUNK))
+            MAX=is_max, BLOCK_N=block_n, num_warps=warps)
         return _reduce_rows(part, out_dtype, is_max)                         # fixed order: deterministic
     y = new_empty((m,), device=x2.device, dtype=out_dtype)
     cfg = row_config(n)

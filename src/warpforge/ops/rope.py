@@ -53,6 +53,13 @@ GPU (H100, 1 or 64 decode tokens: 106 us of host time a call against torch.compi
 are checked only when asked for (:data:`CHECK_POSITIONS`, or ``WARPFORGE_CHECK_POSITIONS=1``),
 which raises ``IndexError``; ids on the CPU (no sync) always are. Never under ``torch.compile``
 or during CUDA graph capture.
+
+Eager calls of contiguous q and k with ids on q's device (or an int offset, or none) are issued by
+the eager fast path (``runtime/csrc/fastpath.cpp``: the same kernel, grid and config, and a C++
+autograd node whose backward launches the same kernel with ``BACKWARD``; under ``create_graph``
+it takes :data:`rope_backward_op`, which is differentiable). H100, decode q (B, 32, 1, 128), k (B,
+8, 1, 128): 80-129 us of host time a forward through Python, 12-16 us through it, against
+torch.compile's 55-75 (benchmarks/NOTES.md, item 29).
 """
 from __future__ import annotations
 
@@ -63,7 +70,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..runtime import new_empty, unit_last_dim
+from ..runtime import fastpath, new_empty, unit_last_dim
 from ..runtime.checks import check_same, check_tensor
 from ..runtime.heuristics import rope_config
 from ..runtime.registry import Op
@@ -366,6 +373,13 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
         (q_out, k_out), in q's and k's dtype. Differentiable in q and k (cos, sin and the
         positions get no gradient).
     """
+    # the eager fast path (runtime/fastpath.py): None when it does not take the call (CPU ids,
+    # checked ids, anything unusual: the Python path below, with its clear errors)
+    fast = fastpath.door(q)
+    if fast is not None and not CHECK_POSITIONS:
+        out = fast.rope(q, k, cos, sin, position_ids, bool(interleaved))
+        if out is not None:
+            return out
     check_tensor("q", q, min_dim=4)
     check_tensor("k", k, min_dim=4)
     for name, t in (("q", q), ("k", k)):

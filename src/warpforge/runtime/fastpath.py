@@ -1,4 +1,4 @@
-"""The eager fast path: small row-op (and add) calls issued from C++ (``csrc/fastpath.cpp``).
+"""The eager fast path: small row-op (and add, RoPE) calls issued from C++ (``csrc/fastpath.cpp``).
 
 A decode-sized row op (1-64 rows) does a few microseconds of GPU work. Issued from Python -- argument
 checks, allocations, a Triton launch, an ``autograd.Function`` whose backward the autograd engine
@@ -80,7 +80,7 @@ def _cache_dir() -> Path:
 
 def _fallbacks() -> dict:
     """Python backward launchers the C++ nodes call for a shape whose kernel was never offered."""
-    from ..ops import activations, norms, reduce, softmax
+    from ..ops import activations, norms, reduce, rope, softmax
 
     return {
         "glu_bwd": activations._glu_bwd,
@@ -89,6 +89,7 @@ def _fallbacks() -> dict:
         "rms_norm_bwd": norms._rms_norm_bwd_impl,
         "layer_norm_bwd": norms._layer_norm_bwd_impl,
         "add_rms_norm_bwd": norms._add_rms_norm_bwd_impl,
+        "rope_bwd": rope.rope_backward_op,      # differentiable: create_graph takes it too
     }
 
 
@@ -109,13 +110,14 @@ def load(verbose: bool = False) -> bool:
 
             from . import POISON
             from .device import sm_count
+            from .heuristics import REDUCE_LOOP_MIN_N, REDUCE_LOOP_ROWS_PER_SM
             from ..ops.norms import GRAD_SUM_MAX
 
             mod = cpp_extension.load(
                 name=NAME, sources=[str(CSRC / "fastpath.cpp")], extra_cflags=["-O3"], with_cuda=True,
                 build_directory=str(_cache_dir()), is_python_module=True,
                 verbose=verbose or bool(os.environ.get("WARPFORGE_BUILD_VERBOSE")))
-            mod.init(sm_count(), GRAD_SUM_MAX, POISON, _fallbacks())
+            mod.init(sm_count(), GRAD_SUM_MAX, POISON, _fallbacks(), REDUCE_LOOP_ROWS_PER_SM * sm_count(), REDUCE_LOOP_MIN_N)
         except Exception as e:  # noqa: BLE001 -- no compiler, no ninja, no headers: stay on Python
             _why = f"build failed ({type(e).__name__}: {e}); build directory {_cache_dir()}"
             print(f"warpforge: the eager fast path is off: {_why}", file=sys.stderr)

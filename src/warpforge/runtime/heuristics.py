@@ -311,6 +311,34 @@ FLAT_WARPS = 4
 TILE_ELEMS = 4096               # elements per program in 2-D elementwise tiles (16 per thread at 8 warps)
 TILE_MAX_N = 2048               # widest tile: a multiple of every common hidden size (14336 = 7 * 2048)
 REDUCE_CHUNK = 8192             # row reductions past BLOCK_MAX: elements per (row, chunk) program
+# Row reductions past BLOCK_MAX with rows enough to fill the chip: one program a row walks it in
+# REDUCE_LOOP_BLOCK-element steps (one launch; the (row, chunk) partials need a second, ~3 us, which
+# left sum/amax at 32K-262K 2-4% behind torch.compile on the H100). H100, bf16, M*N = 2^27, us at
+# N = 32K / 65K / 262K (benchmarks/NOTES.md, item 28): 4,096 x 16 warps, prefetched, evict-first
+# 87.4 / 87.6 / 89.0 (sum), 87.8 / 87.9 / 88.9 (amax); without evict-first 88.3-89.7; 8,192 x 8
+# unprefetched 94.6-100 (sum); partials 90.4-91.4; torch.compile 86.9-89.7. At 256 x 262,144
+# 47.8 against the partials' 50.2; at 128 rows the partials win (28.9 against 36.4), so fewer rows
+# than REDUCE_LOOP_ROWS_PER_SM an SM keep them.
+# Rows of 8K and 16K, which one program could hold, take the loop too: 86.3-86.7 us against the
+# block kernel's 87.0-88.0 and torch.compile's 86.1-86.7; at 4K the block kernel holds (87.1 / 87.5
+# against 90.8 / 106.3).
+REDUCE_LOOP_BLOCK = 4096
+REDUCE_LOOP_WARPS = 16
+REDUCE_LOOP_ROWS_PER_SM = 2
+REDUCE_LOOP_MIN_N = 8192
+
+
+@functools.lru_cache(maxsize=4096)
+def reduce_config(m: int, n: int) -> tuple[str, int, int]:
+    """(mode, BLOCK_N, num_warps) of a sum/amax forward over M rows of N: ``loop`` (one program a
+    row walking it), ``partial`` (past BLOCK_MAX with too few rows for that: (row, chunk) programs,
+    then the block kernel over the partials) or ``block`` (:func:`row_config`'s whole rows; the
+    other two values unused)."""
+    if n >= REDUCE_LOOP_MIN_N and m >= REDUCE_LOOP_ROWS_PER_SM * sm_count():
+        return "loop", REDUCE_LOOP_BLOCK, REDUCE_LOOP_WARPS
+    if n > BLOCK_MAX:
+        return "partial", REDUCE_CHUNK, warps_for(REDUCE_CHUNK)
+    return "block", 0, 0
 
 
 @functools.lru_cache(maxsize=4096)

@@ -1,4 +1,4 @@
-// The eager fast path: small calls of the row ops (and add) without Python in the loop.
+// The eager fast path: small calls of the row ops (and add, RoPE) without Python in the loop.
 //
 // Why. A decode-sized call (1-64 rows) does ~3-5 us of GPU work, and eager PyTorch issues it in
 // 7-26 us. Our Python path -- argument checks, allocations, a Triton launch, an
@@ -52,13 +52,15 @@ namespace {
 // The kernels this file launches, and what each is keyed on
 // ---------------------------------------------------------------------------------------------
 enum Kid { SOFTMAX_FWD, SOFTMAX_BWD, NORM_FWD, NORM_BWD, GLU_FWD, GLU_BWD, REDUCE_FWD, AMAX_BWD, GRAD_SUM, ADD_FWD,
-            N_KIDS };
+            ROPE, N_KIDS };
 
 struct KernelInfo {
   const char* name;                 // the @triton.jit function's name
   std::vector<int> free_ints;       // positions keyed by their Triton class (row counts), not value
   std::vector<int> late;            // positions that follow from the tuning (see find_rows)
   std::vector<const char*> flags;   // constexprs that select the op's semantics, in key order
+  const char* rows_name = "ROWS";   // the constexpr giving rows (or tokens) a program covers
+  int split_arg = -1;               // the argument giving programs along grid y, kept with the tuning
 };
 
 const KernelInfo INFO[N_KIDS] = {
@@ -74,6 +76,9 @@ const KernelInfo INFO[N_KIDS] = {
     {"_amax_bwd_block_kernel", {4}, {}, {}},                                         // M
     {"_grad_sum_kernel", {4}, {}, {"HAS_W", "HAS_B"}},                               // partial rows G
     {"_add_fwd_vectorized_kernel", {3}, {}, {}},                                     // elements
+    // table rows T and the decode offset keyed by class; late: token blocks a sequence and the
+    // head split (grid y), both from ops/rope.py's rope_config (BLOCK_S and the split)
+    {"_rope_kernel", {10, 11}, {12, 13}, {"INTERLEAVED", "HALF_TABLE", "HAS_POS", "BACKWARD", "HALF"}, "BLOCK_S", 13},
 };
 
 // One runtime argument, as the key and the launch see it.
@@ -153,6 +158,8 @@ std::unordered_map<Key, std::pair<int64_t, int64_t>, KeyHash> tunings;   // tuni
 int64_t sms = 0;             // the device's SM count (heuristics.grad_grid's target is SMs x GRID_PER_SM)
 int64_t grad_sum_max = 0;    // ops/norms.py's GRAD_SUM_MAX: most partial rows _grad_sum_kernel reduces
 bool poison = false;       // runtime.POISON: outputs start as NaN, so an unwritten element fails a test
+int64_t loop_rows = 0;     // heuristics.reduce_config: sum/amax over at least this many rows of
+int64_t loop_min_n = 0;    // at least loop_min_n take the loop kernel, which Python launches
 
 Tensor poisoned(Tensor t) {
   if (poison) t.fill_(std::numeric_limits<double>::quiet_NaN());
@@ -181,10 +188,10 @@ bool find_rows(const Key& k, int64_t& rows, int64_t& per_sm) {
 }
 
 void launch(const Entry& e, const std::vector<Arg>& args, int64_t gx, int64_t gy, int device) {
-  TORCH_CHECK(args.size() == e.kinds.size() && args.size() <= 24, "warpforge fast path: argument count mismatch");
+  TORCH_CHECK(args.size() == e.kinds.size() && args.size() <= 40, "warpforge fast path: argument count mismatch");
   if (gx <= 0 || gy <= 0) return;
-  uint64_t words[24];
-  void* params[26];
+  uint64_t words[40];
+  void* params[42];
   int n = 0;
   for (size_t p = 0; p < args.size(); ++p) {
     const Arg& a = args[p];
@@ -674,12 +681,136 @@ struct AmaxFn : public torch::autograd::Function<AmaxFn> {
 py::object reduce(const Tensor& x, int64_t dim, bool keepdim, bool is_max) {
   if (!over_last_dim(x, dim)) return py::none();
   int64_t n = x.size(-1), m = rows_of(x);
+  // the block kernel's key does not hold M's value: rows enough for the loop kernel are Python's
+  if (n >= loop_min_n && m >= loop_rows) return py::none();
   c10::cuda::CUDAGuard guard(x.device());
   Tensor y = out_empty(x.sizes().slice(0, x.dim() - 1), x.options());
   if (!run_rows(REDUCE_FWD, x.get_device(), {is_max}, {T(x), T(y), I(m), I(n), I(n)}, m)) return py::none();
   Tensor out = y;
   if (wants_grad({&x})) out = is_max ? AmaxFn::apply(x, &y) : SumFn::apply(x, &y);
   return py::cast(keepdim ? out.unsqueeze(-1) : out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE of q and k in one launch (ops/rope.py): (B, H, S, D) contiguous q and k, cos/sin (T, D or
+// D/2), (1, T, .) or (B, T, .), positions None, an int offset, or an int tensor on q's device
+// ---------------------------------------------------------------------------------------------
+// The launch, as ops/rope.py's _rope_launch; false when no kernel was offered for the key. The
+// grid: B x ceil(S / BLOCK_S) token blocks by the head split, both from the tuning key.
+bool rope_run(const Tensor& q, const Tensor& k, const Tensor& cos, const Tensor& sin, const Tensor& pos,
+              int64_t offset, bool interleaved, bool backward, Tensor& qo, Tensor& ko) {
+  int64_t bsz = q.size(0), hq = q.size(1), s = q.size(2), d = q.size(3), hk = k.size(1);
+  int device = q.get_device();
+  qo = out_like(q);
+  ko = out_like(k);
+  Tensor cos3 = cos.dim() == 3 ? cos : cos.unsqueeze(0), sin3 = sin.dim() == 3 ? sin : sin.unsqueeze(0);
+  auto bstride = [](const Tensor& t) -> int64_t { return t.size(0) == 1 ? 0 : t.stride(0); };  // a batch of one is shared
+  Tensor pos2 = pos.defined() ? (pos.dim() == 2 ? pos : pos.unsqueeze(0)) : cos3;                 // unused pointer without ids
+  int64_t spb = pos.defined() ? bstride(pos2) : 0, sps = pos.defined() ? pos2.stride(1) : 0;
+  std::vector<Arg> args{T(q), T(k), T(qo), T(ko), T(cos3), T(sin3), T(pos2),
+                        I(s), I(hq), I(hk), I(cos3.size(1)), I(offset), I(0), I(0),
+                        I(q.stride(0)), I(q.stride(1)), I(q.stride(2)), I(k.stride(0)), I(k.stride(1)), I(k.stride(2)),
+                        I(qo.stride(0)), I(qo.stride(1)), I(qo.stride(2)), I(ko.stride(0)), I(ko.stride(1)), I(ko.stride(2)),
+                        I(bstride(cos3)), I(cos3.stride(1)), I(bstride(sin3)), I(sin3.stride(1)), I(spb), I(sps)};
+  std::vector<int64_t> flags{interleaved, cos3.size(2) != d, pos.defined(), backward, d / 2};
+  int64_t block_s, split;
+  if (!find_rows(make_key(ROPE, device, flags, args, false), block_s, split)) return false;
+  int64_t n_sblk = (s + block_s - 1) / block_s;
+  args[12] = I(n_sblk);
+  args[13] = I(split);
+  const Entry* e = find(make_key(ROPE, device, flags, args, true));
+  if (!e) return false;
+  launch(*e, args, bsz * n_sblk, split, device);
+  return true;
+}
+
+struct RopeFn : public torch::autograd::Function<RopeFn> {
+  // the tables and ids by pointer: not autograd inputs (they get no gradient; the ids may be undefined)
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, Tensor* qo, Tensor* ko,
+                               const Tensor* cos, const Tensor* sin, const Tensor* pos, int64_t offset, bool interleaved) {
+    ctx->saved_data["cos"] = *cos;
+    ctx->saved_data["sin"] = *sin;
+    ctx->saved_data["pos"] = *pos;
+    ctx->saved_data["offset"] = offset;
+    ctx->saved_data["interleaved"] = interleaved;
+    ctx->saved_data["q_shape"] = q.sizes();
+    ctx->saved_data["k_shape"] = k.sizes();
+    return {*qo, *ko};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Tensor cos = ctx->saved_data["cos"].toTensor(), sin = ctx->saved_data["sin"].toTensor();
+    Tensor pos = ctx->saved_data["pos"].toTensor();
+    int64_t offset = ctx->saved_data["offset"].toInt();
+    bool interleaved = ctx->saved_data["interleaved"].toBool();
+    Tensor gq = grads[0], gk = grads[1];
+    if (!gq.defined() && !gk.defined()) return variable_list(9);
+    // an output that got no gradient contributes zeros (as the Python Function's materialised grads)
+    if (!gq.defined()) gq = at::zeros(ctx->saved_data["q_shape"].toIntVector(), gk.options());
+    if (!gk.defined()) gk = at::zeros(ctx->saved_data["k_shape"].toIntVector(), gq.options());
+    // the backward is the same kernel with the sines swapped and negated; under create_graph it
+    // must itself be differentiable, which the Python operator is
+    bool done = false;
+    Tensor dq, dk;
+    if (!at::GradMode::is_enabled()) {
+      if (!gq.is_contiguous()) gq = gq.contiguous();
+      if (!gk.is_contiguous()) gk = gk.contiguous();
+      done = rope_run(gq, gk, cos, sin, pos, offset, interleaved, true, dq, dk);
+    }
+    if (!done) {
+      py::gil_scoped_acquire gil;
+      auto r = fallback("rope_bwd")(gq, gk, cos, sin, pos.defined() ? py::cast(pos) : py::none(), offset,
+                                    interleaved).cast<std::tuple<Tensor, Tensor>>();
+      dq = std::get<0>(r);
+      dk = std::get<1>(r);
+    }
+    return {dq, dk, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+  }
+};
+
+// A cos/sin table the kernel reads as given: usable, 2-d or 3-d (batch 1 or B), last dim D or D/2.
+bool rope_table(py::handle o, const Tensor& q, Tensor& out) {
+  if (!THPVariable_Check(o.ptr())) return false;
+  out = THPVariable_Unpack(o.ptr());
+  if (!usable(out) || out.device() != q.device() || (out.dim() != 2 && out.dim() != 3)) return false;
+  if (out.scalar_type() != at::kFloat && out.scalar_type() != q.scalar_type()) return false;
+  int64_t d = q.size(3), dt = out.size(-1);
+  if (dt != d && dt != d / 2) return false;
+  return out.dim() == 2 || out.size(0) == 1 || out.size(0) == q.size(0);
+}
+
+py::object rope(const Tensor& q, py::handle k_obj, py::handle cos_obj, py::handle sin_obj, py::handle pos_obj,
+                bool interleaved) {
+  if (!usable(q) || q.dim() != 4 || !THPVariable_Check(k_obj.ptr())) return py::none();
+  const Tensor& k = THPVariable_Unpack(k_obj.ptr());
+  int64_t bsz = q.size(0), hq = q.size(1), s = q.size(2), d = q.size(3);
+  if (!usable(k) || k.dim() != 4 || k.scalar_type() != q.scalar_type() || k.device() != q.device() ||
+      k.size(0) != bsz || k.size(2) != s || k.size(3) != d || d % 2 || hq % k.size(1))
+    return py::none();
+  Tensor cos, sin;
+  if (!rope_table(cos_obj, q, cos) || !rope_table(sin_obj, q, sin) || sin.sizes() != cos.sizes()) return py::none();
+  Tensor pos;
+  int64_t offset = 0;
+  if (THPVariable_Check(pos_obj.ptr())) {
+    // ids on the CPU are checked by the Python path (no sync there); on the GPU they are not (NaN tokens)
+    pos = THPVariable_Unpack(pos_obj.ptr());
+    auto st = pos.scalar_type();
+    if (!pos.is_cuda() || pos.device() != q.device() || (st != at::kInt && st != at::kLong)) return py::none();
+    bool shaped = (pos.dim() == 1 && pos.size(0) == s) ||
+                  (pos.dim() == 2 && (pos.size(0) == 1 || pos.size(0) == bsz) && pos.size(1) == s);
+    if (!shaped) return py::none();
+  } else if (PyLong_Check(pos_obj.ptr()) && !PyBool_Check(pos_obj.ptr())) {
+    offset = pos_obj.cast<int64_t>();
+    if (offset < 0 || cos.size(-2) < offset + s) return py::none();
+  } else if (!pos_obj.is_none() || cos.size(-2) < s) {
+    return py::none();
+  }
+  if (at::GradMode::is_enabled() && (cos.requires_grad() || sin.requires_grad())) return py::none();
+  c10::cuda::CUDAGuard guard(q.device());
+  Tensor qo, ko;
+  if (!rope_run(q, k, cos, sin, pos, offset, interleaved, false, qo, ko)) return py::none();
+  if (!wants_grad({&q, &k})) return py::make_tuple(qo, ko);
+  auto ys = RopeFn::apply(q, k, &qo, &ko, &cos, &sin, &pos, offset, interleaved);
+  return py::make_tuple(ys[0], ys[1]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -712,18 +843,23 @@ void offer(const std::string& name, int device, py::sequence args, py::dict cons
   e.threads = threads;
   e.shared = shared;
   e.kinds = kinds;
-  e.rows = constexprs.contains("ROWS") ? py::int_(constexprs["ROWS"]).cast<int64_t>() : 1;
+  const KernelInfo& info = INFO[kid];
+  e.rows = constexprs.contains(info.rows_name) ? py::int_(constexprs[info.rows_name]).cast<int64_t>() : 1;
   e.per_sm = constexprs.contains("GRID_PER_SM") ? py::int_(constexprs["GRID_PER_SM"]).cast<int64_t>() : 0;
+  if (info.split_arg >= 0) e.per_sm = a[info.split_arg].i;   // the grid's y extent, kept as the tuning's second value
   e.block = constexprs.contains("BLOCK") ? py::int_(constexprs["BLOCK"]).cast<int64_t>() : 1;
   std::lock_guard<std::mutex> g(table_mutex);
   table.emplace(make_key(static_cast<Kid>(kid), device, flags, a, true), e);
-  if (!INFO[kid].late.empty())
+  if (!info.late.empty())
     tunings.emplace(make_key(static_cast<Kid>(kid), device, flags, a, false), std::make_pair(e.rows, e.per_sm));
 }
 
-void init(int64_t sm_count, int64_t grad_sum_rows, bool poison_outputs, py::dict fbs) {
+void init(int64_t sm_count, int64_t grad_sum_rows, bool poison_outputs, py::dict fbs, int64_t reduce_loop_rows,
+          int64_t reduce_loop_min_n) {
   sms = sm_count;
   grad_sum_max = grad_sum_rows;
+  loop_rows = reduce_loop_rows;
+  loop_min_n = reduce_loop_min_n;
   poison = poison_outputs;
   for (auto item : fbs) (*fallbacks)[item.first.cast<std::string>()] = py::reinterpret_borrow<py::object>(item.second);
   if (!cu_launch) {
@@ -758,4 +894,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("glu", &glu);
   m.def("reduce", &reduce);
   m.def("add", &add);
+  m.def("rope", &rope);
 }
