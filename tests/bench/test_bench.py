@@ -108,6 +108,7 @@ def test_inputs_are_random_never_zero():
 def test_check_run_softmax_end_to_end(monkeypatch, capsys, tmp_path):
     wl = W.WORKLOADS["softmax"]
     monkeypatch.setattr(wl, "check_cases", lambda: [W.Case("2x37", {"M": 2, "N": 37})])
+    monkeypatch.setattr(W, "cuda_backend_available", lambda: False)   # a GPU would add its rows
     rc = wbench.bench(["softmax"], dtypes=["fp32"], out=tmp_path, check=True)
     out = capsys.readouterr().out
     assert rc == 0
@@ -188,6 +189,7 @@ def test_bench_runner_plumbing_with_fake_timers(monkeypatch):
 
     monkeypatch.setattr(timing, "host_us", fake_host_us)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(W, "cuda_backend_available", lambda: False)   # a GPU would add warpforge[cuda]
     wl = W.WORKLOADS["softmax"]
     monkeypatch.setattr(wl, "cases", lambda quick: [W.Case("4x33", {"M": 4, "N": 33}, headline=True),
                                                     W.Case("1x33", {"M": 1, "N": 33}, small=True)])
