@@ -111,6 +111,13 @@ def m128_sweep(m, n, k):
     return out
 
 
+def m128_persistent():
+    """M = 128 on the persistent TMA kernel: one 128-row tile a weight tile, narrow N tiles."""
+    return [MatmulConfig(128, bn, bk, group_m=1, num_stages=st, num_warps=w, persistent=True)
+            for bn, bk, st, w in itertools.product((32, 64, 128), (64, 128), (4, 5, 6), (4, 8))
+            if (128 + bn) * bk * 2 * st <= 200_000 and not (w == 8 and bn < 64)]
+
+
 def large_sweep():
     out = []
     for (bm, bn, bk), st, g, ws in itertools.product(((128, 256, 64), (256, 128, 64)), (3, 4), (4, 8, 16), (False, True)):
@@ -135,7 +142,7 @@ def time_shape(m, n, k, dt, kinds, ws, sweep="", layout="nt"):
         launch = mm._launch_tma if kind == "persistent" else mm._launch_tiled
         cands = matmul_candidates(m, n, k, a.element_size(), kind)
         if sweep == "m128":
-            cands = m128_sweep(m, n, k)
+            cands = m128_sweep(m, n, k) if kind == "splitk" else m128_persistent()
         elif sweep:
             cands = small_sweep(m, n, k) if kind == "splitk" else large_sweep()
         if kind == "persistent" and ws and not sweep:
@@ -181,7 +188,9 @@ def main():
     if args.sweep == "small":
         jobs = [((m, n, k), "bf16", "nt") for (m, n, k) in SHAPES if m <= 128]
     elif args.sweep == "m128":
-        jobs = [((128, 4096, 4096), "bf16", "nt"), ((128, 4096, 14336), "bf16", "nt")]
+        # the forward's layout in both 16-bit types, and the backward's dX (B row-major)
+        jobs = [((128, 4096, 4096), "bf16", "nt"), ((128, 4096, 4096), "fp16", "nt"),
+                ((128, 4096, 4096), "bf16", "nn")]
     elif args.sweep == "large":
         jobs = [((4096, 4096, 4096), "bf16", "nt"), ((4096, 14336, 4096), "bf16", "nt"),
                 ((4096, 14336, 4096), "bf16", "nn"), ((4096, 14336, 4096), "bf16", "tn")]
@@ -189,6 +198,8 @@ def main():
         kinds = ["splitk"] if m <= 128 else ["persistent", "grouped"]
         if args.sweep:
             kinds = ["splitk"] if m <= 128 else ["persistent"]
+            if args.sweep == "m128":
+                kinds.append("persistent")
         elif m <= 128 and n >= 14336:
             kinds.append("grouped")
         tc, res = time_shape(m, n, k, dts[dn], kinds, args.ws, args.sweep, layout)

@@ -232,6 +232,61 @@ def test_bench_runner_plumbing_with_fake_timers(monkeypatch):
     assert all("vs_peers" not in r for r in rows), "no named peers: the rows are as before"
 
 
+def test_bench_runner_device_rounds(monkeypatch):
+    """A workload with device_rounds = 3: after the first round (one implementation after another),
+    two more rounds alternate over the implementations; each row keeps its least time, lists all
+    three, and its rate, percentages and ratio follow the kept time. A row that failed is not
+    timed again."""
+    order = []
+    scripted = {"warpforge": [3.0, 1.0, 2.0], "eager": [2.0, 2.5, 4.0]}
+    current = {}
+
+    def fake_ms(fn, cfg, nbytes=None):
+        fn()
+        impl = current["impl"]
+        order.append(impl)
+        return scripted[impl][sum(1 for o in order if o == impl) - 1]
+
+    real_measure, real_step = runner._measure, runner._impl_step
+
+    def measure(wl, case, dtype, mode, impl, *a):
+        current["impl"] = impl.name
+        return real_measure(wl, case, dtype, mode, impl, *a)
+
+    def impl_step(wl, mode, impl, args):
+        step = real_step(wl, mode, impl, args)
+
+        def tagged():
+            current["impl"] = impl.name
+            return step()
+        return tagged
+
+    monkeypatch.setattr(runner, "_measure", measure)
+    monkeypatch.setattr(runner, "_impl_step", impl_step)
+    monkeypatch.setattr(timing, "warm", lambda fn, n: fn())
+    monkeypatch.setattr(timing, "device_ms", fake_ms)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(W, "cuda_backend_available", lambda: False)
+    wl = W.WORKLOADS["softmax"]
+    monkeypatch.setattr(wl, "device_rounds", 3)
+    monkeypatch.setattr(wl, "cases", lambda quick: [W.Case("4x33", {"M": 4, "N": 33}, headline=True)])
+
+    def broken_liger():
+        def fn(x):
+            raise RuntimeError("boom")
+        return fn
+    monkeypatch.setattr(wl, "liger_fn", broken_liger)
+    res = runner.run_bench([wl], ["fwd"], [torch.float32], use_compile=False, copy_gbps=1.0, device=DEVICE)
+    rows = {r["impl"]: r for r in res.rows}
+    assert order == ["warpforge", "eager", "warpforge", "eager", "warpforge", "eager"]
+    assert rows["liger"]["status"].startswith("failed") and "ms_rounds" not in rows["liger"]
+    assert rows["warpforge"]["ms_rounds"] == [3.0, 1.0, 2.0] and rows["warpforge"]["ms"] == 1.0
+    assert rows["eager"]["ms_rounds"] == [2.0, 2.5, 4.0] and rows["eager"]["ms"] == 2.0
+    assert rows["warpforge"]["ratio"] == pytest.approx(2.0)
+    assert rows["warpforge"]["gbps"] == pytest.approx(rows["warpforge"]["bytes"] / 1.0 / 1e6)
+    assert any("least of 3 rounds" in n for n in res.notes)
+
+
 def test_bench_runner_refs_memory_private_inputs_oom(monkeypatch):
     """The runner's workload features on the CPU with the timers and the CUDA memory counters
     replaced: reference rows (timed, never a peer, vs_ref on the others), extra_gib, Liger's private

@@ -12,6 +12,7 @@ scale 2, as elsewhere. fp32 is
 exact IEEE FMA unless torch.backends.cuda.matmul.allow_tf32 is set (off by default, and every
 test here but ``test_tf32`` leaves it so).
 """
+import dataclasses
 import json
 
 import pytest
@@ -237,6 +238,41 @@ def test_tma_kernel(b_t, a_t, dtype):
     out = torch.full((m, n), float("nan"), device=DEVICE, dtype=dtype)
     _launch_tma(a, b, out, _Epilogue(out), TMA_CFG)
     assert_close(out, _ref(a, b), dtype)
+
+
+@pytest.mark.parametrize("split", [1, 2])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tma_store_epilogue(split, dtype):
+    """TMA stores of the finished tile (whole, or in two column slices): (40, 72) is ragged against
+    the 16 x 32 tile in both dims, so the hardware's clipping of the edge boxes is what keeps the
+    poison around the output intact; the epilogue (bias, SiLU, residual, pre-activation) runs first."""
+    if ON_GPU and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm_90+")
+    m, n, k = 40, 72, 48
+    a, w = randn(m, k, dtype=dtype), randn(n, k, dtype=dtype)
+    bias, res = randn(n, dtype=dtype), randn(m, n, dtype=dtype)
+    cfg = dataclasses.replace(TMA_CFG, block_n=32, store_split=split)
+    big = torch.full((m + 8, n + 8), float("nan"), device=DEVICE, dtype=dtype)
+    out = big[:m, :n]                   # row stride n + 8 (16-byte aligned rows), poison beyond
+    z = torch.full((m, n), float("nan"), device=DEVICE, dtype=dtype)
+    assert mm._tma_store_ok(out)
+    _launch_tma(a, w.T, out, _Epilogue(out, bias, res, z, ACTIVATIONS["silu"]), cfg)
+    zr = _ref(a, w.T) + bias.double()
+    assert_close(z, zr, dtype, what="pre-activation")
+    assert_close(out, F.silu(zr) + res.double(), dtype, what="output")
+    assert big[m:].isnan().all() and big[:, n:].isnan().all(), "a TMA store wrote past the output's edge"
+
+
+def test_tma_store_falls_back_for_a_strided_output():
+    """An output TMA cannot write (column-major here) takes the pointer epilogue, same values."""
+    if ON_GPU and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm_90+")
+    m, n, k = 24, 40, 32
+    a, b = randn(m, k, dtype=torch.bfloat16), randn(k, n, dtype=torch.bfloat16)
+    out = torch.full((n, m), float("nan"), device=DEVICE, dtype=torch.bfloat16).T
+    assert not mm._tma_store_ok(out)
+    _launch_tma(a, b, out, _Epilogue(out), dataclasses.replace(TMA_CFG, store_split=2))
+    assert_close(out, _ref(a, b), torch.bfloat16)
 
 
 def test_tma_kernel_epilogue_and_strided_output():

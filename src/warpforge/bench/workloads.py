@@ -146,6 +146,10 @@ class Workload:
     # kind "peer" (they compete for best peer) and every other row gets vs_peers {peer: peer ms / ms}
     peers: Callable[[], dict[str, Callable | Peer]] | None = None
     compile_peer: bool = True      # False: no torch.compile(eager) row (it would time the same kernels)
+    # rounds of device timing, alternating over the case's implementations, each row keeping its least
+    # (runner._device_rounds): the large GEMMs run at the H100's 700 W cap, where the clock -- and
+    # a 100 ms measurement -- moves by 5-10% between consecutive timings of the same kernel
+    device_rounds: int = 1
 
     def dtypes_of(self, dtypes) -> list[torch.dtype]:
         """The requested dtypes this workload runs in."""
@@ -396,6 +400,7 @@ def rope_flops(case: Case, mode: str) -> int:
 # ----------------------------------------------------------------------------------------------
 # Matrix multiply: C (M, N) = A (M, K) @ W^T, W (N, K) row-major -- a linear layer's layout
 # ----------------------------------------------------------------------------------------------
+GEMM_ROUNDS = 3    # device timing rounds of the GEMM workloads (Workload.device_rounds)
 LLAMA_NK = ((4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096))   # q/o, gate/up, down, lm_head
 LLAMA_M = (16, 128, 4096, 16384)                                        # decode ... long prefill
 MATMUL_LADDER = ("naive", "pipelined", "grouped", "autotuned", "persistent", "splitk")
@@ -1143,6 +1148,7 @@ _register(Workload(
     notes="A (M, K) @ W^T with W (N, K) row-major, a linear layer's layout; bwd = dA and dW; "
           "the named variants (the ladder) run on 4096^3 and 16x4096x4096 only; the CUDA C++ rows "
           "(warpforge[cuda:*]) read B = W^T row-major, transposed once outside the timing",
+    device_rounds=GEMM_ROUNDS,
 ))
 _register(Workload(
     name="matmul_bwd", module="warpforge.ops.matmul",
@@ -1153,6 +1159,7 @@ _register(Workload(
     modes=("fwd",),
     notes="a linear layer's backward GEMMs called directly, dX = dY @ W and dW = dY^T @ X (row "
           "'fwd' is the pair): the kernels against cuBLAS without the autograd engine's per-node cost",
+    device_rounds=GEMM_ROUNDS,
 ))
 _register(Workload(
     name="linear_gelu", module="warpforge.ops.matmul",
@@ -1161,6 +1168,7 @@ _register(Workload(
     eager=lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"),
     bytes_fn=linear_act_bytes, flops_fn=lambda c, m: 2 * c.dims["M"] * c.dims["N"] * c.dims["K"],
     modes=("fwd",), notes="gelu(x @ W^T + b): timed forward (the fused-epilogue bar)",
+    device_rounds=GEMM_ROUNDS,
 ))
 _register(Workload(
     name="fp8_matmul", module="warpforge.ops.fp8",
@@ -1177,6 +1185,7 @@ _register(Workload(
     modes=("fwd",), only_dtypes=(torch.bfloat16,),
     notes="e4m3 operands with per-tensor scales, bf16 out; eager = torch._scaled_mm (cuBLASLt fp8); "
           "warpforge[bf16] is our bf16 matmul on the same problem; % roof is against the bf16 GEMM rate",
+    device_rounds=GEMM_ROUNDS,
 ))
 
 

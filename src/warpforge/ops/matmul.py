@@ -35,6 +35,12 @@ bf16, 4096^3 (cuBLAS 733-775 TFLOP/s in the same run; benchmarks/results/NVIDIA-
                 zero-fills the edges, and the warps' registers stay free for accumulators.
                 (Triton 3.6's automatic warp specialisation, ``warp_specialize=True``, compiles on
                 Hopper but measured within noise of the plain kernel: kept as a tuning option.)
+                The finished tile leaves by TMA bulk stores in two 128 x 128 slices
+                (``store_split=2``: half the staging buffer, the first slice's store overlapping the
+                second's conversion). On an H100 over 8 large forward and backward problems the
+                best configuration per problem ran 0.98-1.10x cuBLAS with it and 0.97-1.09x with
+                pointer stores: level within the power-capped clock's noise; the default (one
+                config for all) was best or within 3% on 6 of the 8 (benchmarks/NOTES.md).
 ``splitk``      for short M or long K. At 16 x 4096 x 4096 there are 64 output tiles of 16 x 64 for
                 132 SMs: SPLIT_K programs share one tile's K range, each storing an fp32 partial;
                 the last to finish (a per-tile arrival counter) sums the partials in a fixed order
@@ -143,6 +149,19 @@ def _matmul_epilogue(acc, offs_m, offs_n, M, N,
                      HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr,
                      STORE_Z: tl.constexpr, A_SCALE: tl.constexpr, B_SCALE: tl.constexpr):
     """Everything after the K loop, on the fp32 accumulators, then one store."""
+    acc = _epilogue_math(acc, offs_m, offs_n, M, N, bias_ptr, res_ptr, s_rm, s_rn, z_ptr, sa_ptr, sb_ptr,
+                         HAS_BIAS, ACT, HAS_RES, STORE_Z, A_SCALE, B_SCALE)
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    rows = offs_m.to(tl.int64)
+    tl.store(c_ptr + rows[:, None] * s_cm + offs_n[None, :] * s_cn, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _epilogue_math(acc, offs_m, offs_n, M, N, bias_ptr, res_ptr, s_rm, s_rn, z_ptr, sa_ptr, sb_ptr,
+                   HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr,
+                   STORE_Z: tl.constexpr, A_SCALE: tl.constexpr, B_SCALE: tl.constexpr):
+    """The epilogue on the fp32 accumulators: scales, bias, the pre-activation's store (STORE_Z),
+    activation, residual. Returns the values to store."""
     mask_m = offs_m < M
     mask_n = offs_n < N
     mask = mask_m[:, None] & mask_n[None, :]
@@ -165,7 +184,7 @@ def _matmul_epilogue(acc, offs_m, offs_n, M, N,
         acc = _act(acc, ACT - 2)          # 0 silu, 1 gelu (erf), 2 gelu (tanh)
     if HAS_RES:
         acc = acc + tl.load(res_ptr + rows[:, None] * s_rm + offs_n[None, :] * s_rn, mask=mask).to(tl.float32)
-    tl.store(c_ptr + rows[:, None] * s_cm + offs_n[None, :] * s_cn, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    return acc
 
 
 @triton.jit
@@ -242,18 +261,24 @@ def _matmul_kernel(
 @triton.jit
 def _matmul_tma_kernel(
     a_desc, b_desc,                 # TMA descriptors: A as (M, K) or, if A_T, (K, M); B as (K, N) or, if B_T, (N, K)
+    c_desc,                         # the output's descriptor (box BLOCK_M x BLOCK_N / STORE_SPLIT) when STORE_SPLIT > 0
     c_ptr, bias_ptr, res_ptr, z_ptr, sa_ptr, sb_ptr,
     M, N, K, s_cm, s_cn, s_rm, s_rn,
     A_T: tl.constexpr, B_T: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr, STORE_Z: tl.constexpr,
-    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr,
+    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, STORE_SPLIT: tl.constexpr,
 ):
     """Persistent: NUM_PROGRAMS programs (one per SM) take tiles tile, tile + NUM_PROGRAMS, ...
     in grouped order; operands arrive by TMA bulk copies (zero-filled past the edges, so no
     masks), pipelined ``num_stages`` deep. The tile and K loops are flattened into one software
-    pipeline so the next tile's first loads overlap this tile's epilogue."""
+    pipeline so the next tile's first loads overlap this tile's epilogue.
+
+    STORE_SPLIT = 0: the epilogue stores through pointers (any output strides). 1 or 2: the
+    finished tile leaves by TMA bulk stores (a row-major output; the hardware clips the edges), in
+    STORE_SPLIT column slices, so that the staging buffer in shared memory is 1/STORE_SPLIT of the
+    tile and the first slice's store overlaps the second's conversion."""
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     k_steps = tl.cdiv(K, BLOCK_K)
@@ -276,8 +301,20 @@ def _matmul_tma_kernel(
             acc = _dot(a, b, acc, PRECISION, UPCAST)
         offs_m = om + tl.arange(0, BLOCK_M)
         offs_n = on + tl.arange(0, BLOCK_N)
-        _matmul_epilogue(acc, offs_m, offs_n, M, N, c_ptr, s_cm, s_cn, bias_ptr, res_ptr, s_rm, s_rn,
-                         z_ptr, sa_ptr, sb_ptr, HAS_BIAS, ACT, HAS_RES, STORE_Z, A_SCALE, B_SCALE)
+        if STORE_SPLIT == 0:
+            _matmul_epilogue(acc, offs_m, offs_n, M, N, c_ptr, s_cm, s_cn, bias_ptr, res_ptr, s_rm, s_rn,
+                             z_ptr, sa_ptr, sb_ptr, HAS_BIAS, ACT, HAS_RES, STORE_Z, A_SCALE, B_SCALE)
+        else:
+            acc = _epilogue_math(acc, offs_m, offs_n, M, N, bias_ptr, res_ptr, s_rm, s_rn, z_ptr, sa_ptr, sb_ptr,
+                                 HAS_BIAS, ACT, HAS_RES, STORE_Z, A_SCALE, B_SCALE)
+            out = acc.to(c_desc.dtype)
+            if STORE_SPLIT == 1:
+                c_desc.store([om, on], out)
+            else:
+                halves = tl.permute(tl.reshape(out, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+                left, right = tl.split(halves)
+                c_desc.store([om, on], left)
+                c_desc.store([om, on + BLOCK_N // 2], right)
 
 
 @triton.jit
@@ -444,18 +481,29 @@ def _tma_geometry(a, b, out, ep: _Epilogue, cfg: MatmulConfig):
     b_t, b_shape, b_strides = _tma_view(b, k, n)
     a_desc = (a_shape, a_strides, [cfg.block_k, cfg.block_m] if a_t else [cfg.block_m, cfg.block_k])
     b_desc = (b_shape, b_strides, [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n])
+    c_desc = ([m, n], [out.stride(0), 1], [cfg.block_m, cfg.block_n // cfg.store_split]) if cfg.store_split else None
     programs = min(triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), sm_count())
-    return a_t, b_t, a_desc, b_desc, programs, (m, n, k, out.stride(0), out.stride(1), *ep.strides())
+    return a_t, b_t, a_desc, b_desc, c_desc, programs, (m, n, k, out.stride(0), out.stride(1), *ep.strides())
+
+
+def _tma_store_ok(out: torch.Tensor) -> bool:
+    """Whether TMA can write the output: 2-D, row-major, 16-byte aligned base and rows."""
+    es = out.element_size()
+    return (out.dim() == 2 and out.stride(1) == 1 and out.data_ptr() % 16 == 0
+            and (out.stride(0) * es) % 16 == 0 and out.shape[1] * es >= 16)
 
 
 def _launch_tma(a, b, out, ep: _Epilogue, cfg: MatmulConfig, plan=None) -> None:
     from triton.tools.tensor_descriptor import TensorDescriptor    # validates what Desc takes on trust
 
-    a_t, b_t, a_desc, b_desc, programs, ints = _tma_geometry(a, b, out, ep, cfg)
-    _TMA(plan, (programs,), (TensorDescriptor(a, *a_desc), TensorDescriptor(b, *b_desc), out, *ep.pointers(out), *ints),
+    if cfg.store_split and not _tma_store_ok(out):
+        cfg = dataclasses.replace(cfg, store_split=0)
+    a_t, b_t, a_desc, b_desc, c_desc, programs, ints = _tma_geometry(a, b, out, ep, cfg)
+    _TMA(plan, (programs,), (TensorDescriptor(a, *a_desc), TensorDescriptor(b, *b_desc),
+                             None if c_desc is None else TensorDescriptor(out, *c_desc), out, *ep.pointers(out), *ints),
          dict(A_T=a_t, B_T=b_t, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
               GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, WARP_SPECIALIZE=cfg.warp_specialize,
-              PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype), **ep.flags()),
+              PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype), **ep.flags(), STORE_SPLIT=cfg.store_split),
          num_stages=cfg.num_stages, num_warps=cfg.num_warps)
 
 
@@ -463,10 +511,13 @@ def _fast_tma(a, b, out, ep: _Epilogue, cfg: MatmulConfig, recorded):
     """The same for the persistent TMA kernel: descriptors rebuilt per call around the new base
     pointers (shape, strides and box are the plan's, validated on its first launch)."""
     compiled, tail = recorded
-    _, _, a_desc, b_desc, programs, ints = _tma_geometry(a, b, out, ep, cfg)
+    if cfg.store_split and not _tma_store_ok(out):
+        cfg = dataclasses.replace(cfg, store_split=0)
+    _, _, a_desc, b_desc, c_desc, programs, ints = _tma_geometry(a, b, out, ep, cfg)
 
     def fire(a, b, out, ep):
-        launch(compiled, (programs,), (Desc(a, *a_desc), Desc(b, *b_desc), out, *ep.pointers(out), *ints, *tail))
+        launch(compiled, (programs,), (Desc(a, *a_desc), Desc(b, *b_desc), None if c_desc is None else Desc(out, *c_desc),
+                                       out, *ep.pointers(out), *ints, *tail))
 
     return fire
 
@@ -497,6 +548,8 @@ def _fit_stages(cfg: MatmulConfig, in_bytes: int, out_bytes: int) -> MatmulConfi
     failures, benchmarks/NOTES.md)."""
     per_stage = (cfg.block_m + cfg.block_n) * cfg.block_k * in_bytes
     staging = cfg.block_m * cfg.block_n * (4 if out_bytes >= 4 else 1)
+    if cfg.persistent and cfg.store_split:      # TMA stores stage one column slice of the tile
+        staging = max(staging, cfg.block_m * cfg.block_n // cfg.store_split * out_bytes)
     stages = max(1, min(cfg.num_stages, (SMEM_BYTES - staging) // per_stage))
     return cfg if stages == cfg.num_stages else dataclasses.replace(cfg, num_stages=stages)
 

@@ -445,6 +445,7 @@ class MatmulConfig:
     split_k: int = 1
     warp_specialize: bool = False   # persistent kernel only: producer/consumer warp partitions
     persistent: bool = False        # the persistent TMA kernel (variant "auto" chooses per config)
+    store_split: int = 0            # persistent kernel only: 0 pointer stores, 1-2 TMA stores in that many slices
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -497,14 +498,18 @@ def _matmul_config(m: int, n: int, k: int, elem_bytes: int, variant: str) -> Mat
         if m <= 64:
             return _with_split(m, n, k, MatmulConfig(64, 64, 128, group_m=1, num_stages=4, num_warps=4))
         # 64 < M <= 256: two 64-row tiles per weight tile (the second read comes from L2), six
-        # stages deep; H200 M = 128 sweep: 20.3 us at 128x4096x4096 against 22.3 us for the best
-        # 128-row tile (cuBLAS 18.9 us)
-        return _with_split(m, n, k, MatmulConfig(64, 64, 128, group_m=8, num_stages=6, num_warps=4))
+        # stages deep, K not split; H200 M = 128 sweep: 20.3 us at 128x4096x4096 against 22.3 us
+        # for the best 128-row tile (cuBLAS 18.9 us); H100 under the bench's timing: 18.4 us
+        # unsplit, 23.7 us split in two (cuBLAS 17.4 us; benchmarks/NOTES.md)
+        return MatmulConfig(64, 64, 128, group_m=8, num_stages=6, num_warps=4)
     if variant == "grouped" or m <= 256:
         return MatmulConfig(128, 128, 64, num_stages=4, num_warps=8)
-    # persistent / auto at large M: 128 x 256 x 64, 3-4 stages, two consumer warpgroups
-    # (H200: 780-790 TFLOP/s at 8192^3 and 4096 x 14336 x 4096)
-    return MatmulConfig(128, 256, 64, group_m=8, num_stages=4, num_warps=8, persistent=variant == "auto")
+    # persistent / auto at large M: 128 x 256 x 64, two consumer warpgroups, 3 stages, the tile
+    # leaving by TMA stores in two 128 x 128 slices (H200: 780-790 TFLOP/s at 8192^3 and
+    # 4096 x 14336 x 4096 with pointer stores; H100 probe, 8 large problems: this one best or within
+    # 3% on 6, 1.03x cuBLAS at 8192^3; benchmarks/NOTES.md)
+    return MatmulConfig(128, 256, 64, group_m=8, num_stages=3, num_warps=8, persistent=variant == "auto",
+                        store_split=2)
 
 
 def matmul_candidates(m: int, n: int, k: int, elem_bytes: int, variant: str) -> list[MatmulConfig]:
@@ -537,6 +542,8 @@ def matmul_candidates(m: int, n: int, k: int, elem_bytes: int, variant: str) -> 
             add(_with_split(m, n, k, cfg) if splits else cfg)
             if splits:
                 add(_with_split(m, n, k, cfg, 3.0))
+                if m > 64:
+                    add(cfg)      # M = 128 on the H100: unsplit 64x64x128 won (the split lost 29%)
         if m > 64:
             for bn, bk, st in [(64, 128, 4), (32, 64, 5)]:
                 cfg = MatmulConfig(128, bn, bk, group_m=1, num_stages=st, num_warps=4)
@@ -546,9 +553,13 @@ def matmul_candidates(m: int, n: int, k: int, elem_bytes: int, variant: str) -> 
                 add(MatmulConfig(128, bn, bk, group_m=1, num_stages=st, num_warps=w, persistent=True))
         return out
     persistent = variant in ("persistent", "auto")
-    for (bm, bn, bk), st, g in [((128, 256, 64), 3, 8), ((128, 256, 64), 4, 16), ((128, 256, 64), 3, 16),
-                                ((256, 128, 64), 4, 8), ((128, 128, 64), 4, 8)]:
-        add(MatmulConfig(bm, bn, bk, group_m=g, num_stages=st, num_warps=8, persistent=persistent))
+    # (tile, stages, group, TMA store slices; 0 = pointer stores): the H100 probe's winners over
+    # 8 large forward and backward problems (benchmarks/probe_matmul_epi.py)
+    for (bm, bn, bk), st, g, sp in [((128, 256, 64), 3, 8, 0), ((128, 256, 64), 3, 16, 2),
+                                    ((128, 256, 64), 4, 8, 2), ((128, 256, 64), 4, 16, 0),
+                                    ((256, 128, 64), 3, 8, 2), ((128, 128, 64), 4, 8, 0)]:
+        add(MatmulConfig(bm, bn, bk, group_m=g, num_stages=st, num_warps=8, persistent=persistent,
+                         store_split=sp if persistent else 0))
     return out
 
 
