@@ -286,6 +286,19 @@ def test_bench_runner_device_rounds(monkeypatch):
     assert rows["warpforge"]["gbps"] == pytest.approx(rows["warpforge"]["bytes"] / 1.0 / 1e6)
     assert any("least of 3 rounds" in n for n in res.notes)
 
+    # rounds_for_variants=False (the matmul ladder): a named variant's row keeps its one time
+    order.clear()
+    scripted["warpforge[naive]"] = [5.0]
+    monkeypatch.setattr(wl, "rounds_for_variants", False)
+    monkeypatch.setattr(wl, "ours_fn", lambda get: {"warpforge": lambda x: torch.softmax(x, -1),
+                                                    "warpforge[naive]": lambda x: torch.softmax(x, -1)})
+    res = runner.run_bench([wl], ["fwd"], [torch.float32], use_compile=False, copy_gbps=1.0, device=DEVICE)
+    rows = {r["impl"]: r for r in res.rows}
+    assert order == ["warpforge", "warpforge[naive]", "eager", "warpforge", "eager", "warpforge", "eager"]
+    assert rows["warpforge[naive]"]["ms"] == 5.0 and "ms_rounds" not in rows["warpforge[naive]"]
+    assert rows["warpforge"]["ms_rounds"] == [3.0, 1.0, 2.0]
+    assert any("variants' rows are timed once" in n for n in res.notes)
+
 
 def test_bench_runner_refs_memory_private_inputs_oom(monkeypatch):
     """The runner's workload features on the CPU with the timers and the CUDA memory counters

@@ -150,6 +150,7 @@ class Workload:
     # (runner._device_rounds): the large GEMMs run at the H100's 700 W cap, where the clock -- and
     # a 100 ms measurement -- moves by 5-10% between consecutive timings of the same kernel
     device_rounds: int = 1
+    rounds_for_variants: bool = True   # False: the named variants' rows (a ladder) are timed once
 
     def dtypes_of(self, dtypes) -> list[torch.dtype]:
         """The requested dtypes this workload runs in."""
@@ -1148,7 +1149,7 @@ _register(Workload(
     notes="A (M, K) @ W^T with W (N, K) row-major, a linear layer's layout; bwd = dA and dW; "
           "the named variants (the ladder) run on 4096^3 and 16x4096x4096 only; the CUDA C++ rows "
           "(warpforge[cuda:*]) read B = W^T row-major, transposed once outside the timing",
-    device_rounds=GEMM_ROUNDS,
+    device_rounds=GEMM_ROUNDS, rounds_for_variants=False,
 ))
 _register(Workload(
     name="matmul_bwd", module="warpforge.ops.matmul",

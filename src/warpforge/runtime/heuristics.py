@@ -500,8 +500,10 @@ def _matmul_config(m: int, n: int, k: int, elem_bytes: int, variant: str) -> Mat
         # 64 < M <= 256: two 64-row tiles per weight tile (the second read comes from L2), six
         # stages deep, K not split; H200 M = 128 sweep: 20.3 us at 128x4096x4096 against 22.3 us
         # for the best 128-row tile (cuBLAS 18.9 us); H100 under the bench's timing: 18.4 us
-        # unsplit, 23.7 us split in two (cuBLAS 17.4 us; benchmarks/NOTES.md)
-        return MatmulConfig(64, 64, 128, group_m=8, num_stages=6, num_warps=4)
+        # unsplit, 23.7 us split in two (cuBLAS 17.4 us; benchmarks/NOTES.md). The split-K rung
+        # of the ladder still splits.
+        cfg = MatmulConfig(64, 64, 128, group_m=8, num_stages=6, num_warps=4)
+        return _with_split(m, n, k, cfg) if variant == "splitk" else cfg
     if variant == "grouped" or m <= 256:
         return MatmulConfig(128, 128, 64, num_stages=4, num_warps=8)
     # persistent / auto at large M: 128 x 256 x 64, two consumer warpgroups, 3 stages, the tile
