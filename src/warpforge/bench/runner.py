@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -245,27 +244,41 @@ def _device_rounds(wl: Workload, mode: str, impls: list[Impl], group: list[dict]
     one after the other, compare two moments of the clock as much as two kernels."""
     if wl.device_rounds <= 1:
         return
-    steps: list[tuple[dict, Impl, Callable, list]] = []
+    pairs = [(impl, row) for impl, row in zip(impls, group) if row["status"] == "ok" and row["ms"] is not None
+             # a ladder rung: its place on the ladder does not hang on 5%
+             and (wl.rounds_for_variants or impl.kind != "ours" or impl.name == "warpforge")]
     try:
-        for impl, row in zip(impls, group):
-            if row["status"] != "ok" or row["ms"] is None:
-                continue
-            if not wl.rounds_for_variants and impl.kind == "ours" and impl.name != "warpforge":
-                continue      # a ladder rung: its place on the ladder does not hang on 5%
-            args = private_copy(base) if impl.private_inputs else base
-            with _impl_context(impl):
-                steps.append((row, impl, _impl_step(wl, mode, impl, args), [row["ms"]]))
-        for _ in range(wl.device_rounds - 1):
-            for row, impl, step, times in steps:
-                with _impl_context(impl):
-                    times.append(timing.device_ms(step, cfg, row["bytes"]))
-        for row, _, _, times in steps:
-            row["ms_rounds"] = times
-            _set_ms(row, min(times), copy_gbps, flat_tflops)
+        timed = _alternating(wl, mode, pairs, base, wl.device_rounds - 1,
+                             lambda step, row: timing.device_ms(step, cfg, row["bytes"]))
     except Exception as e:  # noqa: BLE001 -- a failure here leaves the first round's times standing
         for row in group:
             if row.get("ms") is not None:
                 row["rounds_error"] = failure(e)
+        return
+    for row, times in timed:
+        row["ms_rounds"] = [row["ms"], *times]
+        _set_ms(row, min(row["ms_rounds"]), copy_gbps, flat_tflops)
+
+
+def _alternating(wl: Workload, mode: str, pairs: list[tuple[Impl, dict]], base: tuple, rounds: int,
+                 timer: Callable[[Callable, dict], float], warm_calls: int = 0) -> list[tuple[dict, list[float]]]:
+    """``rounds`` rounds over the (implementation, row) pairs, each round timing every pair's step
+    once in turn with ``timer(step, row)``, inside the implementation's context; returns each row
+    with its times. Exceptions propagate; the steps (and what they hold) are freed either way."""
+    steps: list[tuple[dict, Impl, Callable, list]] = []
+    try:
+        for impl, row in pairs:
+            args = private_copy(base) if impl.private_inputs else base
+            with _impl_context(impl):
+                step = _impl_step(wl, mode, impl, args)
+                if warm_calls:
+                    timing.warm(step, warm_calls)
+            steps.append((row, impl, step, []))
+        for _ in range(rounds):
+            for row, impl, step, times in steps:
+                with _impl_context(impl):
+                    times.append(timer(step, row))
+        return [(row, times) for row, _, _, times in steps]
     finally:
         steps.clear()
         free_memory()
@@ -291,29 +304,16 @@ def _host_times(wl: Workload, mode: str, impls: list[Impl], group: list[dict], b
     The host's speed drifts over seconds; timed one after another, two implementations could land
     in different spells of it (single loops varied +-30% from run to run on the lent H100's host),
     while alternating rounds give each the same spells to pick its minimum from."""
-    steps: list[tuple[dict, Impl, Callable]] = []
+    pairs = [(impl, row) for impl, row in zip(impls, group) if row["status"] == "ok"]
     try:
-        for impl, row in zip(impls, group):
-            if row["status"] != "ok":
-                continue
-            args = private_copy(base) if impl.private_inputs else base
-            with _impl_context(impl):
-                step = _impl_step(wl, mode, impl, args)
-                timing.warm(step, 1)
-            steps.append((row, impl, step))
-        best = [math.inf] * len(steps)
-        for _ in range(cfg.host_rounds):
-            for i, (row, impl, step) in enumerate(steps):
-                with _impl_context(impl):
-                    best[i] = min(best[i], timing.host_us(step, cfg.host_calls))
-        for (row, _, _), us in zip(steps, best):
-            row["host_us"] = us
+        timed = _alternating(wl, mode, pairs, base, cfg.host_rounds,
+                             lambda step, row: timing.host_us(step, cfg.host_calls), warm_calls=1)
     except Exception:  # noqa: BLE001 -- a failure here costs the host column, never the rows
         for row in group:
             row["host_us"] = None
-    finally:
-        steps.clear()
-        free_memory()
+        return
+    for row, times in timed:
+        row["host_us"] = min(times)
 
 
 def _err_vs_eager(wl: Workload, impl: Impl, args: tuple) -> float | None:

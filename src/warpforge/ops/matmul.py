@@ -481,29 +481,30 @@ def _tma_geometry(a, b, out, ep: _Epilogue, cfg: MatmulConfig):
     b_t, b_shape, b_strides = _tma_view(b, k, n)
     a_desc = (a_shape, a_strides, [cfg.block_k, cfg.block_m] if a_t else [cfg.block_m, cfg.block_k])
     b_desc = (b_shape, b_strides, [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n])
-    c_desc = ([m, n], [out.stride(0), 1], [cfg.block_m, cfg.block_n // cfg.store_split]) if cfg.store_split else None
+    # TMA stores need a row-major output it can describe; others take the pointer epilogue
+    c_desc = (([m, n], [out.stride(0), 1], [cfg.block_m, cfg.block_n // cfg.store_split])
+              if cfg.store_split and _tma_store_ok(out) else None)
     programs = min(triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), sm_count())
     return a_t, b_t, a_desc, b_desc, c_desc, programs, (m, n, k, out.stride(0), out.stride(1), *ep.strides())
 
 
 def _tma_store_ok(out: torch.Tensor) -> bool:
-    """Whether TMA can write the output: 2-D, row-major, 16-byte aligned base and rows."""
-    es = out.element_size()
-    return (out.dim() == 2 and out.stride(1) == 1 and out.data_ptr() % 16 == 0
-            and (out.stride(0) * es) % 16 == 0 and out.shape[1] * es >= 16)
+    """Whether TMA can write the output: 2-D and readable by TMA without a transpose (row-major,
+    16-byte aligned base and rows; :func:`_tma_view`)."""
+    view = _tma_view(out, *out.shape) if out.dim() == 2 else None
+    return view is not None and not view[0]
 
 
 def _launch_tma(a, b, out, ep: _Epilogue, cfg: MatmulConfig, plan=None) -> None:
     from triton.tools.tensor_descriptor import TensorDescriptor    # validates what Desc takes on trust
 
-    if cfg.store_split and not _tma_store_ok(out):
-        cfg = dataclasses.replace(cfg, store_split=0)
     a_t, b_t, a_desc, b_desc, c_desc, programs, ints = _tma_geometry(a, b, out, ep, cfg)
     _TMA(plan, (programs,), (TensorDescriptor(a, *a_desc), TensorDescriptor(b, *b_desc),
                              None if c_desc is None else TensorDescriptor(out, *c_desc), out, *ep.pointers(out), *ints),
          dict(A_T=a_t, B_T=b_t, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
               GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, WARP_SPECIALIZE=cfg.warp_specialize,
-              PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype), **ep.flags(), STORE_SPLIT=cfg.store_split),
+              PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype), **ep.flags(),
+              STORE_SPLIT=0 if c_desc is None else cfg.store_split),
          num_stages=cfg.num_stages, num_warps=cfg.num_warps)
 
 
@@ -511,8 +512,6 @@ def _fast_tma(a, b, out, ep: _Epilogue, cfg: MatmulConfig, recorded):
     """The same for the persistent TMA kernel: descriptors rebuilt per call around the new base
     pointers (shape, strides and box are the plan's, validated on its first launch)."""
     compiled, tail = recorded
-    if cfg.store_split and not _tma_store_ok(out):
-        cfg = dataclasses.replace(cfg, store_split=0)
     _, _, a_desc, b_desc, c_desc, programs, ints = _tma_geometry(a, b, out, ep, cfg)
 
     def fire(a, b, out, ep):
@@ -548,7 +547,7 @@ def _fit_stages(cfg: MatmulConfig, in_bytes: int, out_bytes: int) -> MatmulConfi
     failures, benchmarks/NOTES.md)."""
     per_stage = (cfg.block_m + cfg.block_n) * cfg.block_k * in_bytes
     staging = cfg.block_m * cfg.block_n * (4 if out_bytes >= 4 else 1)
-    if cfg.persistent and cfg.store_split:      # TMA stores stage one column slice of the tile
+    if cfg.store_split:      # TMA stores (the persistent kernel) stage one column slice of the tile
         staging = max(staging, cfg.block_m * cfg.block_n // cfg.store_split * out_bytes)
     stages = max(1, min(cfg.num_stages, (SMEM_BYTES - staging) // per_stage))
     return cfg if stages == cfg.num_stages else dataclasses.replace(cfg, num_stages=stages)
