@@ -263,6 +263,46 @@ def test_tma_store_epilogue(split, dtype):
     assert big[m:].isnan().all() and big[:, n:].isnan().all(), "a TMA store wrote past the output's edge"
 
 
+@pytest.mark.parametrize("programs,split", [(5, 0), (13, 2), (4, 0)])
+def test_stream_k(monkeypatch, programs, split):
+    """Stream-K in the persistent kernel. 40 x 72 in 16 x 32 tiles is 9 tiles of 5 K-steps (K = 80):
+    on 5 programs the last 4 tiles are shared out by K-steps after one whole wave; on 13 programs
+    (more than the tiles) every tile is, ~3.5 steps a program, so a tile has up to 3 sharers; on 4
+    programs, 1 tile. The epilogue runs once per tile on the sum of its partials (bias, SiLU,
+    residual, pre-activation); a second call must give the same bits (the arrival counters reset,
+    the partials summed in a fixed order)."""
+    if ON_GPU and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm_90+")
+    monkeypatch.setattr(mm, "sm_count", lambda *_: programs)
+    m, n, k = 40, 72, 80
+    dtype = torch.bfloat16
+    a, w = randn(m, k, dtype=dtype), randn(n, k, dtype=dtype)
+    bias, res = randn(n, dtype=dtype), randn(m, n, dtype=dtype)
+    cfg = dataclasses.replace(TMA_CFG, block_n=32, store_split=split, stream_k=True)
+    sk = mm._stream_k_split(9, 5, programs)
+    assert sk is not None and sk[0] == {5: 4, 13: 9, 4: 1}[programs]
+    outs = []
+    for _ in range(2):
+        out = torch.full((m, n), float("nan"), device=DEVICE, dtype=dtype)
+        z = torch.full((m, n), float("nan"), device=DEVICE, dtype=dtype)
+        _launch_tma(a, w.T, out, _Epilogue(out, bias, res, z, ACTIVATIONS["silu"]), cfg)
+        zr = _ref(a, w.T) + bias.double()
+        assert_close(z, zr, dtype, what="pre-activation")
+        assert_close(out, F.silu(zr) + res.double(), dtype, what="output")
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1]), "stream-K is not deterministic"
+    assert mm._split_locks(a.device, 16)[:16].eq(0).all(), "an arrival counter was left set"
+
+
+def test_stream_k_split():
+    """Which tiles stream-K shares: the remainder of whole waves, all tiles below one wave, none
+    when the waves are whole or K is a single step."""
+    assert mm._stream_k_split(512, 64, 132) == (116, 3)        # 4096^3 in 128 x 256 tiles: 56 steps a program
+    assert mm._stream_k_split(112, 64, 132) == (112, 3)        # 128 x 14336 x 4096 in 128 x 128
+    assert mm._stream_k_split(264, 64, 132) is None
+    assert mm._stream_k_split(100, 1, 132) is None
+
+
 def test_tma_store_falls_back_for_a_strided_output():
     """An output TMA cannot write (column-major here) takes the pointer epilogue, same values."""
     if ON_GPU and torch.cuda.get_device_capability()[0] < 9:

@@ -46,6 +46,14 @@ bf16, 4096^3 (cuBLAS 733-775 TFLOP/s in the same run; benchmarks/results/NVIDIA-
                 the last to finish (a per-tile arrival counter) sums the partials in a fixed order
                 -- deterministic -- and runs the epilogue. 17.5 us there (1.01x cuBLAS) against
                 20.0 us unsplit and 32.5 us for the persistent kernel.
+                Stream-K (``MatmulConfig.stream_k``, persistent kernel only; off by default): the
+                tiles of a last, partial wave are dealt out by K-steps instead of whole, so no SM
+                idles. Measured on an H100 against the same tiles without it, it lost everywhere
+                (128 x 14336 x 4096: 58.7 against 48.0 us; 4096^3: 212 against 179 us; not yet
+                explained: the sharers' K loop, outside the flattened tile loop, may not be
+                software-pipelined like the rest, and each shared tile pays an fp32 fixup);
+                what closed the M = 128 gap was a 64-row TMA tile instead (64 x 64 x 128, six
+                stages: 17.2 us at 128 x 4096 x 4096, cuBLAS 17.4; benchmarks/NOTES.md, item 35).
 ``auto``        (default) the fastest correct choice per shape: tuned over split-K pointer configs
                 and persistent TMA configs when tuning is on (``WARPFORGE_AUTOTUNE=1``, ``warpforge
                 bench``), else the winners shipped for the device (``runtime/tuned/``), else the
@@ -259,16 +267,72 @@ def _matmul_kernel(
 
 
 @triton.jit
+def _tma_k_range(a_desc, b_desc, om, on, k_lo, k_hi, A_T: tl.constexpr, B_T: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """The fp32 sum over K-steps [k_lo, k_hi) of one output tile, operands by TMA."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for ks in range(k_lo, k_hi):
+        ok = ks * BLOCK_K
+        if A_T:
+            a = a_desc.load([ok, om]).T
+        else:
+            a = a_desc.load([om, ok])
+        if B_T:
+            b = b_desc.load([on, ok]).T
+        else:
+            b = b_desc.load([ok, on])
+        acc = _dot(a, b, acc, PRECISION, UPCAST)
+    return acc
+
+
+@triton.jit
+def _tma_tile_out(acc, om, on, M, N, c_desc, c_ptr, s_cm, s_cn, bias_ptr, res_ptr, s_rm, s_rn, z_ptr, sa_ptr, sb_ptr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr, STORE_Z: tl.constexpr,
+                  A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, STORE_SPLIT: tl.constexpr):
+    """The persistent kernel's epilogue for one finished tile: pointer stores (STORE_SPLIT = 0) or
+    TMA bulk stores in STORE_SPLIT column slices."""
+    offs_m = om + tl.arange(0, BLOCK_M)
+    offs_n = on + tl.arange(0, BLOCK_N)
+    if STORE_SPLIT == 0:
+        _matmul_epilogue(acc, offs_m, offs_n, M, N, c_ptr, s_cm, s_cn, bias_ptr, res_ptr, s_rm, s_rn,
+                         z_ptr, sa_ptr, sb_ptr, HAS_BIAS, ACT, HAS_RES, STORE_Z, A_SCALE, B_SCALE)
+    else:
+        acc = _epilogue_math(acc, offs_m, offs_n, M, N, bias_ptr, res_ptr, s_rm, s_rn, z_ptr, sa_ptr, sb_ptr,
+                             HAS_BIAS, ACT, HAS_RES, STORE_Z, A_SCALE, B_SCALE)
+        out = acc.to(c_desc.dtype)
+        if STORE_SPLIT == 1:
+            c_desc.store([om, on], out)
+        else:
+            halves = tl.permute(tl.reshape(out, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            left, right = tl.split(halves)
+            c_desc.store([om, on], left)
+            c_desc.store([om, on + BLOCK_N // 2], right)
+
+
+@triton.jit
+def _sk_owner(step, per, extra):
+    """The stream-K program whose range holds K-step ``step``: the first ``extra`` programs take
+    per + 1 steps, the rest ``per``."""
+    big = extra * (per + 1)
+    return tl.where(step < big, step // (per + 1), extra + (step - big) // tl.maximum(per, 1))
+
+
+@triton.jit
 def _matmul_tma_kernel(
     a_desc, b_desc,                 # TMA descriptors: A as (M, K) or, if A_T, (K, M); B as (K, N) or, if B_T, (N, K)
     c_desc,                         # the output's descriptor (box BLOCK_M x BLOCK_N / STORE_SPLIT) when STORE_SPLIT > 0
     c_ptr, bias_ptr, res_ptr, z_ptr, sa_ptr, sb_ptr,
+    ws_ptr, lock_ptr,               # stream-K: fp32 partials (SK tiles, SK_SLOTS, BLOCK_M*BLOCK_N), int32 counters
     M, N, K, s_cm, s_cn, s_rm, s_rn,
+    SK_TILES,                       # stream-K: how many of the last tiles (in launch order) are shared
+    SK_SLOTS,                       # stream-K: the most programs that share one tile
     A_T: tl.constexpr, B_T: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_PROGRAMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr, STORE_Z: tl.constexpr,
-    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, STORE_SPLIT: tl.constexpr,
+    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, STORE_SPLIT: tl.constexpr, STREAM_K: tl.constexpr,
 ):
     """Persistent: NUM_PROGRAMS programs (one per SM) take tiles tile, tile + NUM_PROGRAMS, ...
     in grouped order; operands arrive by TMA bulk copies (zero-filled past the edges, so no
@@ -278,43 +342,68 @@ def _matmul_tma_kernel(
     STORE_SPLIT = 0: the epilogue stores through pointers (any output strides). 1 or 2: the
     finished tile leaves by TMA bulk stores (a row-major output; the hardware clips the edges), in
     STORE_SPLIT column slices, so that the staging buffer in shared memory is 1/STORE_SPLIT of the
-    tile and the first slice's store overlaps the second's conversion."""
+    tile and the first slice's store overlaps the second's conversion.
+
+    STREAM_K: the last SK_TILES tiles (those that would leave SMs idle in a last, partial wave)
+    are not dealt out whole: their K-steps are, as equal contiguous ranges, one per program, so
+    a tile may be shared by consecutive programs. Each sharer stores its fp32 partial in its slot;
+    the last to arrive (a per-tile counter) sums the slots in order -- the same bits whoever is
+    last -- and runs the epilogue."""
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     k_steps = tl.cdiv(K, BLOCK_K)
-    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_PROGRAMS, flatten=True,
+    dp_tiles = tiles_m * tiles_n
+    if STREAM_K:
+        dp_tiles -= SK_TILES
+    for tile in tl.range(tl.program_id(0), dp_tiles, NUM_PROGRAMS, flatten=True,
                          warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
         om = pid_m * BLOCK_M
         on = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ks in range(k_steps):
-            ok = ks * BLOCK_K
-            if A_T:
-                a = a_desc.load([ok, om]).T
+        acc = _tma_k_range(a_desc, b_desc, om, on, 0, k_steps, A_T, B_T, BLOCK_M, BLOCK_N, BLOCK_K,
+                           PRECISION, UPCAST)
+        _tma_tile_out(acc, om, on, M, N, c_desc, c_ptr, s_cm, s_cn, bias_ptr, res_ptr, s_rm, s_rn, z_ptr,
+                      sa_ptr, sb_ptr, BLOCK_M, BLOCK_N, HAS_BIAS, ACT, HAS_RES, STORE_Z, A_SCALE, B_SCALE,
+                      STORE_SPLIT)
+    if STREAM_K:
+        TILE: tl.constexpr = BLOCK_M * BLOCK_N
+        inner = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        pid = tl.program_id(0)
+        steps = SK_TILES * k_steps
+        per = steps // NUM_PROGRAMS
+        extra = steps % NUM_PROGRAMS
+        it = pid * per + tl.minimum(pid, extra)
+        end = it + per + tl.where(pid < extra, 1, 0)
+        while it < end:
+            sk_tile = it // k_steps
+            k_lo = it - sk_tile * k_steps
+            k_hi = tl.minimum(k_steps, k_lo + (end - it))
+            tile = dp_tiles + sk_tile
+            pid_m, pid_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+            om = pid_m * BLOCK_M
+            on = pid_n * BLOCK_N
+            acc = _tma_k_range(a_desc, b_desc, om, on, k_lo, k_hi, A_T, B_T, BLOCK_M, BLOCK_N, BLOCK_K,
+                               PRECISION, UPCAST)
+            first = _sk_owner(sk_tile * k_steps, per, extra)
+            sharers = _sk_owner(sk_tile * k_steps + k_steps - 1, per, extra) - first + 1
+            if sharers == 1:
+                _tma_tile_out(acc, om, on, M, N, c_desc, c_ptr, s_cm, s_cn, bias_ptr, res_ptr, s_rm, s_rn, z_ptr,
+                              sa_ptr, sb_ptr, BLOCK_M, BLOCK_N, HAS_BIAS, ACT, HAS_RES, STORE_Z, A_SCALE,
+                              B_SCALE, STORE_SPLIT)
             else:
-                a = a_desc.load([om, ok])
-            if B_T:
-                b = b_desc.load([on, ok]).T
-            else:
-                b = b_desc.load([ok, on])
-            acc = _dot(a, b, acc, PRECISION, UPCAST)
-        offs_m = om + tl.arange(0, BLOCK_M)
-        offs_n = on + tl.arange(0, BLOCK_N)
-        if STORE_SPLIT == 0:
-            _matmul_epilogue(acc, offs_m, offs_n, M, N, c_ptr, s_cm, s_cn, bias_ptr, res_ptr, s_rm, s_rn,
-                             z_ptr, sa_ptr, sb_ptr, HAS_BIAS, ACT, HAS_RES, STORE_Z, A_SCALE, B_SCALE)
-        else:
-            acc = _epilogue_math(acc, offs_m, offs_n, M, N, bias_ptr, res_ptr, s_rm, s_rn, z_ptr, sa_ptr, sb_ptr,
-                                 HAS_BIAS, ACT, HAS_RES, STORE_Z, A_SCALE, B_SCALE)
-            out = acc.to(c_desc.dtype)
-            if STORE_SPLIT == 1:
-                c_desc.store([om, on], out)
-            else:
-                halves = tl.permute(tl.reshape(out, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-                left, right = tl.split(halves)
-                c_desc.store([om, on], left)
-                c_desc.store([om, on + BLOCK_N // 2], right)
+                tile_ws = ws_ptr + tl.cast(sk_tile, tl.int64) * (SK_SLOTS * TILE)
+                tl.store(tile_ws + (pid - first) * TILE + inner, acc)
+                tl.debug_barrier()      # every thread's partial is written before the arrival is released
+                arrived = tl.atomic_add(lock_ptr + sk_tile, 1, sem="acq_rel", scope="gpu")
+                if arrived == sharers - 1:
+                    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                    for s in range(sharers):
+                        total += tl.load(tile_ws + s * TILE + inner, cache_modifier=".cg")
+                    tl.atomic_xchg(lock_ptr + sk_tile, 0, sem="relaxed", scope="gpu")   # ready for the next call
+                    _tma_tile_out(total, om, on, M, N, c_desc, c_ptr, s_cm, s_cn, bias_ptr, res_ptr, s_rm, s_rn,
+                                  z_ptr, sa_ptr, sb_ptr, BLOCK_M, BLOCK_N, HAS_BIAS, ACT, HAS_RES, STORE_Z,
+                                  A_SCALE, B_SCALE, STORE_SPLIT)
+            it += k_hi - k_lo
 
 
 @triton.jit
@@ -484,8 +573,35 @@ def _tma_geometry(a, b, out, ep: _Epilogue, cfg: MatmulConfig):
     # TMA stores need a row-major output it can describe; others take the pointer epilogue
     c_desc = (([m, n], [out.stride(0), 1], [cfg.block_m, cfg.block_n // cfg.store_split])
               if cfg.store_split and _tma_store_ok(out) else None)
-    programs = min(triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), sm_count())
-    return a_t, b_t, a_desc, b_desc, c_desc, programs, (m, n, k, out.stride(0), out.stride(1), *ep.strides())
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    programs = min(tiles, sm_count())
+    sk = _stream_k_split(tiles, triton.cdiv(k, cfg.block_k), sm_count()) if cfg.stream_k else None
+    if sk is not None:
+        programs = sm_count()
+    return (a_t, b_t, a_desc, b_desc, c_desc, programs, sk,
+            (m, n, k, out.stride(0), out.stride(1), *ep.strides(), *(sk or (0, 0))))
+
+
+def _stream_k_split(tiles: int, k_steps: int, programs: int):
+    """(tiles shared out by K-steps, the most programs sharing one) for stream-K: the tiles a last,
+    partial wave would leave to a subset of the SMs (all of them when there are fewer tiles than
+    SMs), or None when the tiles fill whole waves."""
+    sk_tiles = tiles % programs if tiles > programs else tiles
+    if sk_tiles == 0 or k_steps < 2:
+        return None
+    per = max(1, sk_tiles * k_steps // programs)
+    slots = min(programs, triton.cdiv(k_steps, per) + 1)
+    return sk_tiles, slots
+
+
+def _sk_buffers(out, sk, cfg: MatmulConfig):
+    """(fp32 partials, arrival counters) of a stream-K launch; the output stands in for both when
+    no tile is shared."""
+    if sk is None:
+        return out, out
+    sk_tiles, slots = sk
+    ws = torch.empty(sk_tiles * slots * cfg.block_m * cfg.block_n, dtype=torch.float32, device=out.device)
+    return ws, _split_locks(out.device, sk_tiles)
 
 
 def _tma_store_ok(out: torch.Tensor) -> bool:
@@ -498,13 +614,14 @@ def _tma_store_ok(out: torch.Tensor) -> bool:
 def _launch_tma(a, b, out, ep: _Epilogue, cfg: MatmulConfig, plan=None) -> None:
     from triton.tools.tensor_descriptor import TensorDescriptor    # validates what Desc takes on trust
 
-    a_t, b_t, a_desc, b_desc, c_desc, programs, ints = _tma_geometry(a, b, out, ep, cfg)
+    a_t, b_t, a_desc, b_desc, c_desc, programs, sk, ints = _tma_geometry(a, b, out, ep, cfg)
     _TMA(plan, (programs,), (TensorDescriptor(a, *a_desc), TensorDescriptor(b, *b_desc),
-                             None if c_desc is None else TensorDescriptor(out, *c_desc), out, *ep.pointers(out), *ints),
+                             None if c_desc is None else TensorDescriptor(out, *c_desc), out, *ep.pointers(out),
+                             *_sk_buffers(out, sk, cfg), *ints),
          dict(A_T=a_t, B_T=b_t, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
               GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, WARP_SPECIALIZE=cfg.warp_specialize,
               PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype), **ep.flags(),
-              STORE_SPLIT=0 if c_desc is None else cfg.store_split),
+              STORE_SPLIT=0 if c_desc is None else cfg.store_split, STREAM_K=sk is not None),
          num_stages=cfg.num_stages, num_warps=cfg.num_warps)
 
 
@@ -512,11 +629,11 @@ def _fast_tma(a, b, out, ep: _Epilogue, cfg: MatmulConfig, recorded):
     """The same for the persistent TMA kernel: descriptors rebuilt per call around the new base
     pointers (shape, strides and box are the plan's, validated on its first launch)."""
     compiled, tail = recorded
-    _, _, a_desc, b_desc, c_desc, programs, ints = _tma_geometry(a, b, out, ep, cfg)
+    _, _, a_desc, b_desc, c_desc, programs, sk, ints = _tma_geometry(a, b, out, ep, cfg)
 
     def fire(a, b, out, ep):
         launch(compiled, (programs,), (Desc(a, *a_desc), Desc(b, *b_desc), None if c_desc is None else Desc(out, *c_desc),
-                                       out, *ep.pointers(out), *ints, *tail))
+                                       out, *ep.pointers(out), *_sk_buffers(out, sk, cfg), *ints, *tail))
 
     return fire
 

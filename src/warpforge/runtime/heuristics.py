@@ -446,6 +446,7 @@ class MatmulConfig:
     warp_specialize: bool = False   # persistent kernel only: producer/consumer warp partitions
     persistent: bool = False        # the persistent TMA kernel (variant "auto" chooses per config)
     store_split: int = 0            # persistent kernel only: 0 pointer stores, 1-2 TMA stores in that many slices
+    stream_k: bool = False          # persistent kernel only: the last partial wave's tiles shared out by K-steps
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -500,10 +501,12 @@ def _matmul_config(m: int, n: int, k: int, elem_bytes: int, variant: str) -> Mat
         # 64 < M <= 256: two 64-row tiles per weight tile (the second read comes from L2), six
         # stages deep, K not split; H200 M = 128 sweep: 20.3 us at 128x4096x4096 against 22.3 us
         # for the best 128-row tile (cuBLAS 18.9 us); H100 under the bench's timing: 18.4 us
-        # unsplit, 23.7 us split in two (cuBLAS 17.4 us; benchmarks/NOTES.md). The split-K rung
-        # of the ladder still splits.
+        # unsplit, 23.7 us split in two (cuBLAS 17.4 us). Fed by TMA in the persistent kernel
+        # where the operands allow it (H100 probe_matmul_picks/streamk: 17.2 against 18.3 us at
+        # 128x4096x4096, 52 against 62 us at 128x14336x4096, dX layouts alike; benchmarks/NOTES.md).
+        # The split-K rung of the ladder still splits.
         cfg = MatmulConfig(64, 64, 128, group_m=8, num_stages=6, num_warps=4)
-        return _with_split(m, n, k, cfg) if variant == "splitk" else cfg
+        return _with_split(m, n, k, cfg) if variant == "splitk" else dataclasses.replace(cfg, persistent=True)
     if variant == "grouped" or m <= 256:
         return MatmulConfig(128, 128, 64, num_stages=4, num_warps=8)
     # persistent / auto at large M: 128 x 256 x 64, two consumer warpgroups, 3 stages, the tile
@@ -553,6 +556,10 @@ def matmul_candidates(m: int, n: int, k: int, elem_bytes: int, variant: str) -> 
         if variant == "auto" and m > 64:
             for bn, bk, st, w in [(64, 64, 4, 4), (64, 128, 4, 4), (128, 64, 4, 8), (32, 128, 6, 4)]:
                 add(MatmulConfig(128, bn, bk, group_m=1, num_stages=st, num_warps=w, persistent=True))
+            # 64-row TMA tiles: the H100's M = 128 winners (64 x 64 x 128 s6 at N = 4096, 64 x 128 x 128
+            # s4 at N = 14336: 1.01x and 0.98x cuBLAS; benchmarks/NOTES.md)
+            for bn, st in [(64, 6), (128, 4)]:
+                add(MatmulConfig(64, bn, 128, group_m=8, num_stages=st, num_warps=4, persistent=True))
         return out
     persistent = variant in ("persistent", "auto")
     # (tile, stages, group, TMA store slices; 0 = pointer stores): the H100 probe's winners over
