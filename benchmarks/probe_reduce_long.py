@@ -101,7 +101,7 @@ def extra():
             for block, warps in ((2048, 16), (4096, 16), (4096, 8), (8192, 16)):
                 def f(block=block, warps=warps):
                     y = torch.empty(m, device="cuda", dtype=x.dtype)
-                    run(R._reduce_fwd_loop_kernel, (m,), (x, y, n, x.stride(0)), MAX=is_max, BLOCK_N=block, num_warps=warps)
+                    run(R._reduce_fwd_loop_kernel, (m,), (x, y, y, n, x.stride(0)), MAX=is_max, COUNT=False, BLOCK_N=block, num_warps=warps)
                     return y
                 assert torch.allclose(f().float(), ref.float(), rtol=1e-2, atol=1e-1)
                 res[f"loop {block}x{warps}"] = device_ms(f, cfg, m * n * 2)

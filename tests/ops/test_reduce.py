@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from warpforge.ops import reduce as R
-from warpforge.ops.reduce import amax, amax_backward_op, amax_op, amax_reference, sum_op, sum_reference
+from warpforge.ops.reduce import (amax, amax_backward_op, amax_op, amax_reference, amax_scatter_op, amax_ties_op,
+                                  sum_op, sum_reference)
 from conftest import DTYPES, ON_GPU, DEVICE, assert_close, gpu_only, noncontig, randn
 
 # block path; past 16,384 partials, or one looping program a row with rows enough (9: the
@@ -206,6 +207,21 @@ def test_compile_fullgraph():
     assert_close(x.grad, xr.grad, torch.float32, what="compiled backward")
 
 
+def test_compile_amax_counting_ties(monkeypatch):
+    """Rows the forward walks in chunks (20,000 > the interpreter's block): under torch.compile the
+    graph holds the tie-counting forward and the streaming backward, and matches torch's ties."""
+    monkeypatch.setattr(R, "_amax_bwd", lambda *a: pytest.fail("the backward re-counted the ties"))
+    x = randn(3, 20000)
+    x[1, [5, 19999]] = x.abs().max() + 1
+    x.requires_grad_()
+    out = torch.compile(lambda t: amax(t) * 3, fullgraph=True)(x)
+    dy = randn(3)
+    (g,) = torch.autograd.grad(out, x, dy)
+    xr = x.detach().clone().requires_grad_()
+    (gr,) = torch.autograd.grad(xr.amax(-1) * 3, xr, dy)
+    torch.testing.assert_close(g, gr)
+
+
 @pytest.mark.parametrize("n", [37, 20000])
 def test_opcheck(n):
     x = randn(4, n, requires_grad=True)
@@ -214,6 +230,44 @@ def test_opcheck(n):
     torch.library.opcheck(amax_op.overload, (x,))
     y = x.detach().amax(-1)
     torch.library.opcheck(amax_backward_op.overload, (x.detach(), y, randn(4)))
+    torch.library.opcheck(amax_ties_op.overload, (x,))
+    ties = (x.detach() == y[:, None]).sum(1, dtype=torch.float32)
+    torch.library.opcheck(amax_scatter_op.overload, (x.detach(), y, ties, randn(4)))
+
+
+@pytest.mark.parametrize("mode", ["loop", "partial"])
+def test_amax_forward_counts_ties(monkeypatch, mode):
+    """The forward that counts ties for the backward (loop: lane-wise counts reset when a lane's max
+    rises; partial: per-chunk counts, the chunks holding the row's max summed), forced with small
+    blocks so that ties fall in different lanes, steps and chunks: the counts match torch's, the
+    gradient matches torch's, and the backward never takes the counting row kernel."""
+    n = 37
+    monkeypatch.setattr(R, "reduce_config", lambda m, k: (mode, 8, 4) if k == n else ("block", 0, 0))
+    monkeypatch.setattr(R, "BLOCK_MAX", 16)      # rows of 37 count as long
+    monkeypatch.setattr(R, "_amax_bwd", lambda *a: pytest.fail("the backward re-counted the ties"))
+    x = randn(6, n)
+    top = x.abs().max() + 1
+    x[0, [0, 9, 36]] = top                       # three ties: lanes 0 and 1 and 4, steps 0, 1 and 4
+    x[1, [3, 11]] = top - 1
+    x[1, 30] = top                               # lane 6's max rises after two ties elsewhere
+    x[2, 5] = float("nan")                       # NaN row: 0 ties, NaN gradients (as torch)
+    x[3] = -float("inf")                         # every element a tie; 37 is no multiple of 8
+    x[4, [1, 2, 3, 4]] = top                     # ties in neighbouring lanes of one step
+    y, ties = amax_ties_op(x)
+    assert torch.equal(y, x.amax(-1)) or torch.equal(y.isnan(), x.amax(-1).isnan())
+    ref = (x == x.amax(-1, keepdim=True)).sum(-1).float()
+    assert torch.equal(ties, ref), (ties, ref)
+    assert ties[:5].tolist() == [3, 1, 0, n, 4]
+    xg = x.clone().requires_grad_()
+    dy = randn(6)
+    (g,) = torch.autograd.grad(amax(xg), xg, dy)
+    xt = x.clone().requires_grad_()
+    (gt,) = torch.autograd.grad(xt.amax(-1), xt, dy)
+    torch.testing.assert_close(g, gt, equal_nan=True)
+    assert g[2].isnan().all() and not g[[0, 1, 3, 4, 5]].isnan().any()
+    monkeypatch.setattr(R, "amax_ties_op", lambda *a: pytest.fail("counted ties with no gradient"))
+    with torch.no_grad():                        # no gradient: the plain forward
+        torch.testing.assert_close(amax(xg), y, equal_nan=True)
 
 
 def test_bad_input():

@@ -31,7 +31,14 @@ Paths by N (``runtime/heuristics.py``):
   run, no atomics, no spin-waits. The partials are 1/8,192 of the input (4 B per 16 KB of bf16), a
   rounding error in the byte count; the price is one more launch (~3 us), paid where the rows are
   too few to fill the chip one program a row.
-- amax backward is a row op (count the ties, then scatter), with softmax's paths: ``block`` (one
+- amax backward, after a forward that counted the ties: where the forward walks rows (``loop``)
+  or chunks (``partial``) and a gradient is wanted, it also counts, per row, the elements equal to
+  the max (each lane counts how often it met its running max; the lanes or chunks holding the
+  row's max add theirs), for a few ALU operations an element of a read-bound kernel. The backward
+  is then one streaming pass, dx = (x == y) * dy / ties, with nothing to reduce: 2*M*N*s bytes in
+  programs of 8,192 elements (``amax_ties`` and ``amax_scatter``; without a gradient the plain
+  forward runs).
+- amax backward otherwise is a row op (count the ties, then scatter), with softmax's paths: ``block`` (one
   program holds ROWS rows, or one 32-warp program a row to 32K on a GPU): count and scatter in
   registers, 2*M*N*s bytes. ``split`` (longer rows on a GPU): C co-resident programs a row each
   hold a chunk of x, exchange their chunk's tie count (``_rows.py``) and write dx: still 2*M*N*s.
@@ -103,10 +110,11 @@ def _reduce_fwd_block_kernel(
 
 @triton.jit
 def _reduce_fwd_partial_kernel(
-    x_ptr, part_ptr,           # (M, N) rows (column stride 1), (M, C) contiguous fp32 partials
+    x_ptr, part_ptr, cnt_ptr,  # (M, N) rows (column stride 1), (M, C) contiguous fp32 partials, (M, C) fp32 tie counts
     N, stride_x, C,            # C = cdiv(N, BLOCK_N) chunks per row; one program per (row, chunk)
-    MAX: tl.constexpr, BLOCK_N: tl.constexpr,
+    MAX: tl.constexpr, COUNT: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
+    """COUNT (amax with a gradient to come): also how many of the chunk's elements equal its max."""
     pid = tl.program_id(0)
     row = pid // C
     chunk = pid % C
@@ -115,34 +123,47 @@ def _reduce_fwd_partial_kernel(
     other = -float("inf") if MAX else 0.0
     x = tl.load(x_ptr + row.to(tl.int64) * stride_x + cols[None, :], mask=mask, other=other).to(tl.float32)
     v = _reduce_tile(x, mask, MAX)                                     # (1,)
-    tl.store(part_ptr + row.to(tl.int64) * C + chunk + tl.arange(0, 1), v)
+    at = row.to(tl.int64) * C + chunk + tl.arange(0, 1)
+    tl.store(part_ptr + at, v)
+    if COUNT:                                                          # a NaN chunk (v NaN) counts 0
+        tl.store(cnt_ptr + at, tl.sum(((x == v[:, None]) & mask).to(tl.float32), axis=1))
 
 
 @triton.jit
 def _reduce_fwd_loop_kernel(
-    x_ptr, y_ptr,              # (M, N) rows (column stride 1), (M,) contiguous out
+    x_ptr, y_ptr, cnt_ptr,     # (M, N) rows (column stride 1), (M,) contiguous out, (M,) fp32 tie counts
     N, stride_x,               # one program a row
-    MAX: tl.constexpr, BLOCK_N: tl.constexpr,
+    MAX: tl.constexpr, COUNT: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """One program walks its row in BLOCK_N-element steps, the next step's load issued before this
-    step's math (two loads in flight a thread), marked evict-first (read once: keep L2 for others)."""
+    step's math (two loads in flight a thread), marked evict-first (read once: keep L2 for others).
+    COUNT (amax with a gradient to come): each lane also counts how often it met its running max
+    (reset to 1 when the max rises), and the lanes holding the row's max add theirs at the end: the
+    backward's tie count for a few ALU operations an element, instead of a reduction there."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     base = x_ptr + row.to(tl.int64) * stride_x
     other = -float("inf") if MAX else 0.0
     acc = tl.full((BLOCK_N,), other, tl.float32)       # lane-wise, folded once at the end: a fixed order
+    ties = tl.zeros((BLOCK_N,), tl.float32)
     nxt = tl.load(base + cols, mask=cols < N, other=other, eviction_policy="evict_first")
     for start in range(0, N, BLOCK_N):
         x = nxt.to(tl.float32)
         c = start + BLOCK_N + cols
         nxt = tl.load(base + c, mask=c < N, other=other, eviction_policy="evict_first")
         if MAX:                                        # max.NaN: a lane that met a NaN keeps it
+            if COUNT:                                  # (NaN compares false: a NaN lane stops counting)
+                # padding (-inf) counts only in lanes whose max is -inf, which add to the row's
+                # count only when the whole row is -inf: clamped to N below, no mask per element
+                ties = tl.where(x > acc, 0.0, ties) + (x >= acc).to(tl.float32)
             acc = tl.maximum(acc, x, propagate_nan=tl.PropagateNan.ALL)
         else:
             acc += x
     if MAX:                                            # the lane fold drops NaN: test for it once
         v = tl.max(acc, axis=0)
         v = tl.where(tl.sum((acc != acc).to(tl.int32), axis=0) > 0, float("nan"), v)
+        if COUNT:                                      # a NaN row counts 0 (acc == NaN is false)
+            tl.store(cnt_ptr + row, tl.minimum(tl.sum(tl.where(acc == v, ties, 0.0), axis=0), N))
     else:
         v = tl.sum(acc, axis=0)
     tl.store(y_ptr + row, v.to(y_ptr.dtype.element_ty))
@@ -238,21 +259,33 @@ def _amax_bwd_split_kernel(
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
-def _reduce_rows(x2: torch.Tensor, out_dtype: torch.dtype, is_max: bool) -> torch.Tensor:
-    """Reduce each row of ``x2`` (M, N), unit column stride, to an (M,) tensor of ``out_dtype``."""
+def _reduce_rows(x2: torch.Tensor, out_dtype: torch.dtype, is_max: bool, counts: bool = False):
+    """Reduce each row of ``x2`` (M, N), unit column stride, to an (M,) tensor of ``out_dtype``.
+    ``counts`` (amax, loop and partial modes only): return ``(y, ties)``, ties the (M,) fp32 count
+    of each row's elements equal to its max."""
     m, n = x2.shape
     mode, block_n, warps = reduce_config(m, n)
     if mode == "loop":
         y = new_empty((m,), device=x2.device, dtype=out_dtype)
-        run(_reduce_fwd_loop_kernel, (m,), (x2, y, n, x2.stride(0)), MAX=is_max, BLOCK_N=block_n, num_warps=warps)
-        return y
+        ties = torch.empty((m,), device=x2.device, dtype=torch.float32) if counts else y
+        run(_reduce_fwd_loop_kernel, (m,), (x2, y, ties, n, x2.stride(0)),
+            MAX=is_max, COUNT=counts, BLOCK_N=block_n, num_warps=warps)
+        return (y, ties) if counts else y
     if mode == "partial":
         c = triton.cdiv(n, block_n)
         part = torch.empty((m, c), device=x2.device, dtype=torch.float32)   # every entry written
+        cpart = torch.empty((m, c), device=x2.device, dtype=torch.float32) if counts else part
         run(_reduce_fwd_partial_kernel, (m * c,),
-            (x2, part, n, x2.stride(0), c),
-            MAX=is_max, BLOCK_N=block_n, num_warps=warps)
-        return _reduce_rows(part, out_dtype, is_max)                         # fixed order: deterministic
+            (x2, part, cpart, n, x2.stride(0), c),
+            MAX=is_max, COUNT=counts, BLOCK_N=block_n, num_warps=warps)
+        y = _reduce_rows(part, out_dtype, is_max)                            # fixed order: deterministic
+        if not counts:
+            return y
+        # the chunks holding the row's max add their ties ((M, C) floats: 1/8,192 of x); y is exact
+        # in fp32, and a NaN row (y NaN) matches no chunk
+        return y, torch.where(part == y.float()[:, None], cpart, 0.0).sum(1)
+    if counts:
+        raise AssertionError("tie counts come from the loop and partial modes only")
     y = new_empty((m,), device=x2.device, dtype=out_dtype)
     cfg = row_config(n)
     run(_reduce_fwd_block_kernel, (triton.cdiv(m, cfg.rows),),
@@ -342,6 +375,77 @@ amax_op = Op("amax", _amax_impl, lambda x: x.new_empty(x.shape[:-1]),
              backward=_amax_backward, setup_context=_amax_setup)
 
 
+def counts_ties(x: torch.Tensor) -> bool:
+    """Whether an amax forward over ``x``'s last dim counts the ties for its backward: where its
+    kernel walks rows or chunks anyway (the loop and partial modes) and the rows are longer than a
+    program holds (N > BLOCK_MAX), so that the backward is one streaming pass. Shorter rows keep
+    the backward's block kernel, which counts them in registers. H100, bf16, M*N = 2^27, fwd+bwd
+    against torch.compile: 0.98x at 32K (was 0.95x), 1.38x at 65K, 1.64x at 262K; but 0.92x at 8K,
+    where a row is two steps of the loop and the count's second reduction a row is not amortised
+    (benchmarks/NOTES.md, item 37)."""
+    m = 1
+    for d in x.shape[:-1]:
+        m *= d
+    n = x.shape[-1]
+    if not (isinstance(m, int) and isinstance(n, int)) or m == 0:
+        return False                                   # symbolic shapes: the plain operator
+    return n > BLOCK_MAX and _walks_rows(m, n)
+
+
+@torch.compiler.assume_constant_result
+def _walks_rows(m: int, n: int) -> bool:
+    """The forward's mode is not ``block`` (a constant for Dynamo: the shapes are static here, and
+    it need not trace the cached heuristics)."""
+    return reduce_config(m, n)[0] != "block"
+
+
+def _amax_ties_impl(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x2 = as_rows(x)
+    if reduce_config(*x2.shape)[0] == "block":         # only reached through torch.ops directly
+        y = _reduce_rows(x2, x.dtype, True)
+        ties = (x2 == y[:, None]).sum(1, dtype=torch.float32)     # a second read: correct, not fast
+    else:
+        y, ties = _reduce_rows(x2, x.dtype, True, counts=True)
+    return y.view(x.shape[:-1]), ties.view(x.shape[:-1])
+
+
+def _amax_scatter_impl(x: torch.Tensor, y: torch.Tensor, ties: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    x2 = as_rows(x)
+    m, n = x2.shape
+    dx = new_empty((m, n), device=x.device, dtype=x.dtype)
+    y1, t1, dy1 = y.reshape(-1), ties.reshape(-1), dy.reshape(-1)
+    c = triton.cdiv(n, REDUCE_CHUNK)
+    run(_amax_bwd_scatter_kernel, (m * c,),
+        (x2, y1, t1, dy1, dx, n, x2.stride(0), dy1.stride(0), dx.stride(0), c),
+        BLOCK_N=REDUCE_CHUNK, num_warps=warps_for(REDUCE_CHUNK))
+    return dx.view(x.shape)
+
+
+amax_scatter_op = Op("amax_scatter", _amax_scatter_impl, lambda x, y, ties, dy: x.new_empty(x.shape))
+
+
+def _amax_ties_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], *output)
+
+
+def _amax_ties_backward(ctx, dy, _dties):
+    x, y, ties = ctx.saved_tensors
+    return amax_scatter_op(x, y, ties, dy)
+
+
+amax_ties_op = Op("amax_ties", _amax_ties_impl,
+                  lambda x: (x.new_empty(x.shape[:-1]), x.new_empty(x.shape[:-1], dtype=torch.float32)),
+                  backward=_amax_ties_backward, setup_context=_amax_ties_setup)
+
+
+def _amax_last(x: torch.Tensor) -> torch.Tensor:
+    """amax over the last dim: with a gradient to come and a kernel that walks the rows, the
+    forward that also counts ties (its backward then streams x once, nothing to reduce)."""
+    if torch.is_grad_enabled() and x.requires_grad and counts_ties(x):
+        return amax_ties_op(x)[0]
+    return amax_op(x)
+
+
 # ----------------------------------------------------------------------------------------------
 # Public functions
 # ----------------------------------------------------------------------------------------------
@@ -398,4 +502,4 @@ def amax(input: torch.Tensor, dim: int = -1, keepdim: bool = False, *, backend: 
         out = fast.reduce(input, dim, keepdim, True)
         if out is not None:
             return out
-    return _reduce_public(amax_op, input, dim, keepdim, cuda=_cuda("amax_last", backend))
+    return _reduce_public(_amax_last, input, dim, keepdim, cuda=_cuda("amax_last", backend))
