@@ -196,6 +196,27 @@ def _epilogue_math(acc, offs_m, offs_n, M, N, bias_ptr, res_ptr, s_rm, s_rn, z_p
 
 
 @triton.jit
+def _shared_tile_sum(acc, tile_ws, lock, slot, slots, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A tile whose K range ``slots`` programs share (split-K, stream-K): publish this program's
+    fp32 partial in its ``slot`` of the tile's workspace ``tile_ws`` and arrive on the tile's
+    counter ``lock``. Returns (last, total): whether this program arrived last and, if so, the sum
+    of the partials in slot order -- the same bits whoever arrives last -- with the counter reset
+    for the next call."""
+    TILE: tl.constexpr = BLOCK_M * BLOCK_N
+    inner = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    tl.store(tile_ws + slot * TILE + inner, acc)
+    tl.debug_barrier()      # every thread's partial is written before the arrival is released
+    arrived = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
+    last = arrived == slots - 1
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if last:
+        for s in range(slots):
+            total += tl.load(tile_ws + s * TILE + inner, cache_modifier=".cg")
+        tl.atomic_xchg(lock, 0, sem="relaxed", scope="gpu")   # ready for the next call
+    return last, total
+
+
+@triton.jit
 def _matmul_kernel(
     a_ptr, b_ptr, c_ptr,            # (B, M, K), (B, K, N), (B, M, N): any strides
     bias_ptr, res_ptr, z_ptr,       # epilogue operands (see _matmul_epilogue)
@@ -249,19 +270,10 @@ def _matmul_kernel(
         _matmul_epilogue(acc, offs_m, offs_n, M, N, c_base, s_cm, s_cn, bias_ptr, res_ptr, s_rm, s_rn,
                          z_ptr, sa_ptr, sb_ptr, HAS_BIAS, ACT, HAS_RES, STORE_Z, A_SCALE, B_SCALE)
     else:
-        # Publish this K-range's partial; the last of the SPLIT_K programs to arrive sums all of
-        # them in split order (the same bits whoever arrives last) and finishes the tile.
-        TILE: tl.constexpr = BLOCK_M * BLOCK_N
-        inner = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        tile_ws = ws_ptr + tl.cast(tile, tl.int64) * (SPLIT_K * TILE)
-        tl.store(tile_ws + pid_k * TILE + inner, acc)
-        tl.debug_barrier()      # every thread's partial is written before the arrival is released
-        arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in range(SPLIT_K):
-                total += tl.load(tile_ws + s * TILE + inner, cache_modifier=".cg")
-            tl.atomic_xchg(lock_ptr + tile, 0, sem="relaxed", scope="gpu")   # ready for the next call
+        # this K-range's partial; the last of the SPLIT_K programs to arrive finishes the tile
+        tile_ws = ws_ptr + tl.cast(tile, tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
+        last, total = _shared_tile_sum(acc, tile_ws, lock_ptr + tile, pid_k, SPLIT_K, BLOCK_M, BLOCK_N)
+        if last:
             _matmul_epilogue(total, offs_m, offs_n, M, N, c_base, s_cm, s_cn, bias_ptr, res_ptr, s_rm, s_rn,
                              z_ptr, sa_ptr, sb_ptr, HAS_BIAS, ACT, HAS_RES, STORE_Z, A_SCALE, B_SCALE)
 
@@ -366,8 +378,6 @@ def _matmul_tma_kernel(
                       sa_ptr, sb_ptr, BLOCK_M, BLOCK_N, HAS_BIAS, ACT, HAS_RES, STORE_Z, A_SCALE, B_SCALE,
                       STORE_SPLIT)
     if STREAM_K:
-        TILE: tl.constexpr = BLOCK_M * BLOCK_N
-        inner = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
         pid = tl.program_id(0)
         steps = SK_TILES * k_steps
         per = steps // NUM_PROGRAMS
@@ -391,15 +401,10 @@ def _matmul_tma_kernel(
                               sa_ptr, sb_ptr, BLOCK_M, BLOCK_N, HAS_BIAS, ACT, HAS_RES, STORE_Z, A_SCALE,
                               B_SCALE, STORE_SPLIT)
             else:
-                tile_ws = ws_ptr + tl.cast(sk_tile, tl.int64) * (SK_SLOTS * TILE)
-                tl.store(tile_ws + (pid - first) * TILE + inner, acc)
-                tl.debug_barrier()      # every thread's partial is written before the arrival is released
-                arrived = tl.atomic_add(lock_ptr + sk_tile, 1, sem="acq_rel", scope="gpu")
-                if arrived == sharers - 1:
-                    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                    for s in range(sharers):
-                        total += tl.load(tile_ws + s * TILE + inner, cache_modifier=".cg")
-                    tl.atomic_xchg(lock_ptr + sk_tile, 0, sem="relaxed", scope="gpu")   # ready for the next call
+                # SK_SLOTS partials of workspace a shared tile; this program is its sharer pid - first
+                tile_ws = ws_ptr + tl.cast(sk_tile, tl.int64) * (SK_SLOTS * BLOCK_M * BLOCK_N)
+                last, total = _shared_tile_sum(acc, tile_ws, lock_ptr + sk_tile, pid - first, sharers, BLOCK_M, BLOCK_N)
+                if last:
                     _tma_tile_out(total, om, on, M, N, c_desc, c_ptr, s_cm, s_cn, bias_ptr, res_ptr, s_rm, s_rn,
                                   z_ptr, sa_ptr, sb_ptr, BLOCK_M, BLOCK_N, HAS_BIAS, ACT, HAS_RES, STORE_Z,
                                   A_SCALE, B_SCALE, STORE_SPLIT)
