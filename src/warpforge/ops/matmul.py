@@ -521,8 +521,9 @@ _TMA = LaunchCache(_matmul_tma_kernel)
 
 
 def _tiled_geometry(a, b, out, ep: _Epilogue, cfg: MatmulConfig):
-    """What the pointer kernel's launch for one problem fixes: grid, integer arguments, split and
-    workspace size (all determined by the shapes and strides a plan key pins)."""
+    """What the pointer kernel's launch for one problem fixes: grid, integer arguments, and the
+    split-K tiles with their workspace size for :func:`_partials` (all determined by the shapes and
+    strides a plan key pins)."""
     a3, s_ab = _batched(a)
     b3, s_bb = _batched(b)
     c3, s_cb = _batched(out)
@@ -532,22 +533,23 @@ def _tiled_geometry(a, b, out, ep: _Epilogue, cfg: MatmulConfig):
     split = cfg.split_k if batch == 1 else 1
     ints = (m, n, k, s_ab, a3.stride(1), a3.stride(2), s_bb, b3.stride(1), b3.stride(2),
             s_cb, c3.stride(1), c3.stride(2), *ep.strides())
-    return (tiles, split, batch), ints, tiles * split * cfg.block_m * cfg.block_n
+    shared = (tiles, tiles * split * cfg.block_m * cfg.block_n) if split > 1 else (0, 0)
+    return (tiles, split, batch), ints, shared
 
 
-def _split_buffers(out, grid, ws_numel):
-    """(fp32 partials, arrival counters) of a split-K launch; the output stands in for both
-    (never touched) when K is not split."""
-    tiles, split, _ = grid
-    if split == 1:
+def _partials(out, tiles: int, ws_numel: int):
+    """(fp32 partials, arrival counters) of a launch in which ``tiles`` tiles share their K range
+    (split-K, stream-K) over ``ws_numel`` floats of workspace; the output stands in for both
+    (never touched) when none does."""
+    if tiles == 0:
         return out, out
     return torch.empty(ws_numel, dtype=torch.float32, device=out.device), _split_locks(out.device, tiles)
 
 
 def _launch_tiled(a, b, out, ep: _Epilogue, cfg: MatmulConfig, plan=None) -> None:
-    grid, ints, ws_numel = _tiled_geometry(a, b, out, ep, cfg)
+    grid, ints, shared = _tiled_geometry(a, b, out, ep, cfg)
     k = ints[2]
-    _TILED(plan, grid, (a, b, out, *ep.pointers(out), *_split_buffers(out, grid, ws_numel), *ints),
+    _TILED(plan, grid, (a, b, out, *ep.pointers(out), *_partials(out, *shared), *ints),
            dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
                 SPLIT_K=grid[1], EVEN_K=(k % cfg.block_k == 0), PRECISION=_precision(a.dtype),
                 UPCAST=_upcast(a.dtype), **ep.flags()),
@@ -558,17 +560,18 @@ def _fast_tiled(a, b, out, ep: _Epilogue, cfg: MatmulConfig, recorded):
     """A closure that relaunches the pointer kernel for this plan with only the tensors looked up
     per call (every integer argument and the grid are fixed by the plan key)."""
     compiled, tail = recorded
-    grid, ints, ws_numel = _tiled_geometry(a, b, out, ep, cfg)
+    grid, ints, shared = _tiled_geometry(a, b, out, ep, cfg)
 
     def fire(a, b, out, ep):
-        launch(compiled, grid, (a, b, out, *ep.pointers(out), *_split_buffers(out, grid, ws_numel), *ints, *tail))
+        launch(compiled, grid, (a, b, out, *ep.pointers(out), *_partials(out, *shared), *ints, *tail))
 
     return fire
 
 
 def _tma_geometry(a, b, out, ep: _Epilogue, cfg: MatmulConfig):
     """The persistent kernel's fixed launch facts: each operand's row-major description and box
-    (transposed or not), the grid and the integer arguments."""
+    (transposed or not), the grid, the stream-K tiles with their workspace size for
+    :func:`_partials`, and the integer arguments."""
     m, k = a.shape
     n = b.shape[1]
     a_t, a_shape, a_strides = _tma_view(a, m, k)
@@ -581,9 +584,11 @@ def _tma_geometry(a, b, out, ep: _Epilogue, cfg: MatmulConfig):
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     programs = min(tiles, sm_count())
     sk = _stream_k_split(tiles, triton.cdiv(k, cfg.block_k), sm_count()) if cfg.stream_k else None
+    shared = (0, 0)
     if sk is not None:
         programs = sm_count()
-    return (a_t, b_t, a_desc, b_desc, c_desc, programs, sk,
+        shared = (sk[0], sk[0] * sk[1] * cfg.block_m * cfg.block_n)
+    return (a_t, b_t, a_desc, b_desc, c_desc, programs, shared,
             (m, n, k, out.stride(0), out.stride(1), *ep.strides(), *(sk or (0, 0))))
 
 
@@ -599,16 +604,6 @@ def _stream_k_split(tiles: int, k_steps: int, programs: int):
     return sk_tiles, slots
 
 
-def _sk_buffers(out, sk, cfg: MatmulConfig):
-    """(fp32 partials, arrival counters) of a stream-K launch; the output stands in for both when
-    no tile is shared."""
-    if sk is None:
-        return out, out
-    sk_tiles, slots = sk
-    ws = torch.empty(sk_tiles * slots * cfg.block_m * cfg.block_n, dtype=torch.float32, device=out.device)
-    return ws, _split_locks(out.device, sk_tiles)
-
-
 def _tma_store_ok(out: torch.Tensor) -> bool:
     """Whether TMA can write the output: 2-D and readable by TMA without a transpose (row-major,
     16-byte aligned base and rows; :func:`_tma_view`)."""
@@ -619,14 +614,14 @@ def _tma_store_ok(out: torch.Tensor) -> bool:
 def _launch_tma(a, b, out, ep: _Epilogue, cfg: MatmulConfig, plan=None) -> None:
     from triton.tools.tensor_descriptor import TensorDescriptor    # validates what Desc takes on trust
 
-    a_t, b_t, a_desc, b_desc, c_desc, programs, sk, ints = _tma_geometry(a, b, out, ep, cfg)
+    a_t, b_t, a_desc, b_desc, c_desc, programs, shared, ints = _tma_geometry(a, b, out, ep, cfg)
     _TMA(plan, (programs,), (TensorDescriptor(a, *a_desc), TensorDescriptor(b, *b_desc),
                              None if c_desc is None else TensorDescriptor(out, *c_desc), out, *ep.pointers(out),
-                             *_sk_buffers(out, sk, cfg), *ints),
+                             *_partials(out, *shared), *ints),
          dict(A_T=a_t, B_T=b_t, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
               GROUP_M=cfg.group_m, NUM_PROGRAMS=programs, WARP_SPECIALIZE=cfg.warp_specialize,
               PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype), **ep.flags(),
-              STORE_SPLIT=0 if c_desc is None else cfg.store_split, STREAM_K=sk is not None),
+              STORE_SPLIT=0 if c_desc is None else cfg.store_split, STREAM_K=shared[0] > 0),
          num_stages=cfg.num_stages, num_warps=cfg.num_warps)
 
 
@@ -634,11 +629,11 @@ def _fast_tma(a, b, out, ep: _Epilogue, cfg: MatmulConfig, recorded):
     """The same for the persistent TMA kernel: descriptors rebuilt per call around the new base
     pointers (shape, strides and box are the plan's, validated on its first launch)."""
     compiled, tail = recorded
-    _, _, a_desc, b_desc, c_desc, programs, sk, ints = _tma_geometry(a, b, out, ep, cfg)
+    _, _, a_desc, b_desc, c_desc, programs, shared, ints = _tma_geometry(a, b, out, ep, cfg)
 
     def fire(a, b, out, ep):
         launch(compiled, (programs,), (Desc(a, *a_desc), Desc(b, *b_desc), None if c_desc is None else Desc(out, *c_desc),
-                                       out, *ep.pointers(out), *_sk_buffers(out, sk, cfg), *ints, *tail))
+                                       out, *ep.pointers(out), *_partials(out, *shared), *ints, *tail))
 
     return fire
 

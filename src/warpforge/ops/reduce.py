@@ -52,6 +52,8 @@ lane by lane and tests the lanes once; a row holding NaN gives NaN, matching tor
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -261,8 +263,8 @@ def _amax_bwd_split_kernel(
 # ----------------------------------------------------------------------------------------------
 def _reduce_rows(x2: torch.Tensor, out_dtype: torch.dtype, is_max: bool, counts: bool = False):
     """Reduce each row of ``x2`` (M, N), unit column stride, to an (M,) tensor of ``out_dtype``.
-    ``counts`` (amax, loop and partial modes only): return ``(y, ties)``, ties the (M,) fp32 count
-    of each row's elements equal to its max."""
+    ``counts`` (amax): return ``(y, ties)``, ties the (M,) fp32 count of each row's elements equal
+    to its max, counted by the loop and partial kernels as they reduce (the block mode re-reads)."""
     m, n = x2.shape
     mode, block_n, warps = reduce_config(m, n)
     if mode == "loop":
@@ -284,13 +286,13 @@ def _reduce_rows(x2: torch.Tensor, out_dtype: torch.dtype, is_max: bool, counts:
         # the chunks holding the row's max add their ties ((M, C) floats: 1/8,192 of x); y is exact
         # in fp32, and a NaN row (y NaN) matches no chunk
         return y, torch.where(part == y.float()[:, None], cpart, 0.0).sum(1)
-    if counts:
-        raise AssertionError("tie counts come from the loop and partial modes only")
     y = new_empty((m,), device=x2.device, dtype=out_dtype)
     cfg = row_config(n)
     run(_reduce_fwd_block_kernel, (triton.cdiv(m, cfg.rows),),
         (x2, y, m, n, x2.stride(0)),
         MAX=is_max, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+    if counts:      # short rows (torch.ops.warpforge.amax_ties called directly): a second read
+        return y, (x2 == y[:, None]).sum(1, dtype=torch.float32)
     return y
 
 
@@ -318,16 +320,22 @@ def _amax_bwd(x: torch.Tensor, y: torch.Tensor, dy: torch.Tensor) -> torch.Tenso
         split_launch(_amax_bwd_split_kernel, m, cfg, x.device, args, BLOCK_N=cfg.block_n)
     else:
         c = triton.cdiv(n, REDUCE_CHUNK)
-        warps = warps_for(REDUCE_CHUNK)
         part = torch.empty((m, c), device=x.device, dtype=torch.float32)
         run(_amax_bwd_count_kernel, (m * c,),
             (x2, y1, part, n, x2.stride(0), c),
-            BLOCK_N=REDUCE_CHUNK, num_warps=warps)
-        count = _reduce_rows(part, torch.float32, False)
-        run(_amax_bwd_scatter_kernel, (m * c,),
-            (x2, y1, count, dy1, dx, n, x2.stride(0), dy1.stride(0), dx.stride(0), c),
-            BLOCK_N=REDUCE_CHUNK, num_warps=warps)
+            BLOCK_N=REDUCE_CHUNK, num_warps=warps_for(REDUCE_CHUNK))
+        _amax_scatter(x2, y1, _reduce_rows(part, torch.float32, False), dy1, dx)
     return dx.view(x.shape)
+
+
+def _amax_scatter(x2, y1, ties, dy1, dx) -> None:
+    """dx = (x == y) * dy / ties over (M, N) rows with the (M,) tie counts known: one streaming
+    pass in (row, REDUCE_CHUNK) programs."""
+    m, n = x2.shape
+    c = triton.cdiv(n, REDUCE_CHUNK)
+    run(_amax_bwd_scatter_kernel, (m * c,),
+        (x2, y1, ties, dy1, dx, n, x2.stride(0), dy1.stride(0), dx.stride(0), c),
+        BLOCK_N=REDUCE_CHUNK, num_warps=warps_for(REDUCE_CHUNK))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -376,48 +384,28 @@ amax_op = Op("amax", _amax_impl, lambda x: x.new_empty(x.shape[:-1]),
 
 
 def counts_ties(x: torch.Tensor) -> bool:
-    """Whether an amax forward over ``x``'s last dim counts the ties for its backward: where its
-    kernel walks rows or chunks anyway (the loop and partial modes) and the rows are longer than a
-    program holds (N > BLOCK_MAX), so that the backward is one streaming pass. Shorter rows keep
-    the backward's block kernel, which counts them in registers. H100, bf16, M*N = 2^27, fwd+bwd
-    against torch.compile: 0.98x at 32K (was 0.95x), 1.38x at 65K, 1.64x at 262K; but 0.92x at 8K,
+    """Whether an amax forward over ``x``'s last dim counts the ties for its backward: rows longer
+    than a program holds (N > BLOCK_MAX), which its loop or partial kernel walks anyway, so that
+    the backward is one streaming pass. Shorter rows keep the backward's block kernel, which
+    counts them in registers. H100, bf16, M*N = 2^27, fwd+bwd against torch.compile: 0.98x at 32K
+    (was 0.95x), 1.38x at 65K, 1.64x at 262K; but 0.92x at 8K (the loop kernel's rows there),
     where a row is two steps of the loop and the count's second reduction a row is not amortised
     (benchmarks/NOTES.md, item 37)."""
-    m = 1
-    for d in x.shape[:-1]:
-        m *= d
-    n = x.shape[-1]
+    m, n = math.prod(x.shape[:-1]), x.shape[-1]
     if not (isinstance(m, int) and isinstance(n, int)) or m == 0:
         return False                                   # symbolic shapes: the plain operator
-    return n > BLOCK_MAX and _walks_rows(m, n)
-
-
-@torch.compiler.assume_constant_result
-def _walks_rows(m: int, n: int) -> bool:
-    """The forward's mode is not ``block`` (a constant for Dynamo: the shapes are static here, and
-    it need not trace the cached heuristics)."""
-    return reduce_config(m, n)[0] != "block"
+    return n > BLOCK_MAX
 
 
 def _amax_ties_impl(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    x2 = as_rows(x)
-    if reduce_config(*x2.shape)[0] == "block":         # only reached through torch.ops directly
-        y = _reduce_rows(x2, x.dtype, True)
-        ties = (x2 == y[:, None]).sum(1, dtype=torch.float32)     # a second read: correct, not fast
-    else:
-        y, ties = _reduce_rows(x2, x.dtype, True, counts=True)
+    y, ties = _reduce_rows(as_rows(x), x.dtype, True, counts=True)
     return y.view(x.shape[:-1]), ties.view(x.shape[:-1])
 
 
 def _amax_scatter_impl(x: torch.Tensor, y: torch.Tensor, ties: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     x2 = as_rows(x)
-    m, n = x2.shape
-    dx = new_empty((m, n), device=x.device, dtype=x.dtype)
-    y1, t1, dy1 = y.reshape(-1), ties.reshape(-1), dy.reshape(-1)
-    c = triton.cdiv(n, REDUCE_CHUNK)
-    run(_amax_bwd_scatter_kernel, (m * c,),
-        (x2, y1, t1, dy1, dx, n, x2.stride(0), dy1.stride(0), dx.stride(0), c),
-        BLOCK_N=REDUCE_CHUNK, num_warps=warps_for(REDUCE_CHUNK))
+    dx = new_empty(x2.shape, device=x.device, dtype=x.dtype)
+    _amax_scatter(x2, y.reshape(-1), ties.reshape(-1), dy.reshape(-1), dx)
     return dx.view(x.shape)
 
 
