@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from warpforge.ops import reduce as R
-from warpforge.ops.reduce import (amax, amax_backward_op, amax_op, amax_reference, amax_scatter_op, amax_ties_op,
-                                  sum_op, sum_reference)
+from warpforge.ops.reduce import (amax, amax_backward_op, amax_bits_scatter_op, amax_mask_op, amax_op, amax_reference,
+                                  amax_scatter_op, amax_ties_op, sum_op, sum_reference)
 from conftest import DTYPES, ON_GPU, DEVICE, assert_close, gpu_only, noncontig, randn
 
 # block path; past 16,384 partials, or one looping program a row with rows enough (9: the
@@ -104,6 +104,7 @@ def test_amax_backward_split_single_chunk(monkeypatch):
     from warpforge.runtime.heuristics import RowConfig
 
     monkeypatch.setattr(R, "amax_bwd_config", lambda n: RowConfig("split", triton.next_power_of_2(n), 1, 4, 1))
+    monkeypatch.setattr(R, "amax_grad_path", lambda t: None)          # the plain operator's backward
     n = 37
     x = randn(5, n)
     x[1, [0, 5, 36]] = x.abs().max() + 1                                 # three ties in row 1
@@ -207,12 +208,16 @@ def test_compile_fullgraph():
     assert_close(x.grad, xr.grad, torch.float32, what="compiled backward")
 
 
-def test_compile_amax_counting_ties(monkeypatch):
-    """Rows the forward walks in chunks (20,000 > the interpreter's block): under torch.compile the
-    graph holds the tie-counting forward and the streaming backward, and matches torch's ties."""
+@pytest.mark.parametrize("n,path", [(300, "mask"), (20000, "ties")])
+def test_compile_amax_paths(monkeypatch, n, path):
+    """Under torch.compile the graph holds the forward that leaves the backward nothing to count:
+    the bit mask for rows a program holds, the tie count for rows it walks in chunks (20,000 > the
+    interpreter's block); the gradient matches torch's ties."""
     monkeypatch.setattr(R, "_amax_bwd", lambda *a: pytest.fail("the backward re-counted the ties"))
-    x = randn(3, 20000)
-    x[1, [5, 19999]] = x.abs().max() + 1
+    other = "amax_ties_op" if path == "mask" else "amax_mask_op"
+    monkeypatch.setattr(R, other, lambda *a: pytest.fail(f"took {other}"))
+    x = randn(3, n)
+    x[1, [5, n - 1]] = x.abs().max() + 1
     x.requires_grad_()
     out = torch.compile(lambda t: amax(t) * 3, fullgraph=True)(x)
     dy = randn(3)
@@ -233,6 +238,11 @@ def test_opcheck(n):
     torch.library.opcheck(amax_ties_op.overload, (x,))
     ties = (x.detach() == y[:, None]).sum(1, dtype=torch.float32)
     torch.library.opcheck(amax_scatter_op.overload, (x.detach(), y, ties, randn(4)))
+    if n <= 16384:                                                       # rows a program holds
+        torch.library.opcheck(amax_mask_op.overload, (x,))
+        _, ties, bits = amax_mask_op(x.detach())
+        torch.library.opcheck(amax_bits_scatter_op.overload, (bits, ties, randn(4), n, torch.float32))
+        torch.library.opcheck(amax_bits_scatter_op.overload, (bits, ties, randn(4), n, torch.bfloat16))
 
 
 @pytest.mark.parametrize("mode", ["loop", "partial"])
@@ -243,7 +253,7 @@ def test_amax_forward_counts_ties(monkeypatch, mode):
     gradient matches torch's, and the backward never takes the counting row kernel."""
     n = 37
     monkeypatch.setattr(R, "reduce_config", lambda m, k: (mode, 8, 4) if k == n else ("block", 0, 0))
-    monkeypatch.setattr(R, "BLOCK_MAX", 16)      # rows of 37 count as long
+    monkeypatch.setattr(R, "amax_grad_path", lambda t: "ties")     # rows of 37 count as long
     monkeypatch.setattr(R, "_amax_bwd", lambda *a: pytest.fail("the backward re-counted the ties"))
     x = randn(6, n)
     top = x.abs().max() + 1
@@ -299,3 +309,93 @@ def test_reference_matches_torch():
     x = randn(3, 11, 5)
     assert_close(sum_reference(x, 1, True), x.double().sum(1, keepdim=True), torch.float32)
     assert torch.equal(amax_reference(x, 0), x.amax(0))
+
+
+def _packed(hit: torch.Tensor) -> torch.Tensor:
+    """The (..., N) bool mask as amax_mask packs it: bit j of byte i is column 8 i + j."""
+    n = hit.shape[-1]
+    pad = torch.nn.functional.pad(hit.to(torch.int32), (0, -n % 8)).unflatten(-1, (-1, 8))
+    return (pad << torch.arange(8, device=hit.device, dtype=torch.int32)).sum(-1).to(torch.uint8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 7, 8, 37, 123, 4097] + ([32768] if ON_GPU else []))
+def test_amax_mask_forward(n, dtype):
+    """The forward for rows a program holds writes the ties as a bit mask and their count: both
+    match torch's (x == max) bit for bit, with ties spread over bytes, the last partial byte, a NaN
+    row (no bits, 0 ties), an all -inf row (every element a tie, padding none) and -0 tying +0;
+    6 rows: a part-filled program where one holds several."""
+    x = randn(6, n, dtype=dtype)
+    top = x.abs().max() + 1
+    x[0, [c for c in (0, 7, 8, n - 1) if c < n]] = top
+    x[1] = top                                    # every element a tie
+    x[2, n // 2] = float("nan")
+    x[3] = -float("inf")
+    x[4, n - 1] = float("inf")
+    x[5] = -1.0
+    x[5, 0], x[5, n - 1] = -0.0, 0.0              # -0 and +0 tie (the last write wins at n = 1)
+    y, ties, bits = amax_mask_op(x)
+    ref = x.amax(-1)
+    assert torch.equal(y.isnan(), ref.isnan()) and torch.equal(y[~ref.isnan()], ref[~ref.isnan()])
+    hit = x == ref[:, None]
+    assert bits.dtype == torch.uint8 and bits.shape == (6, (n + 7) // 8)
+    assert torch.equal(bits, _packed(hit)), (bits, _packed(hit))
+    assert torch.equal(ties, hit.sum(-1).float())
+    assert ties[1] == n and ties[2] == 0 and ties[3] == n and ties[5] == min(n, 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(3, 7), (2, 5, 123), (4, 9000)])
+def test_amax_mask_backward(dtype, shape, monkeypatch):
+    """With a gradient to come, rows a program holds take the mask forward; the backward reads the
+    mask (not x, which is not saved), and matches torch's shared gradient, NaN rows included."""
+    monkeypatch.setattr(R, "_amax_bwd", lambda *a: pytest.fail("the backward re-counted the ties"))
+    monkeypatch.setattr(R, "amax_ties_op", lambda *a: pytest.fail("took the ties path"))
+    monkeypatch.setattr(R, "AMAX_MASK_MIN_NUMEL", 0)                # not the GPU's eager fast path
+    x = randn(*shape, dtype=dtype, scale=2.0).round()               # many natural ties
+    x.view(-1, shape[-1])[1, 2] = float("nan")
+    x.requires_grad_()
+    y = amax(x)
+    assert y.grad_fn is not None
+    _, t, b = amax_mask_op(x)
+    assert not t.requires_grad and not b.requires_grad        # no gradients made up for them
+    dy = randn(*shape[:-1], dtype=dtype)
+    (g,) = torch.autograd.grad(y, x, dy)
+    xr = x.detach().double().requires_grad_()
+    (gr,) = torch.autograd.grad(xr.amax(-1), xr, dy.double())
+    assert g.dtype == dtype
+    assert torch.equal(g.isnan(), gr.isnan())
+    assert_close(g.nan_to_num(), gr.nan_to_num(), dtype, what="mask backward")
+    y = amax(x)
+    with torch.no_grad():
+        x.add_(1)                                 # x is not saved: changing it in place is no error
+    (g2,) = torch.autograd.grad(y, x, dy)
+    assert torch.equal(g2.isnan(), g.isnan()) and torch.equal(g2.nan_to_num(), g.nan_to_num())
+
+
+def test_amax_mask_noncontiguous_grad(monkeypatch):
+    """dy broadcast (stride 0) and strided rows of x reach the mask kernels correctly."""
+    monkeypatch.setattr(R, "AMAX_MASK_MIN_NUMEL", 0)
+    x = noncontig(randn(5, 300)).requires_grad_()
+    y = amax(x)
+    dy = torch.ones(1, device=DEVICE).expand(5)
+    (g,) = torch.autograd.grad(y, x, dy)
+    xr = x.detach().clone().requires_grad_()
+    (gr,) = torch.autograd.grad(xr.amax(-1), xr, dy)
+    torch.testing.assert_close(g, gr)
+
+
+@pytest.mark.parametrize("shape", [(3, 7), (4, 4097), (3, 20000)])
+def test_amax_plain_backward(shape, monkeypatch):
+    """The plain operator's backward (count, then scatter: symbolic shapes under torch.compile and
+    the eager fast path take it), forced where the mask or the ties path would run."""
+    monkeypatch.setattr(R, "amax_grad_path", lambda t: None)
+    monkeypatch.setattr(R, "amax_mask_op", lambda *a: pytest.fail("took the mask path"))
+    x = randn(*shape, scale=2.0).round()
+    x[1, 3] = float("nan")
+    x.requires_grad_()
+    dy = randn(shape[0])
+    (g,) = torch.autograd.grad(amax(x), x, dy)
+    xr = x.detach().clone().requires_grad_()
+    (gr,) = torch.autograd.grad(xr.amax(-1), xr, dy)
+    torch.testing.assert_close(g, gr, equal_nan=True)

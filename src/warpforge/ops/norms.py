@@ -122,6 +122,7 @@ def add_rms_norm_reference(x, residual, weight, eps: float | None = None, offset
 # the optional weight/bias, the fused residual add (HAS_RES) and Llama rounding (LLAMA). Pointers
 # of absent tensors are placeholders that are never touched.
 # ----------------------------------------------------------------------------------------------
+FWD_STREAM = False                      # probe switch (benchmarks/probe_norm_stream.py)
 EARLY_PARAMS_MAX = tl.constexpr(4096)  # the block forward's widest program that loads w and b with x
 
 
@@ -134,7 +135,7 @@ def _norm_fwd_block_kernel(
     M, N, stride_x, stride_r, stride_y, stride_h,
     eps, offset,
     RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_RES: tl.constexpr,
-    LLAMA: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    LLAMA: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STREAM: tl.constexpr = False,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
@@ -152,9 +153,17 @@ def _norm_fwd_block_kernel(
     if HAS_B:
         if ROWS * BLOCK_N <= EARLY_PARAMS_MAX:
             b = tl.load(b_ptr + cols, mask=cmask, other=0.0)
-    x = tl.load(x_ptr + r * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if STREAM:
+        x = tl.load(x_ptr + r * stride_x + cols[None, :], mask=mask, other=0.0,
+                    eviction_policy="evict_first").to(tl.float32)
+    else:
+        x = tl.load(x_ptr + r * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
-        x += tl.load(res_ptr + r * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if STREAM:
+            x += tl.load(res_ptr + r * stride_r + cols[None, :], mask=mask, other=0.0,
+                         eviction_policy="evict_first").to(tl.float32)
+        else:
+            x += tl.load(res_ptr + r * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         h = x.to(h_ptr.dtype.element_ty)
         tl.store(h_ptr + r * stride_h + cols[None, :], h, mask=mask)
         x = h.to(tl.float32)                        # normalise the value we return
@@ -179,7 +188,11 @@ def _norm_fwd_block_kernel(
         if ROWS * BLOCK_N > EARLY_PARAMS_MAX:
             b = tl.load(b_ptr + cols, mask=cmask, other=0.0)
         y += b.to(tl.float32)[None, :]
-    tl.store(y_ptr + r * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    if STREAM:
+        tl.store(y_ptr + r * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask,
+                 cache_modifier=".cs")
+    else:
+        tl.store(y_ptr + r * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -673,7 +686,7 @@ def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, l
                      HAS_RES=residual is not None, LLAMA=llama)
         if cfg.mode == "block":
             run(_norm_fwd_block_kernel, (triton.cdiv(m, cfg.rows),), args,
-                **flags, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+                **flags, ROWS=cfg.rows, BLOCK_N=cfg.block_n, STREAM=FWD_STREAM, num_warps=cfg.num_warps)
         elif cfg.mode == "pipe":
             split_launch(_norm_fwd_pipe_kernel, m, cfg, x.device, args, **flags, RELOAD=cfg.reload,
                          BLOCK_N=cfg.block_n)

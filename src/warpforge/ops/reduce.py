@@ -31,14 +31,23 @@ Paths by N (``runtime/heuristics.py``):
   run, no atomics, no spin-waits. The partials are 1/8,192 of the input (4 B per 16 KB of bf16), a
   rounding error in the byte count; the price is one more launch (~3 us), paid where the rows are
   too few to fill the chip one program a row.
-- amax backward, after a forward that counted the ties: where the forward walks rows (``loop``)
+- amax with a gradient to come, rows a program holds (to 32K on a GPU, ``amax_grad_path``): the
+  forward (``amax_mask``) finds the row's max in registers, then packs x == max into a bit mask
+  (N / 8 bytes a row) and counts the ties from the same registers, comparing in x's own dtype so
+  no fp32 copy of the row is kept. The backward (``amax_bits_scatter``) reads the mask, not x, and
+  writes dx = bit * dy / ties: 2 + 2 + 1/8 bytes an element, where a backward reading x moves 6
+  (torch.compile's, reading a 1-byte mask its forward wrote, also 6). x is not saved. H200, bf16,
+  M*N = 2^27, fwd+bwd 1.20-1.78x torch.compile (benchmarks/NOTES.md, item 38). Eager calls under
+  AMAX_MASK_MIN_NUMEL elements keep the C++ fast path and the count-and-scatter backward below.
+- amax backward, after a forward that counted the ties (longer rows): where the forward walks rows (``loop``)
   or chunks (``partial``) and a gradient is wanted, it also counts, per row, the elements equal to
   the max (each lane counts how often it met its running max; the lanes or chunks holding the
   row's max add theirs), for a few ALU operations an element of a read-bound kernel. The backward
   is then one streaming pass, dx = (x == y) * dy / ties, with nothing to reduce: 2*M*N*s bytes in
   programs of 8,192 elements (``amax_ties`` and ``amax_scatter``; without a gradient the plain
   forward runs).
-- amax backward otherwise is a row op (count the ties, then scatter), with softmax's paths: ``block`` (one
+- amax backward of the plain operator (eager fast-path calls, symbolic shapes under torch.compile)
+  is a row op (count the ties, then scatter), with softmax's paths: ``block`` (one
   program holds ROWS rows, or one 32-warp program a row to 32K on a GPU): count and scatter in
   registers, 2*M*N*s bytes. ``split`` (longer rows on a GPU): C co-resident programs a row each
   hold a chunk of x, exchange their chunk's tie count (``_rows.py``) and write dx: still 2*M*N*s.
@@ -58,9 +67,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..runtime import fastpath, new_empty
+from ..runtime import fastpath, interpreting, new_empty
 from ..runtime.checks import FLOAT_DTYPES, check_backend, check_tensor, normalize_dim
-from ..runtime.heuristics import BLOCK_MAX, REDUCE_CHUNK, amax_bwd_config, reduce_config, row_config, warps_for
+from ..runtime.heuristics import (AMAX_MASK_MIN_NUMEL, REDUCE_CHUNK, amax_bwd_config, amax_holds_row, amax_mask_config,
+                                  reduce_config,
+                                  row_config, warps_for)
 from ..runtime.registry import Op
 from ..runtime.launch import run
 from ._rows import as_rows, gather_row_stats, publish_row_stats, split_launch
@@ -169,6 +180,74 @@ def _reduce_fwd_loop_kernel(
     else:
         v = tl.sum(acc, axis=0)
     tl.store(y_ptr + row, v.to(y_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _tie_bytes(x, v, byte, N, bit: tl.constexpr):
+    """Pack which elements of a (..., B, 8) tile equal v (broadcast to it) into bytes: returns the
+    (..., B) int32 bytes (bit j of byte i: column 8 i + j; bits past N cleared) and their tie
+    counts. One select and one add an element: each hit adds its bit and 1 << 16 (a count field)."""
+    s = tl.sum(tl.where(x == v, (1 << bit) + 65536, 0), axis=-1)
+    valid = tl.minimum(tl.maximum(N - byte * 8, 0), 8)
+    return s & ((1 << valid) - 1), s >> 16
+
+
+@triton.jit
+def _amax_mask_fwd_kernel(
+    x_ptr, y_ptr, cnt_ptr, bits_ptr,   # (M, N) rows, (M,) out, (M,) fp32 tie counts, (M, NB) uint8 masks
+    M, N, NB, stride_x,                # NB = cdiv(N, 8) bytes a row
+    ROWS: tl.constexpr, BLOCK_B: tl.constexpr, NATIVE: tl.constexpr,
+):
+    """amax with a gradient to come, rows a program holds: the row's max, then from the same
+    registers which elements equal it, as a bit mask (bit j of byte i: column 8 i + j) and a count.
+    The tile is (ROWS, BLOCK_B, 8): a byte's 8 columns sit in one thread, so the packing is local.
+    Padding loads -inf and matches only an all -inf row, whose count is clamped to N."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    byte = tl.arange(0, BLOCK_B)
+    bit = tl.arange(0, 8)
+    cols = byte[:, None] * 8 + bit[None, :]
+    rmask = rows < M
+    r = rows.to(tl.int64)
+    x = tl.load(x_ptr + r[:, None, None] * stride_x + cols[None, :, :],
+                mask=rmask[:, None, None] & (cols < N)[None, :, :], other=-float("inf"))
+    v = tl.reduce(tl.reduce(x.to(tl.float32), 2, _max_nan), 1, _max_nan)   # max.NaN: a NaN row gives NaN
+    if NATIVE:      # exact in x's dtype, no fp32 copy of the tile kept: 32 registers at 32K, not 55
+        packed, ties = _tie_bytes(x, v.to(x.dtype)[:, None, None], byte[None, :], N, bit[None, None, :])
+    else:           # the interpreter compares bf16 by its bits (-0 != 0, NaN == NaN): in fp32
+        packed, ties = _tie_bytes(x.to(tl.float32), v[:, None, None], byte[None, :], N, bit[None, None, :])
+    tl.store(cnt_ptr + rows, tl.minimum(tl.sum(ties, axis=1), N).to(tl.float32), mask=rmask)
+    tl.store(bits_ptr + r[:, None] * NB + byte[None, :], packed.to(tl.uint8),
+             mask=rmask[:, None] & (byte < NB)[None, :])
+    tl.store(y_ptr + rows, v.to(y_ptr.dtype.element_ty), mask=rmask)
+
+
+@triton.jit
+def _amax_bits_scatter_kernel(
+    bits_ptr, cnt_ptr, dy_ptr, dx_ptr,  # (M, NB) uint8 masks, (M,) fp32 tie counts, (M,) grad, (M, N) out
+    N, NB, stride_dy, stride_dx, C,     # C = cdiv(NB, BLOCK_B) programs a row
+    BLOCK_B: tl.constexpr,
+):
+    """dx = bit * dy / ties: reads N / 8 bytes of mask a row and writes dx, x is not read. The
+    stores are streaming (.cs, evict-first): 4-8% faster on an H200 than plain ones, level with
+    a memset of dx (benchmarks/NOTES.md, item 38)."""
+    pid = tl.program_id(0)
+    row = pid // C
+    chunk = pid % C
+    r = row.to(tl.int64)
+    byte = chunk * BLOCK_B + tl.arange(0, BLOCK_B)
+    bit = tl.arange(0, 8)
+    b = tl.load(bits_ptr + r * NB + byte, mask=byte < NB, other=0).to(tl.int32)
+    hit = ((b[:, None] >> bit[None, :]) & 1).to(tl.float32)
+    # as the other backwards: hit * (dy / ties), so a NaN row (0 ties) gets NaN gradients
+    g = tl.load(dy_ptr + r * stride_dy).to(tl.float32) / tl.load(cnt_ptr + row)
+    cols = byte[:, None] * 8 + bit[None, :]
+    tl.store(dx_ptr + r * stride_dx + cols, (hit * g).to(dx_ptr.dtype.element_ty), mask=cols < N,
+             cache_modifier=".cs")
 
 
 @triton.jit
@@ -383,18 +462,21 @@ amax_op = Op("amax", _amax_impl, lambda x: x.new_empty(x.shape[:-1]),
              backward=_amax_backward, setup_context=_amax_setup)
 
 
-def counts_ties(x: torch.Tensor) -> bool:
-    """Whether an amax forward over ``x``'s last dim counts the ties for its backward: rows longer
-    than a program holds (N > BLOCK_MAX), which its loop or partial kernel walks anyway, so that
-    the backward is one streaming pass. Shorter rows keep the backward's block kernel, which
-    counts them in registers. H100, bf16, M*N = 2^27, fwd+bwd against torch.compile: 0.98x at 32K
-    (was 0.95x), 1.38x at 65K, 1.64x at 262K; but 0.92x at 8K (the loop kernel's rows there),
-    where a row is two steps of the loop and the count's second reduction a row is not amortised
-    (benchmarks/NOTES.md, item 37)."""
+def amax_grad_path(x: torch.Tensor) -> str | None:
+    """Which forward an amax over ``x``'s last dim takes when a gradient is to come:
+
+    - ``"mask"``, rows a program holds (``amax_bwd_config``'s block mode: to 32K on a GPU): the
+      forward writes, from the registers holding the row, a bit mask of the elements equal to the
+      max and their count (``amax_mask``); the backward reads N / 8 bytes a row instead of x and
+      writes dx (``amax_bits_scatter``). x is not saved.
+    - ``"ties"``, longer rows (walked in steps or chunks): the forward also counts each row's ties
+      as it walks it (``amax_ties``), the backward streams x once (``amax_scatter``).
+    - None, symbolic shapes or no rows: the plain operator, whose backward counts and scatters.
+    """
     m, n = math.prod(x.shape[:-1]), x.shape[-1]
     if not (isinstance(m, int) and isinstance(n, int)) or m == 0:
-        return False                                   # symbolic shapes: the plain operator
-    return n > BLOCK_MAX
+        return None
+    return "mask" if amax_holds_row(n) else "ties"
 
 
 def _amax_ties_impl(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -413,10 +495,14 @@ amax_scatter_op = Op("amax_scatter", _amax_scatter_impl, lambda x, y, ties, dy: 
 
 
 def _amax_ties_setup(ctx, inputs, output):
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(inputs[0], *output)
 
 
 def _amax_ties_backward(ctx, dy, _dties):
+    if dy is None:
+        return None
     x, y, ties = ctx.saved_tensors
     return amax_scatter_op(x, y, ties, dy)
 
@@ -426,11 +512,85 @@ amax_ties_op = Op("amax_ties", _amax_ties_impl,
                   backward=_amax_ties_backward, setup_context=_amax_ties_setup)
 
 
+def _amax_mask_rows(x2: torch.Tensor, out_dtype: torch.dtype):
+    """(y, ties, bits) of (M, N) rows a program holds: (M,) max, (M,) fp32 tie count, (M, N/8) uint8."""
+    m, n = x2.shape
+    y = new_empty((m,), device=x2.device, dtype=out_dtype)
+    ties = torch.empty((m,), device=x2.device, dtype=torch.float32)
+    bits = torch.empty((m, triton.cdiv(n, 8)), device=x2.device, dtype=torch.uint8)
+    cfg = amax_mask_config(n)
+    run(_amax_mask_fwd_kernel, (triton.cdiv(m, cfg.rows),),
+        (x2, y, ties, bits, m, n, bits.shape[1], x2.stride(0)),
+        ROWS=cfg.rows, BLOCK_B=max(1, cfg.block_n // 8), NATIVE=not interpreting(), num_warps=cfg.num_warps)
+    return y, ties, bits
+
+
+def _amax_bits_scatter(bits2, ties, dy1, dx, block_b: int = REDUCE_CHUNK // 8, warps: int = 0) -> None:
+    """dx = bit * dy / ties over (M, N) rows from their (M, N/8) masks: (row, chunk) programs of
+    up to REDUCE_CHUNK columns, each reading 1/16 of the bytes it writes (bf16)."""
+    m, n = dx.shape
+    nb = bits2.shape[1]
+    block_b = min(block_b, triton.next_power_of_2(nb))
+    c = triton.cdiv(nb, block_b)
+    run(_amax_bits_scatter_kernel, (m * c,),
+        (bits2, ties, dy1, dx, n, nb, dy1.stride(0), dx.stride(0), c),
+        BLOCK_B=block_b, num_warps=warps or warps_for(8 * block_b))
+
+
+def _amax_mask_impl(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    y, ties, bits = _amax_mask_rows(as_rows(x), x.dtype)
+    lead = x.shape[:-1]
+    return y.view(lead), ties.view(lead), bits.view(*lead, bits.shape[1])
+
+
+def _amax_mask_fake(x):
+    lead = x.shape[:-1]
+    return (x.new_empty(lead), x.new_empty(lead, dtype=torch.float32),
+            x.new_empty((*lead, (x.shape[-1] + 7) // 8), dtype=torch.uint8))
+
+
+def _amax_bits_scatter_impl(bits: torch.Tensor, ties: torch.Tensor, dy: torch.Tensor, n: int,
+                            dtype: torch.dtype) -> torch.Tensor:
+    lead = bits.shape[:-1]
+    m = math.prod(lead)
+    dx = new_empty((m, n), device=bits.device, dtype=dtype)
+    if m:
+        _amax_bits_scatter(bits.reshape(m, bits.shape[-1]), ties.reshape(-1), dy.reshape(-1), dx)
+    return dx.view(*lead, n)
+
+
+amax_bits_scatter_op = Op("amax_bits_scatter", _amax_bits_scatter_impl,
+                          lambda bits, ties, dy, n, dtype: bits.new_empty((*bits.shape[:-1], n), dtype=dtype))
+
+
+def _amax_mask_setup(ctx, inputs, output):
+    # no zero gradients made up for ties and bits (a 1/16-size fill of x, ~6 us at 2^27 on an H200)
+    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(output[1], output[2])
+    ctx.n, ctx.dtype = inputs[0].shape[-1], inputs[0].dtype
+
+
+def _amax_mask_backward(ctx, dy, _dties, _dbits):
+    if dy is None:
+        return None
+    ties, bits = ctx.saved_tensors
+    return amax_bits_scatter_op(bits, ties, dy, ctx.n, ctx.dtype)
+
+
+amax_mask_op = Op("amax_mask", _amax_mask_impl, _amax_mask_fake,
+                  backward=_amax_mask_backward, setup_context=_amax_mask_setup)
+
+
 def _amax_last(x: torch.Tensor) -> torch.Tensor:
-    """amax over the last dim: with a gradient to come and a kernel that walks the rows, the
-    forward that also counts ties (its backward then streams x once, nothing to reduce)."""
-    if torch.is_grad_enabled() and x.requires_grad and counts_ties(x):
-        return amax_ties_op(x)[0]
+    """amax over the last dim: with a gradient to come, the forward that leaves its backward
+    nothing to count (:func:`amax_grad_path`)."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        path = amax_grad_path(x)
+        if path == "mask":
+            return amax_mask_op(x)[0]
+        if path == "ties":
+            return amax_ties_op(x)[0]
     return amax_op(x)
 
 
@@ -486,7 +646,8 @@ def amax(input: torch.Tensor, dim: int = -1, keepdim: bool = False, *, backend: 
     shared evenly among the elements equal to the max, as in torch. ``backend="cuda"``: the CUDA
     C++ kernel for the forward (the backward is the Triton kernel)."""
     fast = fastpath.door(input)
-    if fast is not None and backend == "triton" and type(dim) is int and type(keepdim) is bool:
+    if (fast is not None and backend == "triton" and type(dim) is int and type(keepdim) is bool
+            and not (input.requires_grad and input.numel() >= AMAX_MASK_MIN_NUMEL and torch.is_grad_enabled())):
         out = fast.reduce(input, dim, keepdim, True)
         if out is not None:
             return out

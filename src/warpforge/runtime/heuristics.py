@@ -149,6 +149,28 @@ def amax_bwd_config(n: int) -> RowConfig:
     return _exchange_or_row("split", n, 2 * CHUNK, SPLIT_WARPS)
 
 
+# The amax mask forward (ops/reduce.py) holds its rows and keeps them until their max is known: 32
+# elements a thread and 4,096 elements a program (rows of 32K: 32 warps) hold the most loads in
+# flight an SM. H200, bf16, M*N = 2^27, us (benchmarks/NOTES.md, item 38): 1K 75.6 (8 rows x 8
+# warps, the norms' shape: 91.5), 4K 68.2 (73.2), 8K-32K 68.3-69.7, where a walk twice over the row
+# (the second from L2) took 84-95; the plain forward 61.5-71.3.
+AMAX_MASK_ELEMS = 4096
+
+
+@functools.lru_cache(maxsize=4096)
+def amax_mask_config(n: int) -> RowConfig:
+    """The amax mask forward's tile over rows of ``n`` (a program holds them: amax_holds_row)."""
+    block = triton.next_power_of_2(n)
+    rows = max(1, min(64, AMAX_MASK_ELEMS // block))
+    return RowConfig("block", block, rows, min(WIDE_WARPS, max(4, rows * block // 1024)))
+
+
+def amax_holds_row(n: int) -> bool:
+    """Whether ``amax_bwd_config(n)`` is the block mode (one program holds the row), in plain
+    arithmetic that torch.compile traces without a cached call."""
+    return n <= BLOCK_MAX or (not interpreting() and n <= WIDE_BLOCK_MAX)
+
+
 # Cross-entropy (ops/cross_entropy.py): a vocabulary row of V logits. On the GPU the split path
 # (C = V / CE_CHUNK co-resident programs a row, one read and one write); in the interpreter, which
 # runs programs one at a time, one program a row walking it in CE_LOOP_BLOCK pieces.
@@ -326,6 +348,12 @@ REDUCE_LOOP_BLOCK = 4096
 REDUCE_LOOP_WARPS = 16
 REDUCE_LOOP_ROWS_PER_SM = 2
 REDUCE_LOOP_MIN_N = 8192
+# amax with a gradient to come over rows a program holds (ops/reduce.py, amax_grad_path): the
+# forward writes a bit mask of the ties, so the backward reads N / 8 bytes a row, not x. It goes
+# through Python; the eager fast path (C++, a small forward's host time 35-120 -> 9-17 us, NOTES
+# item 23) keeps the count-and-scatter backward, so calls below this many elements, where host time
+# is what a call costs, stay there (the mask saves ~1.9 bytes an element: ~8 us at 2^24 on an H200).
+AMAX_MASK_MIN_NUMEL = 1 << 24
 
 
 @functools.lru_cache(maxsize=4096)
