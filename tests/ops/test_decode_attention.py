@@ -289,6 +289,9 @@ def test_decode_config(monkeypatch):
     assert cfg(1, 8, 4, 256, 128, 16, 2).num_splits == 2          # at least 2 tiles a split
     assert cfg(1, 8, 4, 4096, 256, 16, 4).block_n == 16
     assert cfg(1, 8, 4, 64, 128, 16, 2, 1000).num_splits == 1     # forced, clamped to the tiles
+    big = cfg(8, 8, 4, 8192, 128, 16, 2)                          # 64 (sequence, kv head) pairs:
+    assert (big.block_n, big.num_stages, big.granule) == (128, 2, 128)   # 32 KB tiles, 2 stages
+    assert cfg(7, 8, 4, 8192, 128, 16, 2).block_n == 64
 
 
 @gpu_only
@@ -301,3 +304,10 @@ def test_large_gpu(dtype):
     ref = reference(q, kc, vc, bt, lens)
     for splits in (None, 1, 7):
         assert_close(decode_attention(q, kc, vc, bt, lens, num_splits=splits), ref, dtype)
+    # 8 sequences x 8 kv heads: the 128-token tiles, lengths off the tile and the page
+    lens8 = torch.tensor([4095, 0, 1, 127, 129, 3000, 4096, 2047], device=DEVICE, dtype=torch.int32)
+    kc, vc, bt, _ = paged(8, mb, page, hkv, d, dtype)
+    q = randn(8, hq, d, dtype=dtype)
+    ref = reference(q, kc, vc, bt, lens8)
+    for splits in (None, 1, 3):
+        assert_close(decode_attention(q, kc, vc, bt, lens8, num_splits=splits), ref, dtype)

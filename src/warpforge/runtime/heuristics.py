@@ -272,10 +272,16 @@ def rope_config(batch: int, seqlen: int, hq: int, hk: int, head_dim: int) -> Rop
 # DECODE_PROGRAMS_PER_SM programs an SM. The count is chosen from what the host knows without a
 # sync (the block table's capacity, not the sequences' lengths); the kernel cuts each sequence's
 # actual length into that many equal chunks, so a short sequence gets short chunks, not empty ones.
-# (Not yet measured on a GPU: the constants below are the design's starting point.)
+# H200 sweep (benchmarks/probe_decode_sweep.py, NOTES item 40; Hq 32 / Hkv 8, D 128, bf16, pages of
+# 16): 32 KB K and V tiles (128 tokens at D 128) with 2 stages and 4 warps read 92-96% of copy at
+# batch 32-64 and 72-78% at batch 8-16, where 16 KB tiles read 61-71%; 3, 6 or 12 programs an SM
+# within 1-4% of each other. At batch 1 x 32K the 16 KB tile stays ahead (52.4 against 58.4 us):
+# DECODE_BIG_TILE_MIN_PROGRAMS (sequence, kv head) pairs take the large tile.
 # ----------------------------------------------------------------------------------------------
 DECODE_PROGRAMS_PER_SM = 3      # 2-4 co-resident programs an SM, each with 2-3 K/V tiles in flight
 DECODE_TILE_BYTES = 16384       # one K (or V) tile: 64 tokens x 128 dims x 2 B; 16-byte vectors
+DECODE_BIG_TILE_BYTES = 32768   # 128 tokens x 128 dims x 2 B, where B * Hkv is at least:
+DECODE_BIG_TILE_MIN_PROGRAMS = 64
 DECODE_MIN_STEPS = 2            # a split covers at least this many tiles of its capacity share
 DECODE_COMBINE_STEP = 16        # splits the combine kernel folds per step
 
@@ -303,8 +309,10 @@ def decode_config(batch: int, kv_heads: int, group: int, capacity: int, head_dim
         # the interpreter's cost is per op: small tiles keep the tests' loops several steps long
         block_n = 16
     else:
-        # 16 KB K tiles: 64 tokens at D = 128 in bf16, 32 at D = 256 or in fp32
-        block_n = max(16, min(128, DECODE_TILE_BYTES // (block_d * elem_bytes)))
+        # 16 KB K tiles (64 tokens at D = 128 in bf16, 32 at D = 256 or in fp32), 32 KB with many
+        # (sequence, kv head) pairs
+        tile = DECODE_BIG_TILE_BYTES if batch * kv_heads >= DECODE_BIG_TILE_MIN_PROGRAMS else DECODE_TILE_BYTES
+        block_n = max(16, min(128, tile // (block_d * elem_bytes)))
     granule = max(block_n, block_size)
     useful = max(1, triton.cdiv(capacity, granule))
     if num_splits is None:
