@@ -3,7 +3,8 @@ DECODE_* were the design's starting point), Hq 32 / Hkv 8, D 128, bf16, pages of
 batch x context; % of the measured copy bandwidth on the KV bytes, against SDPA on the same
 problem unpaged (B, H, S, D) in the same process. Steady GPU timing (the bench's).
 
-    python benchmarks/probe_decode_sweep.py [--out DIR]
+    python benchmarks/probe_decode_sweep.py [--out DIR] [--per-sm 3,6,12] [--tiles 16384,32768]
+        [--warps 4,8] [--stages 2,3,4] [--pair-stages]   (--pair-stages: 3 stages at 16 KB, 2 at 32 KB)
 """
 from __future__ import annotations
 
@@ -32,7 +33,15 @@ STAGES = (2, 3, 4)
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--per-sm", default=",".join(map(str, PER_SM)))
+    ap.add_argument("--tiles", default=",".join(map(str, TILE)))
+    ap.add_argument("--warps", default=",".join(map(str, WARPS)))
+    ap.add_argument("--stages", default=",".join(map(str, STAGES)))
+    ap.add_argument("--pair-stages", action="store_true")
     a = ap.parse_args()
+    ints = lambda t: tuple(int(v) for v in t.split(","))  # noqa: E731
+    grid = [(p, t, w, s) for p, t, w, s in itertools.product(ints(a.per_sm), ints(a.tiles), ints(a.warps), ints(a.stages))
+            if not a.pair_stages or s == (3 if t <= 16384 else 2)]
     copy = dev.ceilings()["copy_gbps"]
     cfg_t = TimingConfig.quick()
     real = DA.decode_config
@@ -61,12 +70,12 @@ def main():
         del kd, vd
         res["default " + str(real(bsz, hk, hq // hk, bt.shape[1] * page, d, page, 2))] = device_ms(
             lambda: wf.decode_attention(q, kc, vc, bt, sl, validate=False), cfg_t, kv_bytes)
-        for per_sm, tile, warps, stages in itertools.product(PER_SM, TILE, WARPS, STAGES):
-            saved = (H.DECODE_PROGRAMS_PER_SM, H.DECODE_TILE_BYTES)
-            H.DECODE_PROGRAMS_PER_SM, H.DECODE_TILE_BYTES = per_sm, tile
+        for per_sm, tile, warps, stages in grid:
+            saved = (H.DECODE_PROGRAMS_PER_SM, H.DECODE_TILE_BYTES, H.DECODE_BIG_TILE_BYTES)
+            H.DECODE_PROGRAMS_PER_SM, H.DECODE_TILE_BYTES, H.DECODE_BIG_TILE_BYTES = per_sm, tile, tile
             c = dataclasses.replace(raw(bsz, hk, hq // hk, bt.shape[1] * page, d, page, 2),
                                     num_warps=warps, num_stages=stages)
-            H.DECODE_PROGRAMS_PER_SM, H.DECODE_TILE_BYTES = saved
+            H.DECODE_PROGRAMS_PER_SM, H.DECODE_TILE_BYTES, H.DECODE_BIG_TILE_BYTES = saved
             DA.decode_config = lambda *args, c=c, **kw: c
             key = f"p{per_sm} t{tile // 1024}K w{warps} s{stages} (S={c.num_splits}, N={c.block_n})"
             try:
@@ -80,7 +89,7 @@ def main():
         for k, ms in res.items():
             rows.append({"b": bsz, "ctx": ctx, "impl": k, "us": ms * 1e3,
                          "pct_copy": kv_bytes / (ms * 1e-3) / 1e9 / copy * 100})
-        best = sorted((v, k) for k, v in res.items() if k != "sdpa")[:4]
+        best = sorted((v, k) for k, v in res.items() if k != "sdpa")[:6]
         dflt = [v for k, v in res.items() if k.startswith("default")][0]
         pct = lambda ms: kv_bytes / (ms * 1e-3) / 1e9 / copy * 100  # noqa: E731
         print(f"B{bsz:<3d} ctx {ctx:6d}: sdpa {res['sdpa'] * 1e3:8.1f} us {pct(res['sdpa']):5.1f}% | default "
