@@ -306,9 +306,17 @@ def _norm_fwd_loop_kernel(
     m2 = 0.0
     for start in range(0, N, BLOCK_N):
         mask = start + cols < N
-        x = tl.load(x_ptr + r * stride_x + start + cols, mask=mask, other=0.0).to(tl.float32)
+        # pass 2 re-reads the row (h with a residual): keep it in L2 (evict-last) until then, and
+        # let that read go (evict-first)
         if HAS_RES:
-            x += tl.load(res_ptr + r * stride_r + start + cols, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + r * stride_x + start + cols, mask=mask, other=0.0,
+                        eviction_policy="evict_first").to(tl.float32)
+        else:
+            x = tl.load(x_ptr + r * stride_x + start + cols, mask=mask, other=0.0,
+                        eviction_policy="evict_last").to(tl.float32)
+        if HAS_RES:
+            x += tl.load(res_ptr + r * stride_r + start + cols, mask=mask, other=0.0,
+                         eviction_policy="evict_first").to(tl.float32)
             h = x.to(h_ptr.dtype.element_ty)
             tl.store(h_ptr + r * stride_h + start + cols, h, mask=mask)
             x = h.to(tl.float32)
@@ -337,7 +345,8 @@ def _norm_fwd_loop_kernel(
         if HAS_RES:
             x = tl.load(h_ptr + r * stride_h + start + cols, mask=mask, other=0.0).to(tl.float32)
         else:
-            x = tl.load(x_ptr + r * stride_x + start + cols, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + r * stride_x + start + cols, mask=mask, other=0.0,
+                        eviction_policy="evict_first").to(tl.float32)
         if RMS:
             x_hat = x * rstd
         else:
@@ -346,9 +355,10 @@ def _norm_fwd_loop_kernel(
             x_hat = x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
         y = x_hat
         if HAS_W:
-            y = y * (tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32) + offset)
+            y = y * (tl.load(w_ptr + start + cols, mask=mask, other=0.0,
+                             eviction_policy="evict_last").to(tl.float32) + offset)
         if HAS_B:
-            y += tl.load(b_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            y += tl.load(b_ptr + start + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         tl.store(y_ptr + r * stride_y + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
