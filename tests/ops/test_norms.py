@@ -12,7 +12,8 @@ if ON_GPU:
     # wide blocks, the split and pipe paths (bwd split from 4,097 for LayerNorm, 8,193 for RMSNorm;
     # pipe past 32K); 300 x 65,536 and 100 x 262,144 give each pipe program many rows (its
     # carried row) and a row count no multiple of the row groups
-    SHAPES += [(64, 32768), (8, 65536), (3, 262144), (4097, 1024), (33, 16384), (300, 65536), (100, 262144)]
+    SHAPES += [(64, 32768), (8, 65536), (3, 262144), (4097, 1024), (33, 16384), (300, 65536), (100, 262144),
+               (300, 8192), (280, 5000)]       # the loop forward (4K < N <= 8K, >= 2 rows an SM)
 
 
 def _leaf(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -442,7 +443,7 @@ def test_exchange_paths_single_chunk(monkeypatch, op, bwd_mode, reload):
     from warpforge.runtime.heuristics import RowConfig
 
     def cfg(mode):
-        return lambda n, layer: RowConfig(mode, triton.next_power_of_2(n), 1, 4, 1, reload)
+        return lambda n, layer, **_: RowConfig(mode, triton.next_power_of_2(n), 1, 4, 1, reload)
 
     monkeypatch.setattr(mod, "norm_fwd_config", cfg("pipe"))
     monkeypatch.setattr(mod, "norm_bwd_config", cfg(bwd_mode))

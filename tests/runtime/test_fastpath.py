@@ -124,6 +124,25 @@ def test_add_rms_norm_same_bits(fast, shape, dtype):
 
 
 @gpu_only
+def test_norm_loop_rows_declined(fast):
+    """Norm forwards over rows of 4K < N <= 8K with rows enough take Python's two-pass loop kernel
+    (heuristics.norm_fwd_config): the fast path declines them, even after a short call of the same
+    length offered it the block kernel, and still takes the short call."""
+    from warpforge.runtime.device import sm_count
+
+    w = randn(8192, dtype=torch.bfloat16)
+    fastpath.lib = None
+    ref = wf.rms_norm(randn(2, 8192, dtype=torch.bfloat16), (8192,), w)      # offers the block kernel
+    fastpath.lib = fast
+    x = randn(2 * sm_count(), 8192, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert fast.rms_norm(x, (8192,), w, None, 0.0, False) is None
+        assert fast.layer_norm(x, 8192, w, None, 1e-5) is None
+        assert fast.rms_norm(x[:2], (8192,), w, None, 0.0, False) is not None
+        assert ref.shape == (2, 8192)
+
+
+@gpu_only
 def test_no_grad_and_inference_mode(fast):
     x = randn(16, 4096, dtype=torch.bfloat16)
     w = randn(4096, dtype=torch.bfloat16)

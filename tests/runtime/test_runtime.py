@@ -58,6 +58,23 @@ def test_norm_fwd_config_paths():
                 assert c.reload == (layer or n <= 65536)
 
 
+def test_norm_fwd_loop_rows(monkeypatch):
+    """On a GPU, rows of 4K < N <= 8K with rows enough (``many``) take the two-pass loop forward
+    (RMSNorm 4,096-element steps, LayerNorm 8,192, 16 warps); fewer rows, other lengths and the
+    interpreter keep their paths."""
+    from warpforge.runtime.heuristics import RowConfig
+
+    f = heuristics.norm_fwd_config.__wrapped__            # uncached: the patched interpreting() applies
+    monkeypatch.setattr(heuristics, "interpreting", lambda: False)
+    assert f(8192, False, True) == RowConfig("loop", 4096, 1, 16)
+    assert f(8192, True, True) == RowConfig("loop", 8192, 1, 16)
+    assert f(4097, False, True).mode == "loop"
+    for n, layer, many in ((8192, False, False), (8192, True, False), (4096, False, True), (8193, True, True)):
+        assert f(n, layer, many).mode == "block", (n, layer, many)
+    monkeypatch.setattr(heuristics, "interpreting", lambda: True)
+    assert f(8192, False, True) == heuristics.row_config(8192)
+
+
 def test_norm_bwd_config_paths():
     """Whole rows to 8K (RMSNorm) / 4K (LayerNorm); on a GPU the split exchange and the pipe mode
     past it (LayerNorm in one-warp 1,024-column programs to 64K); the interpreter's two-pass

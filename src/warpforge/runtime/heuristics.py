@@ -113,9 +113,24 @@ def _exchange_or_row(mode: str, n: int, chunk: int, warps: int, reload: bool = F
 #                  4,096 x 4 stays (93.8 / 96.9, pipe <= 89.7 forward).
 # Some pipe shapes misbehave badly (softmax backward 8,192 x 4: 45% at 262K, 3% at 65K, repeatably),
 # so only measured shapes are used.
+# Norm forward over rows of 4K < N <= 8K with rows enough to fill the chip and no residual: the
+# two-pass loop kernel (pass 1 reads x marked evict-last, pass 2 re-reads it from L2 marked
+# evict-first), as torch.compile's looped reduction does. H100, 16384 x 8192 bf16 (NOTES item 42):
+# RMSNorm 4,096 x 16 warps 180.8 us, LayerNorm 8,192 x 16 181.0, against the block kernel's 182.9 /
+# 183.2 and torch.compile's 181.0 / 180.9; at 16K and 32K the block kernel stays ahead. The C++
+# fast path declines these calls (it replays the block kernel whatever M is).
+NORM_LOOP_MIN_N, NORM_LOOP_MAX_N = 4097, 8192
+NORM_LOOP_ROWS_PER_SM = 2
+NORM_LOOP = {False: (4096, 16), True: (8192, 16)}   # RMSNorm, LayerNorm: elements a step, warps
+
+
 @functools.lru_cache(maxsize=4096)
-def norm_fwd_config(n: int, layer: bool) -> RowConfig:
-    """The norm forward's path for rows of ``n`` (LayerNorm if ``layer``, else RMSNorm)."""
+def norm_fwd_config(n: int, layer: bool, many: bool = False) -> RowConfig:
+    """The norm forward's path for rows of ``n`` (LayerNorm if ``layer``, else RMSNorm); ``many``:
+    at least NORM_LOOP_ROWS_PER_SM rows an SM and no residual."""
+    if many and not interpreting() and NORM_LOOP_MIN_N <= n <= NORM_LOOP_MAX_N:
+        block, warps = NORM_LOOP[layer]
+        return RowConfig("loop", block, 1, warps)
     wide = _wide_row(n)
     if wide is not None:
         return wide

@@ -160,6 +160,9 @@ int64_t grad_sum_max = 0;    // ops/norms.py's GRAD_SUM_MAX: most partial rows _
 bool poison = false;       // runtime.POISON: outputs start as NaN, so an unwritten element fails a test
 int64_t loop_rows = 0;     // heuristics.reduce_config: sum/amax over at least this many rows of
 int64_t loop_min_n = 0;    // at least loop_min_n take the loop kernel, which Python launches
+int64_t norm_loop_rows = 0;   // heuristics.norm_fwd_config: norm forwards (no residual) over at least
+int64_t norm_loop_min_n = 0;  // this many rows of norm_loop_min_n..norm_loop_max_n take the loop
+int64_t norm_loop_max_n = 0;  // kernel, which Python launches
 
 Tensor poisoned(Tensor t) {
   if (poison) t.fill_(std::numeric_limits<double>::quiet_NaN());
@@ -360,6 +363,8 @@ struct NormFwd { Tensor y, h, mean, rstd; };
 bool norm_fwd(const Tensor& x, const Tensor* res, const std::optional<Tensor>& w, const std::optional<Tensor>& b,
               double eps, double offset, bool rms, bool llama, NormFwd& out) {
   int64_t n = x.size(-1), m = rows_of(x);
+  // the block kernel's key does not hold M's value: rows enough for the loop kernel are Python's
+  if (!res && n >= norm_loop_min_n && n <= norm_loop_max_n && m >= norm_loop_rows) return false;
   auto f32 = x.options().dtype(at::kFloat);
   out.y = out_like(x);
   out.rstd = out_empty({m}, f32);
@@ -855,11 +860,14 @@ void offer(const std::string& name, int device, py::sequence args, py::dict cons
 }
 
 void init(int64_t sm_count, int64_t grad_sum_rows, bool poison_outputs, py::dict fbs, int64_t reduce_loop_rows,
-          int64_t reduce_loop_min_n) {
+          int64_t reduce_loop_min_n, int64_t norm_rows, int64_t norm_min_n, int64_t norm_max_n) {
   sms = sm_count;
   grad_sum_max = grad_sum_rows;
   loop_rows = reduce_loop_rows;
   loop_min_n = reduce_loop_min_n;
+  norm_loop_rows = norm_rows;
+  norm_loop_min_n = norm_min_n;
+  norm_loop_max_n = norm_max_n;
   poison = poison_outputs;
   for (auto item : fbs) (*fallbacks)[item.first.cast<std::string>()] = py::reinterpret_borrow<py::object>(item.second);
   if (!cu_launch) {
