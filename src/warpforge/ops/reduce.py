@@ -233,8 +233,8 @@ def _amax_bits_scatter_kernel(
     BLOCK_B: tl.constexpr,
 ):
     """dx = bit * dy / ties: reads N / 8 bytes of mask a row and writes dx, x is not read. The
-    stores are streaming (.cs, evict-first): 4-8% faster on an H200 than plain ones, level with
-    a memset of dx (benchmarks/NOTES.md, item 38)."""
+    stores are streaming (.cs, evict-first): 2-9% faster on an H200 than plain ones, and no slower
+    than a memset of dx (benchmarks/NOTES.md, item 38)."""
     pid = tl.program_id(0)
     row = pid // C
     chunk = pid % C
