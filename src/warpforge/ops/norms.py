@@ -122,7 +122,6 @@ def add_rms_norm_reference(x, residual, weight, eps: float | None = None, offset
 # the optional weight/bias, the fused residual add (HAS_RES) and Llama rounding (LLAMA). Pointers
 # of absent tensors are placeholders that are never touched.
 # ----------------------------------------------------------------------------------------------
-FWD_STREAM = False                      # probe switch (benchmarks/probe_norm_stream.py)
 EARLY_PARAMS_MAX = tl.constexpr(4096)  # the block forward's widest program that loads w and b with x
 
 
@@ -135,7 +134,7 @@ def _norm_fwd_block_kernel(
     M, N, stride_x, stride_r, stride_y, stride_h,
     eps, offset,
     RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_RES: tl.constexpr,
-    LLAMA: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STREAM: tl.constexpr = False,
+    LLAMA: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
@@ -153,17 +152,9 @@ def _norm_fwd_block_kernel(
     if HAS_B:
         if ROWS * BLOCK_N <= EARLY_PARAMS_MAX:
             b = tl.load(b_ptr + cols, mask=cmask, other=0.0)
-    if STREAM:
-        x = tl.load(x_ptr + r * stride_x + cols[None, :], mask=mask, other=0.0,
-                    eviction_policy="evict_first").to(tl.float32)
-    else:
-        x = tl.load(x_ptr + r * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + r * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
-        if STREAM:
-            x += tl.load(res_ptr + r * stride_r + cols[None, :], mask=mask, other=0.0,
-                         eviction_policy="evict_first").to(tl.float32)
-        else:
-            x += tl.load(res_ptr + r * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x += tl.load(res_ptr + r * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         h = x.to(h_ptr.dtype.element_ty)
         tl.store(h_ptr + r * stride_h + cols[None, :], h, mask=mask)
         x = h.to(tl.float32)                        # normalise the value we return
@@ -188,11 +179,7 @@ def _norm_fwd_block_kernel(
         if ROWS * BLOCK_N > EARLY_PARAMS_MAX:
             b = tl.load(b_ptr + cols, mask=cmask, other=0.0)
         y += b.to(tl.float32)[None, :]
-    if STREAM:
-        tl.store(y_ptr + r * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask,
-                 cache_modifier=".cs")
-    else:
-        tl.store(y_ptr + r * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + r * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -306,20 +293,19 @@ def _norm_fwd_loop_kernel(
     m2 = 0.0
     for start in range(0, N, BLOCK_N):
         mask = start + cols < N
-        # pass 2 re-reads the row (h with a residual): keep it in L2 (evict-last) until then, and
-        # let that read go (evict-first)
+        # pass 2 re-reads the row: keep x in L2 (evict-last) until then; with a residual it
+        # re-reads h instead, so x and the residual go (evict-first)
         if HAS_RES:
             x = tl.load(x_ptr + r * stride_x + start + cols, mask=mask, other=0.0,
                         eviction_policy="evict_first").to(tl.float32)
-        else:
-            x = tl.load(x_ptr + r * stride_x + start + cols, mask=mask, other=0.0,
-                        eviction_policy="evict_last").to(tl.float32)
-        if HAS_RES:
             x += tl.load(res_ptr + r * stride_r + start + cols, mask=mask, other=0.0,
                          eviction_policy="evict_first").to(tl.float32)
             h = x.to(h_ptr.dtype.element_ty)
             tl.store(h_ptr + r * stride_h + start + cols, h, mask=mask)
             x = h.to(tl.float32)
+        else:
+            x = tl.load(x_ptr + r * stride_x + start + cols, mask=mask, other=0.0,
+                        eviction_policy="evict_last").to(tl.float32)
         if RMS:
             acc += x * x
         else:
@@ -696,7 +682,7 @@ def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, l
                      HAS_RES=residual is not None, LLAMA=llama)
         if cfg.mode == "block":
             run(_norm_fwd_block_kernel, (triton.cdiv(m, cfg.rows),), args,
-                **flags, ROWS=cfg.rows, BLOCK_N=cfg.block_n, STREAM=FWD_STREAM, num_warps=cfg.num_warps)
+                **flags, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
         elif cfg.mode == "pipe":
             split_launch(_norm_fwd_pipe_kernel, m, cfg, x.device, args, **flags, RELOAD=cfg.reload,
                          BLOCK_N=cfg.block_n)
