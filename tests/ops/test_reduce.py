@@ -399,3 +399,16 @@ def test_amax_plain_backward(shape, monkeypatch):
     xr = x.detach().clone().requires_grad_()
     (gr,) = torch.autograd.grad(xr.amax(-1), xr, dy)
     torch.testing.assert_close(g, gr, equal_nan=True)
+
+
+def test_amax_mask_ops_reject_bad_shapes():
+    """The mask ops called directly: rows longer than a program holds, and a mask whose width does
+    not fit n, raise a clear error instead of launching."""
+    from warpforge.runtime.heuristics import BLOCK_MAX, WIDE_BLOCK_MAX
+
+    n = (WIDE_BLOCK_MAX if ON_GPU else BLOCK_MAX) + 1
+    with pytest.raises(ValueError, match=f"rows of {n}"):
+        amax_mask_op(randn(2, n))
+    _, ties, bits = amax_mask_op(randn(2, 20))
+    with pytest.raises(ValueError, match="3 bytes a row; expected 5 for n=40"):
+        amax_bits_scatter_op(bits, ties, randn(2), 40, torch.float32)

@@ -70,8 +70,7 @@ import triton.language as tl
 from ..runtime import fastpath, interpreting, new_empty
 from ..runtime.checks import FLOAT_DTYPES, check_backend, check_tensor, normalize_dim
 from ..runtime.heuristics import (AMAX_MASK_MIN_NUMEL, REDUCE_CHUNK, amax_bwd_config, amax_holds_row, amax_mask_config,
-                                  reduce_config,
-                                  row_config, warps_for)
+                                  amax_row_limit, reduce_config, row_config, warps_for)
 from ..runtime.registry import Op
 from ..runtime.launch import run
 from ._rows import as_rows, gather_row_stats, publish_row_stats, split_launch
@@ -515,6 +514,9 @@ amax_ties_op = Op("amax_ties", _amax_ties_impl,
 def _amax_mask_rows(x2: torch.Tensor, out_dtype: torch.dtype):
     """(y, ties, bits) of (M, N) rows a program holds: (M,) max, (M,) fp32 tie count, (M, N/8) uint8."""
     m, n = x2.shape
+    if not amax_holds_row(n):        # torch.ops.warpforge.amax_mask called directly on longer rows
+        raise ValueError(f"warpforge: amax_mask's 'x' has rows of {n}; expected at most "
+                         f"{amax_row_limit()} (rows one program holds)")
     y = new_empty((m,), device=x2.device, dtype=out_dtype)
     ties = torch.empty((m,), device=x2.device, dtype=torch.float32)
     bits = torch.empty((m, triton.cdiv(n, 8)), device=x2.device, dtype=torch.uint8)
@@ -551,6 +553,9 @@ def _amax_mask_fake(x):
 
 def _amax_bits_scatter_impl(bits: torch.Tensor, ties: torch.Tensor, dy: torch.Tensor, n: int,
                             dtype: torch.dtype) -> torch.Tensor:
+    if bits.shape[-1] != triton.cdiv(n, 8):
+        raise ValueError(f"warpforge: amax_bits_scatter's 'bits' has {bits.shape[-1]} bytes a row; "
+                         f"expected {triton.cdiv(n, 8)} for n={n}")
     lead = bits.shape[:-1]
     m = math.prod(lead)
     dx = new_empty((m, n), device=bits.device, dtype=dtype)

@@ -113,6 +113,7 @@ def _exchange_or_row(mode: str, n: int, chunk: int, warps: int, reload: bool = F
 #                  4,096 x 4 stays (93.8 / 96.9, pipe <= 89.7 forward).
 # Some pipe shapes misbehave badly (softmax backward 8,192 x 4: 45% at 262K, 3% at 65K, repeatably),
 # so only measured shapes are used.
+#
 # Norm forward over rows of 4K < N <= 8K with rows enough to fill the chip and no residual: the
 # two-pass loop kernel (pass 1 reads x marked evict-last, pass 2 re-reads it from L2 marked
 # evict-first), as torch.compile's looped reduction does. H100, 16384 x 8192 bf16 (NOTES item 42):
@@ -180,10 +181,15 @@ def amax_mask_config(n: int) -> RowConfig:
     return RowConfig("block", block, rows, min(WIDE_WARPS, max(4, rows * block // 1024)))
 
 
+def amax_row_limit() -> int:
+    """The longest row ``amax_bwd_config`` gives the block mode (one program holds it)."""
+    return BLOCK_MAX if interpreting() else WIDE_BLOCK_MAX
+
+
 def amax_holds_row(n: int) -> bool:
-    """Whether ``amax_bwd_config(n)`` is the block mode (one program holds the row), in plain
-    arithmetic that torch.compile traces without a cached call."""
-    return n <= BLOCK_MAX or (not interpreting() and n <= WIDE_BLOCK_MAX)
+    """Whether ``amax_bwd_config(n)`` is the block mode, in plain arithmetic that torch.compile
+    traces without a cached call."""
+    return n <= amax_row_limit()
 
 
 # Cross-entropy (ops/cross_entropy.py): a vocabulary row of V logits. On the GPU the split path
