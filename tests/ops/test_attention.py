@@ -225,3 +225,57 @@ def test_varlen_unvalidated_bad_offsets_stay_in_bounds():
         o = wf.attention_varlen(qp, kp, vp, bad, bad, 90, 90, validate=False)
         ref = wf.attention_varlen(qp, kp, vp, cu_q, cu_k, 4, 4)
     assert torch.equal(o[:3], ref[:3])
+
+
+def _hopper():
+    return ON_GPU and torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon forward (ops/attention_sm90.py) runs on sm_90 only")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(1, 2, 2, 17, 17, 64), (2, 4, 2, 1000, 1000, 64), (1, 4, 1, 300, 1000, 128),
+                                   (1, 2, 2, 1000, 300, 128), (1, 2, 2, 4097, 4097, 128), (2, 8, 8, 256, 256, 128)])
+def test_sm90_forward(shape, causal, dtype, monkeypatch):
+    """The Hopper kernel takes these calls (checked, not assumed) and matches the float64
+    reference: ragged ends both sides (TMA zero-fills and clips), L != S, GQA/MQA, D 64 and 128."""
+    from warpforge.ops import attention as A
+    sm90 = A._sm90_kernels()
+    assert sm90 is not None, "Gluon's Hopper API did not import"
+    calls = []
+    real = sm90.attention_fwd_sm90
+    monkeypatch.setattr(sm90, "attention_fwd_sm90", lambda *a, **kw: (calls.append(1), real(*a, **kw)))
+    q, k, v = _inputs(*shape, dtype, grad=False)
+    o, lse = wf.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True, return_lse=True)
+    assert calls, "the call did not take the sm90 kernel"
+    orf, lref = attention_reference(q, k, v, is_causal=causal, enable_gqa=True)
+    assert not o.isnan().any() and not lse.isnan().any()
+    assert_close(o, orf, dtype, what="sm90 out")
+    assert_close(lse, lref, torch.float32, scale=10.0, what="sm90 lse")
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon forward (ops/attention_sm90.py) runs on sm_90 only")
+def test_sm90_strided_views_and_fallbacks():
+    """(B, L, H, D) views go through TMA with their strides; calls the kernel does not cover
+    (mask, window, D = 256, fp32, a base not 16-byte aligned) are not offered to it."""
+    from warpforge.ops import attention as A
+    sm90 = A._sm90_kernels()
+    B, L, H, D = 2, 333, 4, 128
+    qkv = randn(B, L, 3, H, D, dtype=torch.bfloat16)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    assert sm90.covers(q, k, v, None, None, -1, 0, False)
+    for causal in (False, True):
+        o = wf.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        assert_close(o, attention_reference(q, k, v, is_causal=causal)[0], torch.bfloat16, what="strided")
+    mask = torch.ones(L, L, dtype=torch.bool, device=DEVICE)
+    assert not sm90.covers(q, k, v, mask, None, -1, -1, False)
+    assert not sm90.covers(q, k, v, None, None, 8, 0, False)
+    q256 = randn(1, 2, 64, 256, dtype=torch.bfloat16)
+    assert not sm90.covers(q256, q256, q256, None, None, -1, -1, False)
+    q32 = randn(1, 2, 64, 128)
+    assert not sm90.covers(q32, q32, q32, None, None, -1, -1, False)
+    buf = randn(1 + 2 * 64 * 128, dtype=torch.bfloat16)
+    qm = buf[1:].view(1, 2, 64, 128)
+    assert not sm90.covers(qm, qm, qm, None, None, -1, -1, False)
+    o = wf.scaled_dot_product_attention(qm, qm, qm)
+    assert_close(o, attention_reference(qm, qm, qm)[0], torch.bfloat16, what="misaligned fallback")

@@ -41,6 +41,7 @@ sequence) outputs zeros, and its lse is +inf. lse is natural-log, fp32.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -580,6 +581,24 @@ _DQ = LaunchCache(_attn_bwd_dq_kernel)
 _DELTA_CFG = AttentionConfig(0, 0, 4, 1)   # the row-dot kernel: 4 warps, nothing to pipeline
 
 
+_SM90 = []
+
+
+def _sm90_kernels():
+    """The Hopper forward (ops/attention_sm90.py, Gluon) when it can run here: a GPU build of
+    Triton with Gluon, not the interpreter, and not switched off by WARPFORGE_ATTN_SM90=0 (which
+    the probes use to time the Triton kernel). Imported once, on the first forward."""
+    if not _SM90:
+        mod = None
+        if not interpreting() and os.environ.get("WARPFORGE_ATTN_SM90", "1") != "0" and torch.cuda.is_available():
+            try:
+                from . import attention_sm90 as mod
+            except ImportError:        # a Triton without Gluon's Hopper API: the Triton kernel only
+                mod = None
+        _SM90.append(mod)
+    return _SM90[0]
+
+
 def _attention_fwd(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
                    win_left: int, win_right: int, bottom_right: bool):
     q, k, v = unit_last_dim(q), unit_last_dim(k), unit_last_dim(v)
@@ -587,6 +606,11 @@ def _attention_fwd(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale: flo
     o = _out_like(q)
     lse = runtime.new_empty(p.lse_shape(), dtype=torch.float32, device=q.device)
     if p.len_q == 0 or p.B == 0 or p.H == 0:
+        return o, lse
+    sm90 = _sm90_kernels()
+    if sm90 is not None and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) \
+            and sm90.covers(o, k, v, None, None, -1, -1, False):
+        sm90.attention_fwd_sm90(q, k, v, o, lse, scale, causal=win_right == 0)
         return o, lse
     cfg = attention_config("fwd", p.block_d, q.element_size())
     grid = (triton.cdiv(p.len_q, cfg.block_m), p.B * p.H)

@@ -1,0 +1,269 @@
+"""Attention forward for Hopper (sm_90) in Gluon: warp-specialised, TMA-fed, with the softmax of
+one warpgroup running under the other's tensor-core work. ops/attention.py takes this kernel for
+dense calls it covers (no user mask, no sliding window, causal or not, head dim 64 or 128,
+bf16/fp16, 16-byte aligned strides) and keeps its Triton kernel for everything else.
+
+Why a second kernel: the Triton forward (FlashAttention-2 structure) tops out at ~480 TFLOP/s on
+an H100/H200 at B=4 H=32 S=4096 D=128, about 0.8x cuDNN. Its PTX shows why: `tl.dot` waits on the
+QK^T result right after issuing it, and the tile's softmax (16K exp2s over a 128 x 128 tile, a
+MUFU pipe of 16 a clock: ~1,000 cycles, as long as one of the tile's two GEMMs) runs while the
+tensor cores idle. Writing QK^T of the next tile ahead of the softmax in Triton does not help:
+the compiler still waits on it at once (NOTES item 43). Gluon exposes the asynchronous wgmma,
+its wait, mbarriers, TMA and warp specialisation, so the schedule can be written down:
+
+- a producer warp (24 registers) streams K and V tiles of 128 keys through two-slot rings with
+  TMA, each slot guarded by a "ready" mbarrier (TMA byte count) and an "empty" one (both
+  consumers release it);
+- two consumer warpgroups, 64 query rows each, with no barrier between them: while one runs
+  its softmax the other's GEMMs own the tensor cores (FlashAttention-3's ping-pong, here left to
+  the warp scheduler);
+- inside a consumer, tile j's QK^T and tile j-1's PV are issued back to back and only QK^T is
+  waited on before the softmax, so the softmax overlaps the PV GEMM (FA3's intra-warpgroup
+  overlap);
+- the O tile leaves through shared memory and a TMA store; 4-D descriptors over (B, H, L, D)
+  zero-fill rows past a sequence's end and clip the store, so any length works.
+
+Measured (H200, B=4 H=32 S=4096 D=128 bf16, benchmarks/probe_attn_gluon.py): 576-581 TFLOP/s
+non-causal (Triton kernel 481, cuDNN 598) and 538-539 causal (Triton 427, cuDNN 525).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                              warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+HALF = 64          # query rows a consumer warpgroup owns (the wgmma M of one warpgroup)
+BLOCK_M = 128      # query rows a program owns (two consumers)
+BLOCK_N = 128      # keys a K/V tile holds
+SLOTS = 2          # K and V ring slots (3 measured no faster: 581 against 576 TFLOP/s)
+MAXNREG = 168      # 12 warps x 32 x 168 = the 64K register file; consumers rise to 240, the loader drops to 24
+HEAD_DIMS = (64, 128)
+
+
+@gluon.jit
+def _scores(s, m_i, l_i, rows, cols, n0, len_k, scale_log2, EDGE: gl.constexpr, CAUSAL: gl.constexpr):
+    """Online-softmax step on one score tile: new running max and sum, P (unnormalised) and the
+    rescale factor of the older accumulator. The mask (keys past the end, keys after the row
+    under causal) is applied only on tiles that need it."""
+    if EDGE:
+        ok = (n0 + cols)[None, :] < len_k
+        if CAUSAL:
+            ok = ok & (rows[:, None] >= (n0 + cols)[None, :])
+        s = gl.where(ok, s, -float("inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1) * scale_log2)
+    p = gl.exp2(s * scale_log2 - m_new[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _softmax_any(s, m_i, l_i, rows, cols, n0, len_k, row_lo, scale_log2, CAUSAL: gl.constexpr):
+    BN: gl.constexpr = s.type.shape[1]
+    edge = n0 + BN > len_k
+    if CAUSAL:
+        edge = edge | (n0 + BN - 1 > row_lo)
+    if edge:
+        p, m_i, l_i, alpha = _scores(s, m_i, l_i, rows, cols, n0, len_k, scale_log2, True, CAUSAL)
+    else:
+        p, m_i, l_i, alpha = _scores(s, m_i, l_i, rows, cols, n0, len_k, scale_log2, False, CAUSAL)
+    return p, m_i, l_i, alpha
+
+
+@gluon.jit
+def _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+             lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
+             WG: gl.constexpr, CAUSAL: gl.constexpr):
+    """A consumer warpgroup: query rows [m0 + 64 WG, +64) against every visible K/V tile."""
+    HM: gl.constexpr = q_desc.block_type.shape[2]
+    D: gl.constexpr = q_desc.block_type.shape[3]
+    BN: gl.constexpr = k_desc.block_type.shape[2]
+    NB: gl.constexpr = k_smem.type.shape[0]
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    srow: gl.constexpr = gl.SliceLayout(1, s_layout)
+    scol: gl.constexpr = gl.SliceLayout(0, s_layout)
+    orow: gl.constexpr = gl.SliceLayout(1, o_layout)
+    flat_q: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HM, D], dtype)
+    flat_k: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D], dtype)
+
+    q_slot = q_smem.index(WG)
+    qs = q_slot._reinterpret(dtype, [HM, D], flat_q)
+    row_lo = m0 + WG * HM
+    rows = row_lo + gl.arange(0, HM, layout=srow)
+    cols = gl.arange(0, BN, layout=scol)
+    zero_s = gl.zeros([HM, BN], gl.float32, s_layout)
+
+    mbarrier.wait(q_bar.index(WG), 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    kt = k_smem.index(0)._reinterpret(dtype, [BN, D], flat_k).permute((1, 0))
+    s = warpgroup_mma(qs, kt, zero_s, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    mbarrier.arrive(k_empty.index(0))
+    p, m_i, l_i, alpha = _softmax_any(s, gl.full([HM], -float("inf"), gl.float32, srow),
+                                      gl.zeros([HM], gl.float32, srow), rows, cols, 0, len_k, row_lo,
+                                      scale_log2, CAUSAL)
+    acc = gl.zeros([HM, D], gl.float32, o_layout)
+    for j in range(1, n_tiles):
+        slot = j % NB
+        prev = (j - 1) % NB
+        mbarrier.wait(k_ready.index(slot), (j // NB) & 1)
+        kt = k_smem.index(slot)._reinterpret(dtype, [BN, D], flat_k).permute((1, 0))
+        s = warpgroup_mma(qs, kt, zero_s, use_acc=False, is_async=True)              # S_j
+        pv = gl.convert_layout(p.to(dtype), p_layout)
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // NB) & 1)
+        vt = v_smem.index(prev)._reinterpret(dtype, [BN, D], flat_k)
+        acc = warpgroup_mma(pv, vt, acc, is_async=True)                               # O += P_{j-1} V_{j-1}
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))                          # S_j done, PV in flight
+        mbarrier.arrive(k_empty.index(slot))
+        p, m_i, l_i, alpha = _softmax_any(s, m_i, l_i, rows, cols, j * BN, len_k, row_lo, scale_log2, CAUSAL)
+        acc, pv = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pv))
+        mbarrier.arrive(v_empty.index(prev))
+        acc = acc * gl.convert_layout(alpha, orow)[:, None]
+    last = n_tiles - 1
+    pv = gl.convert_layout(p.to(dtype), p_layout)
+    mbarrier.wait(v_ready.index(last % NB), (last // NB) & 1)
+    vt = v_smem.index(last % NB)._reinterpret(dtype, [BN, D], flat_k)
+    acc = warpgroup_mma(pv, vt, acc, is_async=True)
+    acc, pv = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pv))
+    mbarrier.arrive(v_empty.index(last % NB))
+
+    out = acc / gl.convert_layout(l_i, orow)[:, None]
+    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+    gl.store(lse_ptr + b.to(gl.int64) * slb + h.to(gl.int64) * slh + rows.to(gl.int64) * slm, lse, mask=rows < len_q)
+    qs.store(out.to(dtype))                          # Q's slot is free: this warpgroup's QK^T are done
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [b, h, row_lo, 0], q_slot)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _consume_wg1_full(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
+                      v_empty, lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2):
+    # worker partitions take no constexpr arguments: one wrapper per (warpgroup, causal)
+    _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+             lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2, 1, False)
+
+
+@gluon.jit
+def _consume_wg1_causal(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
+                        v_empty, lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2):
+    _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+             lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2, 1, True)
+
+
+@gluon.jit
+def _load(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+          lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2):
+    """The producer warp: both halves of the Q tile, then K_j and V_j into the rings as the
+    consumers free the slots (an empty barrier completes when both consumers arrive)."""
+    HM: gl.constexpr = q_desc.block_type.shape[2]
+    BN: gl.constexpr = k_desc.block_type.shape[2]
+    NB: gl.constexpr = k_smem.type.shape[0]
+    for w in gl.static_range(2):
+        mbarrier.expect(q_bar.index(w), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b, h, m0 + w * HM, 0], q_bar.index(w), q_smem.index(w))
+    for j in range(n_tiles):
+        slot = j % NB
+        phase = ((j // NB) & 1) ^ 1                  # a fresh barrier counts as phase 1 done
+        mbarrier.wait(k_empty.index(slot), phase)
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [b, hk, j * BN, 0], k_ready.index(slot), k_smem.index(slot))
+        mbarrier.wait(v_empty.index(slot), phase)
+        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [b, hk, j * BN, 0], v_ready.index(slot), v_smem.index(slot))
+
+
+@gluon.jit
+def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc,   # 4-D (B, H, L, D) TMA descriptors, K/V over (B, Hkv, S, D)
+                          lse_ptr, slb, slh, slm,           # lse (B, H, L) fp32 and its strides
+                          H, GROUP, len_q, len_k, scale_log2,
+                          CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    HM: gl.constexpr = q_desc.block_type.shape[2]
+    BN: gl.constexpr = k_desc.block_type.shape[2]
+    NB: gl.constexpr = 2
+    dtype: gl.constexpr = q_desc.dtype
+    pid_m = gl.program_id(0)
+    if CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - pid_m        # the longest rows first
+    bh = gl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP
+    m0 = pid_m * (2 * HM)
+    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [NB] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [NB] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bar.index(i), count=1)
+    for i in gl.static_range(NB):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
+    if CAUSAL:
+        n_tiles = gl.cdiv(gl.minimum(len_k, m0 + 2 * HM), BN)
+    else:
+        n_tiles = gl.cdiv(len_k, BN)
+    args = (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+            lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2)
+    WG0: gl.constexpr = 0
+    if CAUSAL:
+        gl.warp_specialize([(_consume, args + (WG0, CAUSAL)), (_consume_wg1_causal, args), (_load, args)],
+                           [4, 1], [240, 24])
+    else:
+        gl.warp_specialize([(_consume, args + (WG0, CAUSAL)), (_consume_wg1_full, args), (_load, args)],
+                           [4, 1], [240, 24])
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_layout(rows: int, d: int, dtype: torch.dtype):
+    gdt = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], gdt)
+
+
+def _desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]],
+                            _smem_layout(rows, t.shape[-1], t.dtype))
+
+
+def covers(q, k, v, mask, cu_q, win_left: int, win_right: int, bottom_right: bool) -> bool:
+    """Whether this kernel takes the call: a dense Hopper call without a user mask or window."""
+    if cu_q is not None or mask is not None or win_left >= 0 or win_right > 0:
+        return False
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return False
+    if q.dtype not in (torch.bfloat16, torch.float16) or q.shape[-1] not in HEAD_DIMS:
+        return False
+    L, S = q.shape[2], k.shape[2]
+    if L == 0 or S == 0 or (win_right == 0 and bottom_right and L != S):
+        return False
+    for t in (q, k, v):       # TMA: 16-byte aligned base and strides, unit last stride
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s * t.element_size() % 16 for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+def attention_fwd_sm90(q, k, v, o, lse, scale: float, causal: bool) -> None:
+    """o, lse = attention(q, k, v) for (B, H, L, D) q and (B, Hkv, S, D) k, v, written in place
+    (o like q, 16-byte aligned; lse (B, H, L) fp32). The caller checked ``covers``."""
+    B, H, L, D = q.shape
+    grid = (triton.cdiv(L, BLOCK_M), B * H)
+    _attn_fwd_sm90_kernel[grid](
+        _desc(q, HALF), _desc(k, BLOCK_N), _desc(v, BLOCK_N), _desc(o, HALF),
+        lse, lse.stride(0), lse.stride(1), lse.stride(2),
+        H, H // k.shape[1], L, k.shape[2], scale * 1.4426950408889634,
+        CAUSAL=causal, num_warps=4, maxnreg=MAXNREG)
