@@ -29,6 +29,11 @@ Why the kernels look the way they do:
   recomputes S and dP: seven GEMMs where the FLOP model counts five, but no atomics, so the
   backward is deterministic. (dQ by fp32 atomics from the dK/dV programs, FlashAttention-2's
   way, measured no faster on an H100: 7.47 against 7.20 ms at B=4 H=32 S=4096 D=128.)
+- Hopper: dense forwards without a user mask or window, D 64/128 in bf16/fp16, go to a
+  warp-specialised Gluon kernel (ops/attention_sm90.py: TMA producer warp, two consumer
+  warpgroups, QK^T in flight during the softmax); on an H200 at B=4 H=32 S=4096 D=128 it runs
+  at 655 / 602 TFLOP/s full / causal against this file's kernel's ~480 / ~430 (1.06x / 1.08x
+  cuDNN). Every other call, and every backward, runs the Triton kernels here.
 - GQA/MQA: query head h reads KV head h // (Hq/Hkv); nothing is repeated in memory.
 - Variable length: the same kernels, where a program reads its sequence's start and length from
   cu_seqlens (clamped to the packed tensor, so a bad cu_seqlens cannot send a read out of bounds).
