@@ -33,7 +33,8 @@ Why the kernels look the way they do:
   warp-specialised Gluon kernel (ops/attention_sm90.py: TMA producer warp, two consumer
   warpgroups, QK^T in flight during the softmax); on an H200 at B=4 H=32 S=4096 D=128 it runs
   at 655 / 602 TFLOP/s full / causal against this file's kernel's ~480 / ~430 (1.06x / 1.08x
-  cuDNN). Every other call, and every backward, runs the Triton kernels here.
+  cuDNN). The backward of those calls takes its dQ kernel from there too (dK/dV stay here).
+  Every other call runs the Triton kernels here.
 - GQA/MQA: query head h reads KV head h // (Hq/Hkv); nothing is repeated in memory.
 - Variable length: the same kernels, where a program reads its sequence's start and length from
   cu_seqlens (clamped to the packed tensor, so a bad cu_seqlens cannot send a read out of bounds).
@@ -654,6 +655,11 @@ def _attention_bwd(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_
         *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(do), *p.strides(dk), *p.strides(dv), *common,
         p.HK, p.group, p.len_q, p.len_k, p.total_q, p.total_k, scale, scale * LOG2E, win_left, win_right), cfg,
         **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+    sm90 = _sm90_kernels()
+    if sm90 is not None and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) \
+            and sm90.covers(do, dq, v, None, None, -1, -1, False):
+        sm90.attention_bwd_dq_sm90(do, q, k, v, lse, delta, dq, scale, causal=win_right == 0)
+        return dq, dk, dv
     cfg = attention_config("dq", p.block_d, q.element_size())
     _launch(_DQ, (triton.cdiv(p.len_q, cfg.block_m), p.B * p.H), (
         q, k, v, do, lse, delta, dq, mptr, *cu,
