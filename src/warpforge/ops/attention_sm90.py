@@ -444,18 +444,20 @@ def covers(q, k, v, mask, cu_q, win_left: int, win_right: int, bottom_right: boo
     return True
 
 
-DQ_BLOCK_N = 64    # keys a K/V tile of the dQ kernel holds (three score-sized tiles live: S, dP, dS)
+DQ_BLOCK_N = 64    # keys a K/V tile of the dQ kernel holds (three score-sized tiles live: S, dP, dS);
+DQ_BLOCK_N_D64 = 128   # at D 64 a 128-key tile fits without spills: 1-4% faster (probe_attn_bwd_tiles)
 DQ_SLOTS = 3       # K is held a tile longer than V (its dQ GEMM runs under the next tile)
 
 
-def attention_bwd_dq_sm90(do, q, k, v, lse, delta, dq, scale: float, causal: bool) -> None:
+def attention_bwd_dq_sm90(do, q, k, v, lse, delta, dq, scale: float, causal: bool, block_n: int | None = None) -> None:
     """dq = scale * dS K for (B, H, L, D) q, do, dq and (B, Hkv, S, D) k, v, with dS recomputed
     from the saved lse and delta = rowsum(O dO) - dlse; the caller checked ``covers`` for every
     tensor."""
     B, H, L, D = q.shape
+    bn = block_n or (DQ_BLOCK_N_D64 if D <= 64 else DQ_BLOCK_N)
     grid = (triton.cdiv(L, BLOCK_M), B * H)
     _attn_bwd_dq_sm90_kernel[grid](
-        _desc(q, HALF), _desc(do, HALF), _desc(k, DQ_BLOCK_N), _desc(v, DQ_BLOCK_N), _desc(dq, HALF),
+        _desc(q, HALF), _desc(do, HALF), _desc(k, bn), _desc(v, bn), _desc(dq, HALF),
         lse, delta, lse.stride(0), lse.stride(1), lse.stride(2),
         H, H // k.shape[1], L, k.shape[2], scale, scale * 1.4426950408889634,
         CAUSAL=causal, NB=DQ_SLOTS, num_warps=4, maxnreg=MAXNREG)

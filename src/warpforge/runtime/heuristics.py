@@ -698,7 +698,9 @@ def attention_config(kind: str, head_dim: int, elem_bytes: int) -> AttentionConf
         if head_dim <= 128:
             return AttentionConfig(128, 64, 8, 3)
         return AttentionConfig(64, 32, 4, 2)
-    if head_dim <= 128:                         # dkdv
+    if head_dim <= 64:                          # dkdv; H200 at D 64 (probe_attn_bwd_tiles): the whole
+        return AttentionConfig(64, 64, 4, 3)   # backward 6-11% faster than with 64 x 128 x 8 warps
+    if head_dim <= 128:
         return AttentionConfig(64, 128, 8, 4)
     return AttentionConfig(32, 64, 4, 2)
 
