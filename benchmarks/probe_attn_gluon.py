@@ -12,8 +12,9 @@ Schedule of one program (BLOCK_M query rows, 2 warpgroups; K and V tiles in 2-sl
         wait O;    O *= alpha;  refill the freed K and V slots
     O += P_{n-1} V_{n-1}
 
-Schedule 2 (_gl_attn_fwd2) issues S_{j+1} before the softmax of S_j instead. The kernel that
-landed is the warp-specialised one in ops/attention_sm90.py (config "ws" here).
+A second schedule, S_{j+1} issued before the softmax of S_j, was slower (495 against 520
+TFLOP/s; probes_s19/attn_gluon_2_schedule2.log, its code in git history at 97117a0). The kernel
+that landed is the warp-specialised one in ops/attention_sm90.py (config "ws" here).
 
     python benchmarks/probe_attn_gluon.py [--shape 4,32,4096,128]
 """
@@ -28,8 +29,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
-                                                              warpgroup_mma, warpgroup_mma_init,
-                                                              warpgroup_mma_wait)
+                                                              warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 
@@ -145,128 +145,9 @@ def _gl_attn_fwd(q_desc, k_desc, v_desc, o_desc, lse_ptr, S_len, scale_log2,
     tma.store_wait(pendings=0)
 
 
-@gluon.jit
-def _softmax_tile(s, m_i, l_i, rows, cols, n0, m0, scale_log2, CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr):
-    if CAUSAL:
-        if n0 + BLOCK_N > m0:
-            s = gl.where(rows[:, None] >= (n0 + cols)[None, :], s, -float("inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1) * scale_log2)
-    p = gl.exp2(s * scale_log2 - m_new[:, None])
-    alpha = gl.exp2(m_i - m_new)
-    l_i = l_i * alpha + gl.sum(p, 1)
-    return p, m_new, l_i, alpha
-
-
-@gluon.jit
-def _gl_attn_fwd2(q_desc, k_desc, v_desc, o_desc, lse_ptr, S_len, scale_log2,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D: gl.constexpr,
-                  CAUSAL: gl.constexpr, num_warps: gl.constexpr):
-    """The second schedule: S_{j+1} = Q K_{j+1}^T is issued before the softmax of S_j, and
-    O += P_j V_j after it, so the exp2s overlap the next QK^T (and the previous PV's tail)."""
-    pid_m = gl.program_id(0)
-    if CAUSAL:
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    bh = gl.program_id(1)
-    m0 = pid_m * BLOCK_M
-    row0 = bh * S_len
-    dtype: gl.constexpr = q_desc.dtype
-
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    srow: gl.constexpr = gl.SliceLayout(1, s_layout)
-    scol: gl.constexpr = gl.SliceLayout(0, s_layout)
-    orow: gl.constexpr = gl.SliceLayout(1, o_layout)
-
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, D], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, D], v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    v_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(k_bar.index(i), count=1)
-        mbarrier.init(v_bar.index(i), count=1)
-
-    if CAUSAL:
-        n_tiles = (m0 + BLOCK_M) // BLOCK_N
-    else:
-        n_tiles = S_len // BLOCK_N
-    kv_bytes: gl.constexpr = BLOCK_N * D * 2
-
-    mbarrier.expect(q_bar, BLOCK_M * D * 2)
-    tma.async_copy_global_to_shared(q_desc, [row0 + m0, 0], q_bar, q_smem)
-    mbarrier.expect(k_bar.index(0), kv_bytes)
-    tma.async_copy_global_to_shared(k_desc, [row0, 0], k_bar.index(0), k_smem.index(0))
-    mbarrier.expect(v_bar.index(0), kv_bytes)
-    tma.async_copy_global_to_shared(v_desc, [row0, 0], v_bar.index(0), v_smem.index(0))
-    ok = 1 < n_tiles
-    mbarrier.expect(k_bar.index(1), kv_bytes, pred=ok)
-    tma.async_copy_global_to_shared(k_desc, [row0 + BLOCK_N, 0], k_bar.index(1), k_smem.index(1), pred=ok)
-
-    rows = m0 + gl.arange(0, BLOCK_M, layout=srow)
-    cols = gl.arange(0, BLOCK_N, layout=scol)
-    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    mbarrier.wait(q_bar, 0)
-    mbarrier.wait(k_bar.index(0), 0)
-    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    gl.thread_barrier()                                     # every warpgroup is done with K_0
-    ok = 2 < n_tiles
-    mbarrier.expect(k_bar.index(0), kv_bytes, pred=ok)
-    tma.async_copy_global_to_shared(k_desc, [row0 + 2 * BLOCK_N, 0], k_bar.index(0), k_smem.index(0), pred=ok)
-
-    m_i = gl.full([BLOCK_M], -float("inf"), gl.float32, srow)
-    l_i = gl.zeros([BLOCK_M], gl.float32, srow)
-    acc = warpgroup_mma_init(gl.zeros([BLOCK_M, D], gl.float32, o_layout))   # loop-carried in flight
-    pv = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_layout)
-    for j in range(0, n_tiles - 1):
-        st1 = (j + 1) % 2
-        mbarrier.wait(k_bar.index(st1), ((j + 1) // 2) & 1)
-        s_next = warpgroup_mma(q_smem, k_smem.index(st1).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, rows, cols, j * BLOCK_N, m0, scale_log2, CAUSAL, BLOCK_N)
-        acc, pv = warpgroup_mma_wait(num_outstanding=1, deps=(acc, pv))     # O += P_{j-1} V_{j-1} done
-        acc = acc * gl.convert_layout(alpha, orow)[:, None]
-        pv = gl.convert_layout(p.to(dtype), p_layout)
-        mbarrier.wait(v_bar.index(j % 2), (j // 2) & 1)
-        acc = warpgroup_mma(pv, v_smem.index(j % 2), acc, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))           # S_{j+1} done
-        gl.thread_barrier()                                 # every warpgroup is done with K_{j+1}, V_{j-1}
-        ok = j + 3 < n_tiles
-        mbarrier.expect(k_bar.index(st1), kv_bytes, pred=ok)
-        tma.async_copy_global_to_shared(k_desc, [row0 + (j + 3) * BLOCK_N, 0], k_bar.index(st1), k_smem.index(st1), pred=ok)
-        mbarrier.expect(v_bar.index(st1), kv_bytes)
-        tma.async_copy_global_to_shared(v_desc, [row0 + (j + 1) * BLOCK_N, 0], v_bar.index(st1), v_smem.index(st1))
-
-    last = n_tiles - 1
-    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, rows, cols, last * BLOCK_N, m0, scale_log2, CAUSAL, BLOCK_N)
-    acc, pv = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pv))
-    acc = acc * gl.convert_layout(alpha, orow)[:, None]
-    pv = gl.convert_layout(p.to(dtype), p_layout)
-    mbarrier.wait(v_bar.index(last % 2), (last // 2) & 1)
-    acc = warpgroup_mma(pv, v_smem.index(last % 2), acc, is_async=True)
-    acc, pv = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pv))
-
-    mbarrier.invalidate(q_bar)
-    for i in gl.static_range(2):
-        mbarrier.invalidate(k_bar.index(i))
-        mbarrier.invalidate(v_bar.index(i))
-    out = acc / gl.convert_layout(l_i, orow)[:, None]
-    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
-    gl.store(lse_ptr + row0 + rows, lse)
-    q_smem.store(out.to(dtype))
-    fence_async_shared()
-    gl.thread_barrier()
-    tma.async_copy_shared_to_global(o_desc, [row0 + m0, 0], q_smem)
-    tma.store_wait(pendings=0)
-
-
 def launch(q, k, v, o, lse, causal, BM=128, BN=128, warps=8, sched=1):
-    """sched 1/2: the single-partition kernels (8 warps, BM query rows); sched "wsN": the
-    warp-specialised kernel with N-slot K/V rings (two 64-row consumer warpgroups + a loader)."""
+    """sched 1: the single-partition kernel (8 warps, BM query rows); sched "ws": the library's
+    warp-specialised kernel (two 64-row consumer warpgroups + a loader)."""
     B, H, S, D = q.shape
     q2, k2, v2, o2 = (t.view(B * H * S, D) for t in (q, k, v, o))
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
@@ -284,11 +165,10 @@ def launch(q, k, v, o, lse, causal, BM=128, BN=128, warps=8, sched=1):
         from warpforge.ops.attention_sm90 import attention_fwd_sm90
         attention_fwd_sm90(q, k, v, o, lse.view(B, H, S), D ** -0.5, causal)
         return
-    kern = _gl_attn_fwd2 if sched == 2 else _gl_attn_fwd
-    kern[(S // BM, B * H)](qd, kd, vd, od, lse, S, scale, BLOCK_M=BM, BLOCK_N=BN, D=D, CAUSAL=causal, num_warps=warps)
+    _gl_attn_fwd[(S // BM, B * H)](qd, kd, vd, od, lse, S, scale, BLOCK_M=BM, BLOCK_N=BN, D=D, CAUSAL=causal, num_warps=warps)
 
 
-CONFIGS = [(128, 128, 8, 1), (128, 128, 8, 2), (128, 128, 4, "ws")]
+CONFIGS = [(128, 128, 8, 1), (128, 128, 4, "ws")]
 
 
 def main():
