@@ -296,3 +296,17 @@ def test_sm90_backward_dq(shape, dtype, causal, monkeypatch):
     q, k, v = _inputs(*shape, dtype)
     _check(q, k, v, dtype, what="sm90 bwd", is_causal=causal, enable_gqa=True)
     assert calls, "the backward did not take the sm90 dQ kernel"
+
+
+def test_sm90_tma_contract():
+    """What the Hopper kernels accept as TMA-addressable (checked on any machine): contiguous and
+    (B, L, H, D)-strided views yes; a zero stride (an expanded gradient), a 2-byte offset base, a
+    row stride not a multiple of 16 bytes, or a strided last dim no."""
+    from warpforge.ops.attention_sm90 import tma_ok
+    t = torch.randn(2, 3, 40, 64, dtype=torch.bfloat16)
+    assert tma_ok(t)
+    assert tma_ok(torch.randn(2, 40, 3, 64, dtype=torch.bfloat16).transpose(1, 2))
+    assert not tma_ok(torch.randn(64, dtype=torch.bfloat16).expand(2, 3, 40, 64))
+    assert not tma_ok(torch.randn(1 + 2 * 3 * 40 * 64, dtype=torch.bfloat16)[1:].view(2, 3, 40, 64))
+    assert not tma_ok(torch.randn(2, 3, 40, 68, dtype=torch.bfloat16)[..., :60])
+    assert not tma_ok(torch.randn(2, 3, 40, 128, dtype=torch.bfloat16)[..., ::2])

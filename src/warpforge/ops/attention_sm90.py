@@ -438,10 +438,15 @@ def covers(q, k, v, mask, cu_q, win_left: int, win_right: int, bottom_right: boo
     L, S = q.shape[2], k.shape[2]
     if L == 0 or S == 0 or (win_right == 0 and bottom_right and L != S):
         return False
-    for t in (q, k, v):       # TMA: 16-byte aligned base and strides, unit last stride
-        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(s * t.element_size() % 16 for s in t.stride()[:-1]):
-            return False
-    return True
+    return all(tma_ok(t) for t in (q, k, v))
+
+
+def tma_ok(t: torch.Tensor) -> bool:
+    """Whether a TMA descriptor can address ``t`` as it is: unit last stride, a 16-byte aligned
+    base, and every other stride positive and a multiple of 16 bytes (an expanded gradient's
+    zero strides are not, so such a tensor goes to the Triton kernels)."""
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all(s > 0 and s * t.element_size() % 16 == 0 for s in t.stride()[:-1]))
 
 
 DQ_BLOCK_N = 64    # keys a K/V tile of the dQ kernel holds (three score-sized tiles live: S, dP, dS);
