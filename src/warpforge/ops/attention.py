@@ -614,8 +614,7 @@ def _attention_fwd(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale: flo
     if p.len_q == 0 or p.B == 0 or p.H == 0:
         return o, lse
     sm90 = _sm90_kernels()
-    if sm90 is not None and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) \
-            and sm90.covers(o, k, v, None, None, -1, -1, False):
+    if sm90 is not None and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) and sm90.tma_ok(o):
         sm90.attention_fwd_sm90(q, k, v, o, lse, scale, causal=win_right == 0)
         return o, lse
     cfg = attention_config("fwd", p.block_d, q.element_size())
@@ -657,7 +656,7 @@ def _attention_bwd(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_
         **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
     sm90 = _sm90_kernels()
     if sm90 is not None and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) \
-            and sm90.covers(do, dq, v, None, None, -1, -1, False):
+            and do.dtype == q.dtype and sm90.tma_ok(do) and sm90.tma_ok(dq):
         sm90.attention_bwd_dq_sm90(do, q, k, v, lse, delta, dq, scale, causal=win_right == 0)
         return dq, dk, dv
     cfg = attention_config("dq", p.block_d, q.element_size())
