@@ -283,21 +283,49 @@ def test_sm90_strided_views_and_fallbacks():
     assert_close(o, attention_reference(qm, qm, qm)[0], torch.bfloat16, what="misaligned fallback")
 
 
-@pytest.mark.skipif(not _hopper(), reason="the Gluon dQ kernel (ops/attention_sm90.py) runs on sm_90 only")
+@pytest.mark.skipif(not _hopper(), reason="the Gluon backward kernels (ops/attention_sm90.py) run on sm_90 only")
+@pytest.mark.parametrize("form", ["fused", "deterministic"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape,dtype", [((1, 2, 2, 17, 17, 64), torch.float16), ((1, 4, 1, 300, 1000, 128), torch.bfloat16),
-                                         ((1, 2, 2, 1000, 300, 128), torch.float16), ((2, 4, 2, 777, 777, 128), torch.bfloat16)])
-def test_sm90_backward_dq(shape, dtype, causal, monkeypatch):
-    """The backward takes the Gluon dQ kernel on these calls (checked) and all three gradients
+                                         ((1, 2, 2, 1000, 300, 128), torch.float16), ((2, 4, 2, 777, 777, 128), torch.bfloat16),
+                                         ((1, 8, 2, 129, 4097, 64), torch.bfloat16)])
+def test_sm90_backward(shape, dtype, causal, form, monkeypatch):
+    """The backward takes the Hopper kernel of its form on these calls (checked): the fused one
+    (dK, dV and dQ in one pass, dQ by TMA reduce-adds) by default, the seven-GEMM one (Triton
+    dK/dV, Gluon dQ, no atomics) under torch.use_deterministic_algorithms; all three gradients
     match the float64 reference: ragged ends, L != S both ways, GQA/MQA, D 64 and 128."""
     from warpforge.ops import attention as A
     sm90 = A._sm90_kernels()
     calls = []
-    real = sm90.attention_bwd_dq_sm90
-    monkeypatch.setattr(sm90, "attention_bwd_dq_sm90", lambda *a, **kw: (calls.append(1), real(*a, **kw)))
+    name = "attention_bwd_fused_sm90" if form == "fused" else "attention_bwd_dq_sm90"
+    real = getattr(sm90, name)
+    monkeypatch.setattr(sm90, name, lambda *a, **kw: (calls.append(1), real(*a, **kw)))
     q, k, v = _inputs(*shape, dtype)
-    _check(q, k, v, dtype, what="sm90 bwd", is_causal=causal, enable_gqa=True)
-    assert calls, "the backward did not take the sm90 dQ kernel"
+    saved = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(form == "deterministic", warn_only=True)
+    try:
+        _check(q, k, v, dtype, what=f"sm90 bwd {form}", is_causal=causal, enable_gqa=True)
+    finally:
+        torch.use_deterministic_algorithms(saved)
+    assert calls, f"the backward did not take {name}"
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon backward kernels (ops/attention_sm90.py) run on sm_90 only")
+def test_sm90_backward_deterministic_mode():
+    """Under torch.use_deterministic_algorithms(True) the Hopper backward is bitwise repeatable."""
+    q, k, v = _inputs(2, 8, 2, 1000, 1000, 128, torch.bfloat16)
+    do = torch.randn(2, 8, 1000, 128, device=DEVICE, dtype=torch.bfloat16)
+    saved = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        runs = [torch.autograd.grad(wf.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                                    (q, k, v), do) for _ in range(3)]
+    finally:
+        torch.use_deterministic_algorithms(saved)
+    for a, b in zip(runs[0], runs[1]):
+        assert torch.equal(a, b)
+    for a, b in zip(runs[0], runs[2]):
+        assert torch.equal(a, b)
 
 
 def test_sm90_tma_contract():

@@ -27,13 +27,16 @@ Why the kernels look the way they do:
   is one program's sum, not a race of Hq/Hkv programs), recomputing S and P from the saved lse
   instead of storing the L x S probabilities. dQ comes from a second kernel per query tile that
   recomputes S and dP: seven GEMMs where the FLOP model counts five, but no atomics, so the
-  backward is deterministic. (dQ by fp32 atomics from the dK/dV programs, FlashAttention-2's
-  way, measured no faster on an H100: 7.47 against 7.20 ms at B=4 H=32 S=4096 D=128.)
+  backward is deterministic. (dQ by per-element fp32 atomics from the dK/dV programs,
+  FlashAttention-2's way, measured no faster on an H100: 7.47 against 7.20 ms at B=4 H=32
+  S=4096 D=128; the Hopper kernel below does it with TMA reduce-adds of whole tiles instead.)
 - Hopper: dense forwards without a user mask or window, D 64/128 in bf16/fp16, go to a
   warp-specialised Gluon kernel (ops/attention_sm90.py: TMA producer warp, two consumer
   warpgroups, QK^T in flight during the softmax); on an H200 at B=4 H=32 S=4096 D=128 it runs
   at 655 / 602 TFLOP/s full / causal against this file's kernel's ~480 / ~430 (1.06x / 1.08x
-  cuDNN). The backward of those calls takes its dQ kernel from there too (dK/dV stay here).
+  cuDNN). The backward of those calls is a fused Gluon kernel there (dK, dV and dQ in one pass,
+  five GEMMs, dQ summed by TMA reduce-adds into fp32: 0.99x cuDNN on the H200), or, under
+  torch.use_deterministic_algorithms(True), this file's dK/dV kernel plus a Gluon dQ kernel.
   Every other call runs the Triton kernels here.
 - GQA/MQA: query head h reads KV head h // (Hq/Hkv); nothing is repeated in memory.
 - Variable length: the same kernels, where a program reads its sequence's start and length from
@@ -648,15 +651,24 @@ def _attention_bwd(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_
     common = (*p.lse_strides(lse), *p.mask_strides(mask))
     cu = (_dummy(lse) if cu_q is None else cu_q, _dummy(lse) if cu_k is None else cu_k)
     mptr = _mask_arg(mask, q)
+    sm90 = _sm90_kernels()
+    hopper = sm90 is not None and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) \
+        and do.dtype == q.dtype and sm90.tma_ok(do) and sm90.tma_ok(dq)
+    if hopper and sm90.FUSED_BACKWARD and not torch.are_deterministic_algorithms_enabled() \
+            and sm90.tma_ok(dk) and sm90.tma_ok(dv):
+        # one pass for dK, dV and dQ (dQ summed over key tiles by TMA reduce-adds: not bitwise
+        # reproducible, so torch.use_deterministic_algorithms(True) takes the form below)
+        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        sm90.attention_bwd_fused_sm90(do, q, k, v, lse, delta, dq_acc, dk, dv, scale, causal=win_right == 0)
+        dq.copy_(dq_acc)
+        return dq, dk, dv
     cfg = attention_config("dkdv", p.block_d, q.element_size())
     _launch(_DKDV, (triton.cdiv(p.len_k, cfg.block_n), p.B * p.HK), (
         q, k, v, do, lse, delta, dk, dv, mptr, *cu,
         *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(do), *p.strides(dk), *p.strides(dv), *common,
         p.HK, p.group, p.len_q, p.len_k, p.total_q, p.total_k, scale, scale * LOG2E, win_left, win_right), cfg,
         **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
-    sm90 = _sm90_kernels()
-    if sm90 is not None and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) \
-            and do.dtype == q.dtype and sm90.tma_ok(do) and sm90.tma_ok(dq):
+    if hopper:
         sm90.attention_bwd_dq_sm90(do, q, k, v, lse, delta, dq, scale, causal=win_right == 0)
         return dq, dk, dv
     cfg = attention_config("dq", p.block_d, q.element_size())
@@ -784,9 +796,11 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
     Extensions: ``return_lse=True`` also returns the (..., Hq, L) float32 log-sum-exp of the scaled
     scores (differentiable); ``window_size=(left, right)`` restricts query i to keys
-    [i - left, i + right] (-1: unbounded), a sliding window. The backward uses no atomics:
-    it is deterministic, bit for bit the same from run to run, always (so it also satisfies
-    ``torch.use_deterministic_algorithms(True)``).
+    [i - left, i + right] (-1: unbounded), a sliding window. The backward is bit for bit the
+    same from run to run, except on Hopper (sm_90) for the calls its fused kernel takes (dense,
+    no mask or window, D 64/128, bf16/fp16), whose dQ is summed across key tiles by reduce-adds
+    in an order that varies; ``torch.use_deterministic_algorithms(True)`` sends those calls to
+    the deterministic kernels (no atomics; ~17% slower at B=4 H=32 S=4096 D=128).
 
     Not supported, with a clear error: ``dropout_p > 0``, head dims that differ between query, key
     and value, a mask that requires grad.
