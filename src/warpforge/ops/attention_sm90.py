@@ -60,6 +60,8 @@ SLOTS = 2          # K and V ring slots (3 measured no faster: 581 against 576 T
 MAXNREG = 168      # 12 warps x 32 x 168 = the 64K register file; consumers rise to 240, the loader drops to 24
 HEAD_DIMS = (64, 128)
 PERSISTENT_MAX_LEN = 2048   # non-causal calls up to this length take the persistent kernel (NOTES item 46)
+SHORT_CAUSAL_MAX_LEN = 2048   # causal D <= 64 calls up to this length: 64-key tiles, two programs an SM (NOTES 48)
+SHORT_CAUSAL = dict(block_n=64, maxnreg=80, regs=112)   # 12 warps x 32 x 80 registers = under half the file
 
 
 @gluon.jit
@@ -202,7 +204,7 @@ def _load(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready
 def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc,   # 4-D (B, H, L, D) TMA descriptors, K/V over (B, Hkv, S, D)
                           lse_ptr, slb, slh, slm,           # lse (B, H, L) fp32 and its strides
                           H, GROUP, len_q, len_k, scale_log2,
-                          CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+                          CAUSAL: gl.constexpr, REGS: gl.constexpr, num_warps: gl.constexpr):
     HM: gl.constexpr = q_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     NB: gl.constexpr = 2
@@ -239,10 +241,10 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc,   # 4-D (B, H, L, D) T
     WG0: gl.constexpr = 0
     if CAUSAL:
         gl.warp_specialize([(_consume, args + (WG0, CAUSAL)), (_consume_wg1_causal, args), (_load, args)],
-                           [4, 1], [240, 24])
+                           [4, 1], [REGS, 24])
     else:
         gl.warp_specialize([(_consume, args + (WG0, CAUSAL)), (_consume_wg1_full, args), (_load, args)],
-                           [4, 1], [240, 24])
+                           [4, 1], [REGS, 24])
 
 
 # Persistent form of the forward (non-causal, short sequences)
@@ -850,15 +852,22 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def attention_fwd_sm90(q, k, v, o, lse, scale: float, causal: bool) -> None:
+def attention_fwd_sm90(q, k, v, o, lse, scale: float, causal: bool, block_n: int | None = None,
+                       maxnreg: int | None = None, regs: int | None = None) -> None:
     """o, lse = attention(q, k, v) for (B, H, L, D) q and (B, Hkv, S, D) k, v, written in place
     (o like q, 16-byte aligned; lse (B, H, L) fp32). The caller checked ``covers``. Non-causal
-    calls with L <= PERSISTENT_MAX_LEN take the persistent kernel, the rest a program a tile."""
+    calls with L <= PERSISTENT_MAX_LEN take the persistent kernel, the rest a program a tile;
+    causal calls at D <= 64 with L <= SHORT_CAUSAL_MAX_LEN use 64-key tiles and 80 registers a
+    thread at launch (the consumers rise to 112), so two programs share an SM. ``block_n``,
+    ``maxnreg`` and ``regs`` (the consumers' registers) override the choice, for the probes."""
     B, H, L, D = q.shape
+    if causal and D <= 64 and L <= SHORT_CAUSAL_MAX_LEN and block_n is None:
+        block_n, maxnreg, regs = SHORT_CAUSAL["block_n"], SHORT_CAUSAL["maxnreg"], SHORT_CAUSAL["regs"]
     n_m = triton.cdiv(L, BLOCK_M)
-    descs = (_desc(q, HALF), _desc(k, BLOCK_N), _desc(v, BLOCK_N), _desc(o, HALF))
+    bn = block_n or BLOCK_N
+    descs = (_desc(q, HALF), _desc(k, bn), _desc(v, bn), _desc(o, HALF))
     lse_args = (lse, lse.stride(0), lse.stride(1), lse.stride(2))
-    if not causal and L <= PERSISTENT_MAX_LEN:
+    if not causal and L <= PERSISTENT_MAX_LEN and block_n is None:
         n_items = n_m * B * H
         sms = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
         _attn_fwd_sm90_persistent_kernel[(min(n_items, sms),)](
@@ -867,7 +876,7 @@ def attention_fwd_sm90(q, k, v, o, lse, scale: float, causal: bool) -> None:
         return
     _attn_fwd_sm90_kernel[(n_m, B * H)](
         *descs, *lse_args, H, H // k.shape[1], L, k.shape[2], scale * 1.4426950408889634,
-        CAUSAL=causal, num_warps=4, maxnreg=MAXNREG)
+        CAUSAL=causal, REGS=regs or 240, num_warps=4, maxnreg=maxnreg or MAXNREG)
 
 
 FUSED_SLOTS = 2     # Q/dO ring slots of the fused backward
