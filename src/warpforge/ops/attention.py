@@ -800,7 +800,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     same from run to run, except on Hopper (sm_90) for the calls its fused kernel takes (dense,
     no mask or window, D 64/128, bf16/fp16), whose dQ is summed across key tiles by reduce-adds
     in an order that varies; ``torch.use_deterministic_algorithms(True)`` sends those calls to
-    the deterministic kernels (no atomics; ~17% slower at B=4 H=32 S=4096 D=128).
+    the deterministic kernels (no atomics; ~19% slower at B=4 H=32 S=4096 D=128).
 
     Not supported, with a clear error: ``dropout_p > 0``, head dims that differ between query, key
     and value, a mask that requires grad.

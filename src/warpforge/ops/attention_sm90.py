@@ -95,49 +95,62 @@ def _softmax_any(s, m_i, l_i, rows, cols, n0, len_k, row_lo, scale_log2, CAUSAL:
 
 
 @gluon.jit
-def _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-             lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-             WG: gl.constexpr, CAUSAL: gl.constexpr):
-    """A consumer warpgroup: query rows [m0 + 64 WG, +64) against every visible K/V tile."""
-    HM: gl.constexpr = q_desc.block_type.shape[2]
-    D: gl.constexpr = q_desc.block_type.shape[3]
-    BN: gl.constexpr = k_desc.block_type.shape[2]
+def _kv_rings(k_desc, v_desc, NB: gl.constexpr):
+    """K and V rings of NB slots with their ready (TMA byte count) and empty (both consumer
+    warpgroups arrive) mbarriers."""
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [NB] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [NB] + v_desc.block_type.shape, v_desc.layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NB):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
+    return k_smem, v_smem, k_ready, k_empty, v_ready, v_empty
+
+
+@gluon.jit
+def _attend(qs, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows, row_lo, len_k, kv, n_tiles, scale_log2,
+            CAUSAL: gl.constexpr):
+    """QK^T, the online softmax and O += P V over ring tiles kv .. kv + n_tiles - 1 (slots and
+    phases count from kv): tile j's QK^T and tile j-1's PV in flight together, only QK^T waited
+    on before the softmax. Returns the last tile's P (its PV not issued), O, the row max and sum."""
+    HM: gl.constexpr = qs.type.shape[0]
+    D: gl.constexpr = qs.type.shape[1]
+    BN: gl.constexpr = k_smem.type.shape[3]
     NB: gl.constexpr = k_smem.type.shape[0]
-    dtype: gl.constexpr = q_desc.dtype
+    dtype: gl.constexpr = k_smem.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     srow: gl.constexpr = gl.SliceLayout(1, s_layout)
     scol: gl.constexpr = gl.SliceLayout(0, s_layout)
     orow: gl.constexpr = gl.SliceLayout(1, o_layout)
-    flat_q: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HM, D], dtype)
     flat_k: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D], dtype)
-
-    q_slot = q_smem.index(WG)
-    qs = q_slot._reinterpret(dtype, [HM, D], flat_q)
-    row_lo = m0 + WG * HM
-    rows = row_lo + gl.arange(0, HM, layout=srow)
     cols = gl.arange(0, BN, layout=scol)
     zero_s = gl.zeros([HM, BN], gl.float32, s_layout)
 
-    mbarrier.wait(q_bar.index(WG), 0)
-    mbarrier.wait(k_ready.index(0), 0)
-    kt = k_smem.index(0)._reinterpret(dtype, [BN, D], flat_k).permute((1, 0))
+    slot = kv % NB
+    mbarrier.wait(k_ready.index(slot), (kv // NB) & 1)
+    kt = k_smem.index(slot)._reinterpret(dtype, [BN, D], flat_k).permute((1, 0))
     s = warpgroup_mma(qs, kt, zero_s, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    mbarrier.arrive(k_empty.index(0))
+    mbarrier.arrive(k_empty.index(slot))
     p, m_i, l_i, alpha = _softmax_any(s, gl.full([HM], -float("inf"), gl.float32, srow),
                                       gl.zeros([HM], gl.float32, srow), rows, cols, 0, len_k, row_lo,
                                       scale_log2, CAUSAL)
     acc = gl.zeros([HM, D], gl.float32, o_layout)
     for j in range(1, n_tiles):
-        slot = j % NB
-        prev = (j - 1) % NB
-        mbarrier.wait(k_ready.index(slot), (j // NB) & 1)
+        slot = (kv + j) % NB
+        prev = (kv + j - 1) % NB
+        mbarrier.wait(k_ready.index(slot), ((kv + j) // NB) & 1)
         kt = k_smem.index(slot)._reinterpret(dtype, [BN, D], flat_k).permute((1, 0))
         s = warpgroup_mma(qs, kt, zero_s, use_acc=False, is_async=True)              # S_j
         pv = gl.convert_layout(p.to(dtype), p_layout)
-        mbarrier.wait(v_ready.index(prev), ((j - 1) // NB) & 1)
+        mbarrier.wait(v_ready.index(prev), ((kv + j - 1) // NB) & 1)
         vt = v_smem.index(prev)._reinterpret(dtype, [BN, D], flat_k)
         acc = warpgroup_mma(pv, vt, acc, is_async=True)                               # O += P_{j-1} V_{j-1}
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))                          # S_j done, PV in flight
@@ -146,13 +159,48 @@ def _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_re
         acc, pv = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pv))
         mbarrier.arrive(v_empty.index(prev))
         acc = acc * gl.convert_layout(alpha, orow)[:, None]
-    last = n_tiles - 1
+    return p, acc, m_i, l_i
+
+
+@gluon.jit
+def _last_pv(p, acc, v_smem, v_ready, v_empty, t):
+    """O += P V of ring tile t (the last tile of an item)."""
+    D: gl.constexpr = acc.type.shape[1]
+    BN: gl.constexpr = v_smem.type.shape[3]
+    NB: gl.constexpr = v_smem.type.shape[0]
+    dtype: gl.constexpr = v_smem.dtype
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
     pv = gl.convert_layout(p.to(dtype), p_layout)
-    mbarrier.wait(v_ready.index(last % NB), (last // NB) & 1)
-    vt = v_smem.index(last % NB)._reinterpret(dtype, [BN, D], flat_k)
+    mbarrier.wait(v_ready.index(t % NB), (t // NB) & 1)
+    vt = v_smem.index(t % NB)._reinterpret(dtype, [BN, D], gl.NVMMASharedLayout.get_default_for([BN, D], dtype))
     acc = warpgroup_mma(pv, vt, acc, is_async=True)
     acc, pv = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pv))
-    mbarrier.arrive(v_empty.index(last % NB))
+    mbarrier.arrive(v_empty.index(t % NB))
+    return acc
+
+
+@gluon.jit
+def _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+             lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
+             WG: gl.constexpr, CAUSAL: gl.constexpr):
+    """A consumer warpgroup: query rows [m0 + 64 WG, +64) against every visible K/V tile."""
+    HM: gl.constexpr = q_desc.block_type.shape[2]
+    D: gl.constexpr = q_desc.block_type.shape[3]
+    dtype: gl.constexpr = q_desc.dtype
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    srow: gl.constexpr = gl.SliceLayout(
+        1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, k_desc.block_type.shape[2], 16]))
+    orow: gl.constexpr = gl.SliceLayout(1, o_layout)
+    flat_q: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HM, D], dtype)
+
+    q_slot = q_smem.index(WG)
+    qs = q_slot._reinterpret(dtype, [HM, D], flat_q)
+    row_lo = m0 + WG * HM
+    rows = row_lo + gl.arange(0, HM, layout=srow)
+    mbarrier.wait(q_bar.index(WG), 0)
+    p, acc, m_i, l_i = _attend(qs, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows, row_lo, len_k, 0, n_tiles,
+                               scale_log2, CAUSAL)
+    acc = _last_pv(p, acc, v_smem, v_ready, v_empty, n_tiles - 1)
 
     out = acc / gl.convert_layout(l_i, orow)[:, None]
     lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
@@ -218,20 +266,10 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc,   # 4-D (B, H, L, D) T
     hk = h // GROUP
     m0 = pid_m * (2 * HM)
     q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [NB] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [NB] + v_desc.block_type.shape, v_desc.layout)
+    k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = _kv_rings(k_desc, v_desc, NB)
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(q_bar.index(i), count=1)
-    for i in gl.static_range(NB):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)
-        mbarrier.init(v_empty.index(i), count=2)
     if CAUSAL:
         n_tiles = gl.cdiv(gl.minimum(len_k, m0 + 2 * HM), BN)
     else:
@@ -262,29 +300,24 @@ def _work_item(item, n_m, H, GROUP, len_k, HM: gl.constexpr, BN: gl.constexpr):
 
 @gluon.jit
 def _consume_items(q_desc, k_desc, v_desc, o_desc, q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
-             v_ready, v_empty, lse_ptr, slb, slh, slm, H, GROUP, len_q, len_k, n_m, n_items, scale_log2,
-             WG: gl.constexpr):
-    """A consumer warpgroup of the persistent (non-causal) kernel: for each work item, query rows [m0 + 64 WG, +64) against every
-    visible K/V tile. Ring slots and phases run on across items (kv counts the tiles consumed)."""
+                   v_ready, v_empty, lse_ptr, slb, slh, slm, H, GROUP, len_q, len_k, n_m, n_items, scale_log2,
+                   WG: gl.constexpr):
+    """A consumer warpgroup of the persistent (non-causal) kernel: for each work item, query rows
+    [m0 + 64 WG, +64) against every K/V tile. Ring slots and phases run on across items (kv
+    counts the tiles consumed)."""
     HM: gl.constexpr = q_desc.block_type.shape[2]
     D: gl.constexpr = q_desc.block_type.shape[3]
     BN: gl.constexpr = k_desc.block_type.shape[2]
-    NB: gl.constexpr = k_smem.type.shape[0]
     dtype: gl.constexpr = q_desc.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    srow: gl.constexpr = gl.SliceLayout(1, s_layout)
-    scol: gl.constexpr = gl.SliceLayout(0, s_layout)
+    srow: gl.constexpr = gl.SliceLayout(
+        1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16]))
     orow: gl.constexpr = gl.SliceLayout(1, o_layout)
     flat_q: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HM, D], dtype)
-    flat_k: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, D], dtype)
 
     qs = q_smem.index(WG)._reinterpret(dtype, [HM, D], flat_q)
     o_slot = o_smem.index(WG)
     os_ = o_slot._reinterpret(dtype, [HM, D], flat_q)
-    cols = gl.arange(0, BN, layout=scol)
-    zero_s = gl.zeros([HM, BN], gl.float32, s_layout)
     kv = 0
     it = 0
     for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
@@ -292,40 +325,10 @@ def _consume_items(q_desc, k_desc, v_desc, o_desc, q_smem, o_smem, k_smem, v_sme
         row_lo = m0 + WG * HM
         rows = row_lo + gl.arange(0, HM, layout=srow)
         mbarrier.wait(q_ready.index(WG), it & 1)
-        slot = kv % NB
-        mbarrier.wait(k_ready.index(slot), (kv // NB) & 1)
-        kt = k_smem.index(slot)._reinterpret(dtype, [BN, D], flat_k).permute((1, 0))
-        s = warpgroup_mma(qs, kt, zero_s, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        mbarrier.arrive(k_empty.index(slot))
-        p, m_i, l_i, alpha = _softmax_any(s, gl.full([HM], -float("inf"), gl.float32, srow),
-                                          gl.zeros([HM], gl.float32, srow), rows, cols, 0, len_k, row_lo,
-                                          scale_log2, False)
-        acc = gl.zeros([HM, D], gl.float32, o_layout)
-        for j in range(1, n_tiles):
-            slot = (kv + j) % NB
-            prev = (kv + j - 1) % NB
-            mbarrier.wait(k_ready.index(slot), ((kv + j) // NB) & 1)
-            kt = k_smem.index(slot)._reinterpret(dtype, [BN, D], flat_k).permute((1, 0))
-            s = warpgroup_mma(qs, kt, zero_s, use_acc=False, is_async=True)              # S_j
-            pv = gl.convert_layout(p.to(dtype), p_layout)
-            mbarrier.wait(v_ready.index(prev), ((kv + j - 1) // NB) & 1)
-            vt = v_smem.index(prev)._reinterpret(dtype, [BN, D], flat_k)
-            acc = warpgroup_mma(pv, vt, acc, is_async=True)                               # O += P_{j-1} V_{j-1}
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))                          # S_j done, PV in flight
-            mbarrier.arrive(k_empty.index(slot))
-            p, m_i, l_i, alpha = _softmax_any(s, m_i, l_i, rows, cols, j * BN, len_k, row_lo, scale_log2, False)
-            acc, pv = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pv))
-            mbarrier.arrive(v_empty.index(prev))
-            acc = acc * gl.convert_layout(alpha, orow)[:, None]
+        p, acc, m_i, l_i = _attend(qs, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows, row_lo, len_k, kv,
+                                   n_tiles, scale_log2, False)
         mbarrier.arrive(q_empty.index(WG))               # every QK^T of this item is done: Q may be refilled
-        last = (kv + n_tiles - 1) % NB
-        pv = gl.convert_layout(p.to(dtype), p_layout)
-        mbarrier.wait(v_ready.index(last), ((kv + n_tiles - 1) // NB) & 1)
-        vt = v_smem.index(last)._reinterpret(dtype, [BN, D], flat_k)
-        acc = warpgroup_mma(pv, vt, acc, is_async=True)
-        acc, pv = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pv))
-        mbarrier.arrive(v_empty.index(last))
+        acc = _last_pv(p, acc, v_smem, v_ready, v_empty, kv + n_tiles - 1)
 
         out = acc / gl.convert_layout(l_i, orow)[:, None]
         lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
@@ -391,22 +394,12 @@ def _attn_fwd_sm90_persistent_kernel(q_desc, k_desc, v_desc, o_desc,   # as _att
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     o_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [NB] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [NB] + v_desc.block_type.shape, v_desc.layout)
+    k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = _kv_rings(k_desc, v_desc, NB)
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=1)
-    for i in gl.static_range(NB):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)
-        mbarrier.init(v_empty.index(i), count=2)
     args = (q_desc, k_desc, v_desc, o_desc, q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty,
             v_ready, v_empty, lse_ptr, slb, slh, slm, H, GROUP, len_q, len_k, n_m, n_items, scale_log2)
     WG0: gl.constexpr = 0
@@ -562,20 +555,10 @@ def _attn_bwd_dq_sm90_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc,   # 4-D d
     m0 = pid_m * (2 * HM)
     q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [2] + do_desc.block_type.shape, do_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [NB] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [NB] + v_desc.block_type.shape, v_desc.layout)
+    k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = _kv_rings(k_desc, v_desc, NB)
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(q_bar.index(i), count=1)
-    for i in gl.static_range(NB):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)
-        mbarrier.init(v_empty.index(i), count=2)
     if CAUSAL:
         n_tiles = gl.cdiv(gl.minimum(len_k, m0 + 2 * HM), BN)
     else:
