@@ -1,5 +1,5 @@
-"""Attention forward for Hopper (sm_90) in Gluon: warp-specialised, TMA-fed, with the softmax of
-one warpgroup running under the other's tensor-core work. ops/attention.py takes this kernel for
+"""Attention forward and backward for Hopper (sm_90) in Gluon: warp-specialised, TMA-fed, with the
+softmax of one warpgroup running under the other's tensor-core work. ops/attention.py takes this kernel for
 dense calls it covers (no user mask, no sliding window, causal or not, head dim 64 or 128,
 bf16/fp16, 16-byte aligned strides) and keeps its Triton kernel for everything else.
 
@@ -25,6 +25,12 @@ its wait, mbarriers, TMA and warp specialisation, so the schedule can be written
 
 Measured (H200, B=4 H=32 S=4096 D=128 bf16, benchmarks/probe_attn_gluon.py): 576-581 TFLOP/s
 non-causal (Triton kernel 481, cuDNN 598) and 538-539 causal (Triton 427, cuDNN 525).
+
+Short sequences, where a program does only a few K/V tiles and its fixed cost shows: non-causal
+calls up to PERSISTENT_MAX_LEN run a persistent form (one program an SM walking the (query tile,
+head) items, O staged apart so one item's store overlaps the next item's work); causal calls at
+D <= 64 up to SHORT_CAUSAL_MAX_LEN use 64-key tiles with few enough registers for two programs
+an SM (NOTES items 46-49).
 
 The backward, by default, is one fused kernel (attention_bwd_fused_sm90, FlashAttention-3's
 form): a program owns 128 keys (64 a consumer warpgroup, dK and dV in its registers) and walks
