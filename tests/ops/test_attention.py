@@ -311,6 +311,22 @@ def test_sm90_backward(shape, dtype, causal, form, monkeypatch):
 
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon backward kernels (ops/attention_sm90.py) run on sm_90 only")
+@pytest.mark.parametrize("causal", [False, True])
+def test_sm90_backward_strided(causal, monkeypatch):
+    """q, k, v as (B, L, H, D) views of one packed qkv tensor: the fused backward takes them
+    (checked) through strided TMA descriptors, and dq, dk, dv come back in that layout, correct."""
+    from warpforge.ops import attention as A
+    sm90 = A._sm90_kernels()
+    calls = []
+    real = sm90.attention_bwd_fused_sm90
+    monkeypatch.setattr(sm90, "attention_bwd_fused_sm90", lambda *a, **kw: (calls.append(1), real(*a, **kw)))
+    qkv = randn(2, 333, 3, 4, 128, dtype=torch.bfloat16, requires_grad=True)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    _check(q, k, v, torch.bfloat16, what="sm90 strided bwd", is_causal=causal)
+    assert calls, "the backward did not take the fused kernel"
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon backward kernels (ops/attention_sm90.py) run on sm_90 only")
 def test_sm90_backward_deterministic_mode():
     """Under torch.use_deterministic_algorithms(True) the Hopper backward is bitwise repeatable."""
     q, k, v = _inputs(2, 8, 2, 1000, 1000, 128, torch.bfloat16)
