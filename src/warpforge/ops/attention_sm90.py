@@ -589,8 +589,8 @@ def _attn_bwd_dq_sm90_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc,   # 4-D d
 # S^T = K Q^T and dP^T = V dO^T, then P^T and dS^T, issues dV += P^T dO and dK += dS^T Q from
 # registers, and writes dS^T into shared memory; once both halves are there (an mbarrier), each
 # warpgroup multiplies dQ's half of the head dim, dQ[:, half] = dS K[:, half], over all 128 keys
-# and adds it into an fp32 dQ buffer with a TMA reduce-add (cp.reduce.async.bulk.tensor). The
-# caller zeroes that buffer and scales and casts it into dq afterwards.
+# and adds it, scaled, into an fp32 dQ buffer with a TMA reduce-add (cp.reduce.async.bulk.tensor).
+# The caller zeroes that buffer and casts it into dq afterwards.
 # ----------------------------------------------------------------------------------------------
 @builtin
 def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
