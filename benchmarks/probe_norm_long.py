@@ -122,7 +122,7 @@ def main():
                     continue
                 c = (real(n, name == "ln") if mode == "default"
                      else RowConfig(mode.rstrip("L"), chunk, rows, warps, -(-n // chunk), mode == "pipeL"))
-                norms.norm_fwd_config = lambda _n, layer=False, _c=c: _c
+                norms.norm_fwd_config = lambda _n, layer=False, _c=c, **_kw: _c
 
                 def run(name=name, c=c, mode=mode, nbytes=nbytes):
                     out = calls[name]()
@@ -159,7 +159,7 @@ def main():
                         continue
                     c = (realb(n, name == "ln") if mode == "default"
                          else RowConfig(mode.rstrip("L"), chunk, rows, warps, -(-n // chunk), mode == "pipeL"))
-                    norms.norm_bwd_config = lambda _n, layer=False, _c=c: _c
+                    norms.norm_bwd_config = lambda _n, layer=False, _c=c, **_kw: _c
                     if per_sm:
                         norms.grad_grid = functools.partial(grid_per_sm, per_sm)
                     what = f"bwd {mode} {chunk}x{warps}w r{rows}" + (f" {per_sm}/SM" if per_sm else "")

@@ -71,6 +71,10 @@ def test_norm_fwd_loop_rows(monkeypatch):
     assert f(4097, False, True).mode == "loop"
     for n, layer, many in ((8192, False, False), (8192, True, False), (4096, False, True), (8193, True, True)):
         assert f(n, layer, many).mode == "block", (n, layer, many)
+    # on an H200 LayerNorm keeps the block kernel there (NORM_LOOP_NO_LAYER); RMSNorm still loops
+    assert f(8192, True, True, "NVIDIA H200").mode == "block"
+    assert f(8192, False, True, "NVIDIA H200") == RowConfig("loop", 4096, 1, 16)
+    assert f(8192, True, True, "NVIDIA H100 80GB HBM3") == RowConfig("loop", 8192, 1, 16)
     monkeypatch.setattr(heuristics, "interpreting", lambda: True)
     assert f(8192, False, True) == heuristics.row_config(8192)
 

@@ -70,6 +70,7 @@ import triton.language as tl
 from ..runtime import fastpath, new_empty
 from ..runtime.checks import check_normalized_shape, check_same, check_tensor, check_weight
 from ..runtime.heuristics import NORM_LOOP_ROWS_PER_SM, grad_grid, grad_sum_config, norm_bwd_config, norm_fwd_config, sm_count
+from ..runtime.device import device_info
 from ..runtime.registry import Op
 from ..runtime.launch import run
 from ._rows import as_rows, gather_row_stats, publish_row_stats, split_launch
@@ -672,7 +673,8 @@ def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, l
         r2 = as_rows(residual)
         h = new_empty((m, n), device=x.device, dtype=x.dtype)
     if m > 0:
-        cfg = norm_fwd_config(n, layer=not rms, many=residual is None and m >= NORM_LOOP_ROWS_PER_SM * sm_count())
+        cfg = norm_fwd_config(n, layer=not rms, many=residual is None and m >= NORM_LOOP_ROWS_PER_SM * sm_count(),
+                              device_name=device_info(x.device.index).name if x.is_cuda else "")
         args = (x2, x2 if r2 is None else r2, y, y if h is None else h,
                 x2 if weight is None else weight, x2 if bias is None else bias,
                 rstd if mean is None else mean, rstd,

@@ -123,13 +123,20 @@ def _exchange_or_row(mode: str, n: int, chunk: int, warps: int, reload: bool = F
 NORM_LOOP_MIN_N, NORM_LOOP_MAX_N = 4097, 8192
 NORM_LOOP_ROWS_PER_SM = 2
 NORM_LOOP = {False: (4096, 16), True: (8192, 16)}   # RMSNorm, LayerNorm: elements a step, warps
+# On the H200 (4.8 TB/s over the same 132 SMs) the LayerNorm loop is 15% behind the block kernel
+# at 16384 x 8192: 152.8 against 133.2 us, torch.compile 145.3 (benchmarks/probe_norm_long.py,
+# NOTES item 50), so LayerNorm keeps the block kernel on devices named here. RMSNorm's loop stays
+# ahead there too (131.1 against 133.3).
+NORM_LOOP_NO_LAYER = ("H200",)
 
 
 @functools.lru_cache(maxsize=4096)
-def norm_fwd_config(n: int, layer: bool, many: bool = False) -> RowConfig:
+def norm_fwd_config(n: int, layer: bool, many: bool = False, device_name: str = "") -> RowConfig:
     """The norm forward's path for rows of ``n`` (LayerNorm if ``layer``, else RMSNorm); ``many``:
-    at least NORM_LOOP_ROWS_PER_SM rows an SM and no residual."""
-    if many and not interpreting() and NORM_LOOP_MIN_N <= n <= NORM_LOOP_MAX_N:
+    at least NORM_LOOP_ROWS_PER_SM rows an SM and no residual; ``device_name``: the GPU's name
+    (NORM_LOOP_NO_LAYER)."""
+    loop_ok = not (layer and any(s in device_name for s in NORM_LOOP_NO_LAYER))
+    if many and loop_ok and not interpreting() and NORM_LOOP_MIN_N <= n <= NORM_LOOP_MAX_N:
         block, warps = NORM_LOOP[layer]
         return RowConfig("loop", block, 1, warps)
     wide = _wide_row(n)
