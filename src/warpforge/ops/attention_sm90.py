@@ -59,6 +59,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.experimental.gluon.language._core import builtin
 from triton._C.libtriton import ir as _ir
 
+from ..runtime.device import sm_count
+from .attention import LOG2E
+
 HALF = 64          # query rows a consumer warpgroup owns (the wgmma M of one warpgroup)
 BLOCK_M = 128      # query rows a program owns (two consumers)
 BLOCK_N = 128      # keys a K/V tile holds
@@ -71,15 +74,32 @@ SHORT_CAUSAL = dict(block_n=64, maxnreg=80, regs=112)   # 12 warps x 32 x 80 reg
 
 
 @gluon.jit
+def _edge_tile(n0, BN: gl.constexpr, len_k, row_lo, CAUSAL: gl.constexpr):
+    """Whether key tile [n0, n0 + BN) needs a mask for rows from row_lo: it runs past the last key,
+    or (causal) past the first row's diagonal."""
+    edge = n0 + BN > len_k
+    if CAUSAL:
+        edge = edge | (n0 + BN - 1 > row_lo)
+    return edge
+
+
+@gluon.jit
+def _visible(rows, cols, n0, len_k, CAUSAL: gl.constexpr):
+    """Which (row, key n0 + col) pairs of a tile are attended: keys before the end and, under
+    causal, not after the row."""
+    ok = (n0 + cols)[None, :] < len_k
+    if CAUSAL:
+        ok = ok & (rows[:, None] >= (n0 + cols)[None, :])
+    return ok
+
+
+@gluon.jit
 def _scores(s, m_i, l_i, rows, cols, n0, len_k, scale_log2, EDGE: gl.constexpr, CAUSAL: gl.constexpr):
     """Online-softmax step on one score tile: new running max and sum, P (unnormalised) and the
     rescale factor of the older accumulator. The mask (keys past the end, keys after the row
     under causal) is applied only on tiles that need it."""
     if EDGE:
-        ok = (n0 + cols)[None, :] < len_k
-        if CAUSAL:
-            ok = ok & (rows[:, None] >= (n0 + cols)[None, :])
-        s = gl.where(ok, s, -float("inf"))
+        s = gl.where(_visible(rows, cols, n0, len_k, CAUSAL), s, -float("inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1) * scale_log2)
     p = gl.exp2(s * scale_log2 - m_new[:, None])
     alpha = gl.exp2(m_i - m_new)
@@ -89,15 +109,29 @@ def _scores(s, m_i, l_i, rows, cols, n0, len_k, scale_log2, EDGE: gl.constexpr, 
 
 @gluon.jit
 def _softmax_any(s, m_i, l_i, rows, cols, n0, len_k, row_lo, scale_log2, CAUSAL: gl.constexpr):
-    BN: gl.constexpr = s.type.shape[1]
-    edge = n0 + BN > len_k
-    if CAUSAL:
-        edge = edge | (n0 + BN - 1 > row_lo)
-    if edge:
+    if _edge_tile(n0, s.type.shape[1], len_k, row_lo, CAUSAL):
         p, m_i, l_i, alpha = _scores(s, m_i, l_i, rows, cols, n0, len_k, scale_log2, True, CAUSAL)
     else:
         p, m_i, l_i, alpha = _scores(s, m_i, l_i, rows, cols, n0, len_k, scale_log2, False, CAUSAL)
     return p, m_i, l_i, alpha
+
+
+@gluon.jit
+def _tile_program(H, GROUP, len_k, HM: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr):
+    """A per-tile program's work: (b, h, hk, m0, n_tiles) for query rows [m0, m0 + 2 HM) of head h
+    (causal: the longest rows first, and only the K/V tiles up to the last row)."""
+    pid_m = gl.program_id(0)
+    if CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    bh = gl.program_id(1)
+    b = bh // H
+    h = bh % H
+    m0 = pid_m * (2 * HM)
+    if CAUSAL:
+        n_tiles = gl.cdiv(gl.minimum(len_k, m0 + 2 * HM), BN)
+    else:
+        n_tiles = gl.cdiv(len_k, BN)
+    return b, h, h // GROUP, m0, n_tiles
 
 
 @gluon.jit
@@ -116,6 +150,23 @@ def _kv_rings(k_desc, v_desc, NB: gl.constexpr):
         mbarrier.init(k_empty.index(i), count=2)
         mbarrier.init(v_empty.index(i), count=2)
     return k_smem, v_smem, k_ready, k_empty, v_ready, v_empty
+
+
+@gluon.jit
+def _stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, b, hk, kv, n_tiles):
+    """The producer's K/V stream: tiles 0 .. n_tiles - 1 of KV head (b, hk) into ring positions
+    kv .. kv + n_tiles - 1, each slot refilled once both consumers released it."""
+    BN: gl.constexpr = k_desc.block_type.shape[2]
+    NB: gl.constexpr = k_smem.type.shape[0]
+    for j in range(n_tiles):
+        slot = (kv + j) % NB
+        phase = (((kv + j) // NB) & 1) ^ 1           # a fresh barrier counts as phase 1 done
+        mbarrier.wait(k_empty.index(slot), phase)
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [b, hk, j * BN, 0], k_ready.index(slot), k_smem.index(slot))
+        mbarrier.wait(v_empty.index(slot), phase)
+        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [b, hk, j * BN, 0], v_ready.index(slot), v_smem.index(slot))
 
 
 @gluon.jit
@@ -238,20 +289,10 @@ def _load(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready
     """The producer warp: both halves of the Q tile, then K_j and V_j into the rings as the
     consumers free the slots (an empty barrier completes when both consumers arrive)."""
     HM: gl.constexpr = q_desc.block_type.shape[2]
-    BN: gl.constexpr = k_desc.block_type.shape[2]
-    NB: gl.constexpr = k_smem.type.shape[0]
     for w in gl.static_range(2):
         mbarrier.expect(q_bar.index(w), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [b, h, m0 + w * HM, 0], q_bar.index(w), q_smem.index(w))
-    for j in range(n_tiles):
-        slot = j % NB
-        phase = ((j // NB) & 1) ^ 1                  # a fresh barrier counts as phase 1 done
-        mbarrier.wait(k_empty.index(slot), phase)
-        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [b, hk, j * BN, 0], k_ready.index(slot), k_smem.index(slot))
-        mbarrier.wait(v_empty.index(slot), phase)
-        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [b, hk, j * BN, 0], v_ready.index(slot), v_smem.index(slot))
+    _stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, b, hk, 0, n_tiles)
 
 
 @gluon.jit
@@ -263,23 +304,12 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc,   # 4-D (B, H, L, D) T
     BN: gl.constexpr = k_desc.block_type.shape[2]
     NB: gl.constexpr = 2
     dtype: gl.constexpr = q_desc.dtype
-    pid_m = gl.program_id(0)
-    if CAUSAL:
-        pid_m = gl.num_programs(0) - 1 - pid_m        # the longest rows first
-    bh = gl.program_id(1)
-    b = bh // H
-    h = bh % H
-    hk = h // GROUP
-    m0 = pid_m * (2 * HM)
+    b, h, hk, m0, n_tiles = _tile_program(H, GROUP, len_k, HM, BN, CAUSAL)
     q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = _kv_rings(k_desc, v_desc, NB)
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(q_bar.index(i), count=1)
-    if CAUSAL:
-        n_tiles = gl.cdiv(gl.minimum(len_k, m0 + 2 * HM), BN)
-    else:
-        n_tiles = gl.cdiv(len_k, BN)
     args = (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
             lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2)
     WG0: gl.constexpr = 0
@@ -365,7 +395,6 @@ def _load_items(q_desc, k_desc, v_desc, o_desc, q_smem, o_smem, k_smem, v_smem, 
     consumers released the last item's), then K_j and V_j into the rings as slots free up."""
     HM: gl.constexpr = q_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
-    NB: gl.constexpr = k_smem.type.shape[0]
     kv = 0
     it = 0
     for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
@@ -374,16 +403,8 @@ def _load_items(q_desc, k_desc, v_desc, o_desc, q_smem, o_smem, k_smem, v_smem, 
             mbarrier.wait(q_empty.index(w), (it & 1) ^ 1)
             mbarrier.expect(q_ready.index(w), q_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [b, h, m0 + w * HM, 0], q_ready.index(w), q_smem.index(w))
-        for j in range(n_tiles):
-            slot = kv % NB
-            phase = ((kv // NB) & 1) ^ 1
-            mbarrier.wait(k_empty.index(slot), phase)
-            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [b, hk, j * BN, 0], k_ready.index(slot), k_smem.index(slot))
-            mbarrier.wait(v_empty.index(slot), phase)
-            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [b, hk, j * BN, 0], v_ready.index(slot), v_smem.index(slot))
-            kv += 1
+        _stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, b, hk, kv, n_tiles)
+        kv += n_tiles
         it += 1
 
 
@@ -422,16 +443,9 @@ def _attn_fwd_sm90_persistent_kernel(q_desc, k_desc, v_desc, o_desc,   # as _att
 def _dscores(s, dp, lse2, delta, rows, cols, n0, len_k, row_lo, scale_log2, CAUSAL: gl.constexpr):
     """dS = P * (dP - delta) of one tile, P = exp2(S log2(e)/sqrt(d) - lse log2(e)) recomputed
     from the saved lse; masked keys (past the end, after the row under causal) get P = 0."""
-    BN: gl.constexpr = s.type.shape[1]
     p = gl.exp2(s * scale_log2 - lse2[:, None])
-    edge = n0 + BN > len_k
-    if CAUSAL:
-        edge = edge | (n0 + BN - 1 > row_lo)
-    if edge:
-        ok = (n0 + cols)[None, :] < len_k
-        if CAUSAL:
-            ok = ok & (rows[:, None] >= (n0 + cols)[None, :])
-        p = gl.where(ok, p, 0.0)
+    if _edge_tile(n0, s.type.shape[1], len_k, row_lo, CAUSAL):
+        p = gl.where(_visible(rows, cols, n0, len_k, CAUSAL), p, 0.0)
     return p * (dp - delta[:, None])
 
 
@@ -526,21 +540,11 @@ def _dq_load(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q
              scale, scale_log2, dq_desc):
     """The producer warp: Q and dO halves (one barrier a half), then K_j and V_j into the rings."""
     HM: gl.constexpr = q_desc.block_type.shape[2]
-    BN: gl.constexpr = k_desc.block_type.shape[2]
-    NB: gl.constexpr = k_smem.type.shape[0]
     for w in gl.static_range(2):
         mbarrier.expect(q_bar.index(w), 2 * q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [b, h, m0 + w * HM, 0], q_bar.index(w), q_smem.index(w))
         tma.async_copy_global_to_shared(do_desc, [b, h, m0 + w * HM, 0], q_bar.index(w), do_smem.index(w))
-    for j in range(n_tiles):
-        slot = j % NB
-        phase = ((j // NB) & 1) ^ 1
-        mbarrier.wait(k_empty.index(slot), phase)
-        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [b, hk, j * BN, 0], k_ready.index(slot), k_smem.index(slot))
-        mbarrier.wait(v_empty.index(slot), phase)
-        mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [b, hk, j * BN, 0], v_ready.index(slot), v_smem.index(slot))
+    _stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, b, hk, 0, n_tiles)
 
 
 @gluon.jit
@@ -551,24 +555,13 @@ def _attn_bwd_dq_sm90_kernel(q_desc, do_desc, k_desc, v_desc, dq_desc,   # 4-D d
     HM: gl.constexpr = q_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     dtype: gl.constexpr = q_desc.dtype
-    pid_m = gl.program_id(0)
-    if CAUSAL:
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    bh = gl.program_id(1)
-    b = bh // H
-    h = bh % H
-    hk = h // GROUP
-    m0 = pid_m * (2 * HM)
+    b, h, hk, m0, n_tiles = _tile_program(H, GROUP, len_k, HM, BN, CAUSAL)
     q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [2] + do_desc.block_type.shape, do_desc.layout)
     k_smem, v_smem, k_ready, k_empty, v_ready, v_empty = _kv_rings(k_desc, v_desc, NB)
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(q_bar.index(i), count=1)
-    if CAUSAL:
-        n_tiles = gl.cdiv(gl.minimum(len_k, m0 + 2 * HM), BN)
-    else:
-        n_tiles = gl.cdiv(len_k, BN)
     args = (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
             v_empty, lse_ptr, delta_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale, scale_log2)
     WG0: gl.constexpr = 0
@@ -833,13 +826,8 @@ def attention_bwd_dq_sm90(do, q, k, v, lse, delta, dq, scale: float, causal: boo
     _attn_bwd_dq_sm90_kernel[grid](
         _desc(q, HALF), _desc(do, HALF), _desc(k, bn), _desc(v, bn), _desc(dq, HALF),
         lse, delta, lse.stride(0), lse.stride(1), lse.stride(2),
-        H, H // k.shape[1], L, k.shape[2], scale, scale * 1.4426950408889634,
+        H, H // k.shape[1], L, k.shape[2], scale, scale * LOG2E,
         CAUSAL=causal, NB=DQ_SLOTS, num_warps=4, maxnreg=MAXNREG)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def attention_fwd_sm90(q, k, v, o, lse, scale: float, causal: bool, block_n: int | None = None,
@@ -859,13 +847,13 @@ def attention_fwd_sm90(q, k, v, o, lse, scale: float, causal: bool, block_n: int
     lse_args = (lse, lse.stride(0), lse.stride(1), lse.stride(2))
     if not causal and L <= PERSISTENT_MAX_LEN and block_n is None:
         n_items = n_m * B * H
-        sms = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
+        sms = sm_count(q.device.index)
         _attn_fwd_sm90_persistent_kernel[(min(n_items, sms),)](
-            *descs, *lse_args, H, H // k.shape[1], L, k.shape[2], n_m, n_items, scale * 1.4426950408889634,
+            *descs, *lse_args, H, H // k.shape[1], L, k.shape[2], n_m, n_items, scale * LOG2E,
             num_warps=4, maxnreg=MAXNREG)
         return
     _attn_fwd_sm90_kernel[(n_m, B * H)](
-        *descs, *lse_args, H, H // k.shape[1], L, k.shape[2], scale * 1.4426950408889634,
+        *descs, *lse_args, H, H // k.shape[1], L, k.shape[2], scale * LOG2E,
         CAUSAL=causal, REGS=regs or 240, num_warps=4, maxnreg=maxnreg or MAXNREG)
 
 
@@ -886,5 +874,5 @@ def attention_bwd_fused_sm90(do, q, k, v, lse, delta, dq_acc, dk, dv, scale: flo
     _attn_bwd_fused_sm90_kernel[grid](
         _desc(q, bm), _desc(do, bm), _desc(k, 2 * HALF), _desc(v, 2 * HALF), _desc(dk, HALF), _desc(dv, HALF),
         _desc(dq_acc, bm, D // 2), lse, delta, lse.stride(0), lse.stride(1), lse.stride(2),
-        HK, H // HK, L, S, scale, scale * 1.4426950408889634,
+        HK, H // HK, L, S, scale, scale * LOG2E,
         CAUSAL=causal, NQ=FUSED_SLOTS, REVERSE=reverse, num_warps=4, maxnreg=MAXNREG)
