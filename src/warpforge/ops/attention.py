@@ -594,9 +594,10 @@ _SM90 = []
 
 
 def _sm90_kernels():
-    """The Hopper forward (ops/attention_sm90.py, Gluon) when it can run here: a GPU build of
-    Triton with Gluon, not the interpreter, and not switched off by WARPFORGE_ATTN_SM90=0 (which
-    the probes use to time the Triton kernel). Imported once, on the first forward."""
+    """The Hopper kernels (ops/attention_sm90.py, Gluon: forward, fused backward, dQ) when they
+    can run here: a GPU build of Triton with Gluon, not the interpreter, and not switched off by
+    WARPFORGE_ATTN_SM90=0 (which the probes use to time the Triton kernels). Imported once, on
+    the first call."""
     if not _SM90:
         mod = None
         if not interpreting() and os.environ.get("WARPFORGE_ATTN_SM90", "1") != "0" and torch.cuda.is_available():
