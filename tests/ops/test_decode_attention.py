@@ -9,7 +9,7 @@ import warpforge as wf
 import warpforge.runtime.heuristics as heur
 from warpforge.ops.decode_attention import (append_paged_kv, append_paged_kv_op, decode_attention,
                                             decode_attention_op, decode_attention_reference)
-from conftest import DTYPES, DEVICE, assert_close, gpu_only, randn
+from conftest import DTYPES, DEVICE, ON_GPU, assert_close, gpu_only, randn
 
 
 def paged(bsz, max_blocks, page, hkv, d, dtype, extra=5, guard=False):
@@ -311,3 +311,67 @@ def test_large_gpu(dtype):
     ref = reference(q, kc, vc, bt, lens8)
     for splits in (None, 1, 3):
         assert_close(decode_attention(q, kc, vc, bt, lens8, num_splits=splits), ref, dtype)
+
+
+def _sm90():
+    import warpforge.ops.decode_attention as DA
+    return DA._sm90_kernel() if ON_GPU and torch.cuda.get_device_capability()[0] == 9 else None
+
+
+sm90_only = pytest.mark.skipif(not ON_GPU or torch.cuda.get_device_capability()[0] != 9 or _sm90() is None,
+                               reason="needs a Hopper GPU and Gluon (the sm_90 decode kernel)")
+
+# (Hq, Hkv, D, block_size, lengths, interleaved K/V buffer, block-table dtype): the GQA groups the
+# kernel covers (1 to 16 query heads a kv head), both head dims, pages of 16 to 64 tokens, lengths
+# 0, 1, off the 16-token slice and the page, and past one 64-token slot
+SM90_CASES = [(32, 8, 128, 16, [4097, 1, 0, 1000, 17], False, torch.int32),
+              (32, 8, 64, 32, [63, 64, 65, 2048, 0], True, torch.int64),
+              (8, 8, 128, 64, [300, 5, 129], False, torch.int32),
+              (16, 1, 128, 16, [2000, 33], True, torch.int32),
+              (32, 4, 64, 16, [777, 1, 4096], False, torch.int64),
+              (6, 2, 128, 16, [129, 0, 1, 3000], False, torch.int32)]
+
+
+@sm90_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", SM90_CASES)
+def test_sm90_decode(case, dtype, monkeypatch):
+    """The Hopper kernel (ops/decode_attention_sm90.py) against float64, checked to be the one
+    that ran, at its own split plan and at forced counts."""
+    hq, hkv, d, page, lens, interleave, bt_dtype = case
+    mod = _sm90()
+    monkeypatch.setattr(heur, "DECODE_SM90_MIN_TOKENS", 0)    # small cases too
+    calls = []
+    real = mod.decode_sm90
+    monkeypatch.setattr(mod, "decode_sm90", lambda *a, **k: calls.append(1) or real(*a, **k))
+    lens_t = torch.tensor(lens, device=DEVICE, dtype=torch.int32)
+    mb = -(-max(lens) // page) + 1
+    kc, vc, bt, _ = paged(len(lens), mb, page, hkv, d, dtype, guard=interleave)
+    bt = bt.to(bt_dtype)
+    q = randn(len(lens), hq, d, dtype=dtype)
+    ref = reference(q, kc, vc, bt, lens_t)
+    for splits in (None, 1, 5):
+        out = decode_attention(q, kc, vc, bt, lens_t, num_splits=splits)
+        assert_close(out, ref, dtype, what=f"num_splits={splits}")
+        for i, n in enumerate(lens):
+            if n == 0:
+                assert out[i].abs().max() == 0, "seq_len 0 gives zeros"
+    assert len(calls) == 3, "the sm_90 kernel took the calls"
+
+
+@sm90_only
+def test_sm90_bad_metadata_stays_in_bounds(monkeypatch):
+    """validate=False with block ids outside the cache and a length past the capacity: the guard
+    blocks (NaN) around the caches never reach an output; the sequence with good metadata is exact."""
+    hq, hkv, d, page, mb = 32, 8, 128, 16, 6
+    kc, vc, bt, pool = paged(3, mb, page, hkv, d, torch.bfloat16, guard=True)
+    good = bt.clone()
+    bt[1, 2] = -1
+    bt[2, 0] = kc.shape[0]
+    lens = torch.tensor([70, 90, 10**6], device=DEVICE, dtype=torch.int32)
+    q = randn(3, hq, d, dtype=torch.bfloat16)
+    monkeypatch.setattr(heur, "DECODE_SM90_MIN_TOKENS", 0)
+    for splits in (None, 1, 3):
+        out = decode_attention(q, kc, vc, bt, lens, num_splits=splits, validate=False)
+        assert torch.isfinite(out).all()
+        assert_close(out[0], reference(q, kc, vc, good, lens)[0], torch.bfloat16)

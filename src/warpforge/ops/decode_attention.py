@@ -61,6 +61,7 @@ per (sequence, token) moves all of its Hkv * D keys and values in 16-byte vector
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -68,7 +69,8 @@ import triton.language as tl
 
 from ..runtime import interpreting, new_empty, unit_last_dim
 from ..runtime.checks import check_device, check_same, check_tensor
-from ..runtime.heuristics import DECODE_COMBINE_STEP, decode_config
+from ..runtime import heuristics
+from ..runtime.heuristics import DECODE_COMBINE_D, DECODE_COMBINE_STEP, decode_config
 from ..runtime.launch import LaunchCache, aligned
 from ..runtime.registry import Op
 
@@ -201,31 +203,44 @@ def _decode_attention_combine_kernel(
     m_ptr, l_ptr, acc_ptr,     # (B, Hq, S), (B, Hq, S), (B, Hq, S, D) fp32 partials
     out_ptr,                   # (B, Hq, D) output
     Hq, num_splits, s_ob, s_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STEP: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STEP: tl.constexpr, ONE_PASS: tl.constexpr,
 ):
+    """Merge the S partials of one (sequence, head) over a BLOCK_D slice of D. ONE_PASS (S <= STEP):
+    every partial's max, sum and accumulator slice loaded at once, so the merge costs one round
+    trip to L2, not one per STEP partials (H200, batch 1 x 4K, 64 partials: 6.0 us a merge before)."""
     pid = tl.program_id(0)                     # b * Hq + head
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     base = pid.to(tl.int64) * num_splits
     c = tl.arange(0, STEP)
-    d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
-    # pass 1: the largest split maximum (a few floats a split)
-    m_run = tl.full((STEP,), -float("inf"), tl.float32)
-    for c0 in range(0, num_splits, STEP):
-        m_run = tl.maximum(m_run, tl.load(m_ptr + base + c0 + c, mask=c0 + c < num_splits, other=-float("inf")))
-    mx = tl.max(m_run, axis=0)
-    mx = tl.where(mx == -float("inf"), 0.0, mx)
-    # pass 2: rescale and sum
-    l_sum = tl.zeros((STEP,), tl.float32)
-    acc = tl.zeros((BLOCK_D,), tl.float32)
-    for c0 in range(0, num_splits, STEP):
-        cm = c0 + c < num_splits
-        m = tl.load(m_ptr + base + c0 + c, mask=cm, other=-float("inf"))
-        w = tl.math.exp2(m - mx)                                           # empty split: 0
-        l_sum += tl.load(l_ptr + base + c0 + c, mask=cm, other=0.0) * w
-        a = tl.load(acc_ptr + (base + c0 + c)[:, None] * HEAD_DIM + d[None, :],
-                    mask=cm[:, None] & dmask[None, :], other=0.0)
-        acc += tl.sum(a * w[:, None], axis=0)
-    total = tl.sum(l_sum, axis=0)
+    if ONE_PASS:
+        cm = c < num_splits
+        m = tl.load(m_ptr + base + c, mask=cm, other=-float("inf"))
+        l = tl.load(l_ptr + base + c, mask=cm, other=0.0)
+        a = tl.load(acc_ptr + (base + c)[:, None] * HEAD_DIM + d[None, :], mask=cm[:, None] & dmask[None, :], other=0.0)
+        mx = tl.max(m, axis=0)
+        w = tl.math.exp2(m - tl.where(mx == -float("inf"), 0.0, mx))      # empty split: 0
+        total = tl.sum(l * w, axis=0)
+        acc = tl.sum(a * w[:, None], axis=0)
+    else:
+        # pass 1: the largest split maximum (a few floats a split)
+        m_run = tl.full((STEP,), -float("inf"), tl.float32)
+        for c0 in range(0, num_splits, STEP):
+            m_run = tl.maximum(m_run, tl.load(m_ptr + base + c0 + c, mask=c0 + c < num_splits, other=-float("inf")))
+        mx = tl.max(m_run, axis=0)
+        mx = tl.where(mx == -float("inf"), 0.0, mx)
+        # pass 2: rescale and sum
+        l_sum = tl.zeros((STEP,), tl.float32)
+        acc = tl.zeros((BLOCK_D,), tl.float32)
+        for c0 in range(0, num_splits, STEP):
+            cm = c0 + c < num_splits
+            m = tl.load(m_ptr + base + c0 + c, mask=cm, other=-float("inf"))
+            w = tl.math.exp2(m - mx)
+            l_sum += tl.load(l_ptr + base + c0 + c, mask=cm, other=0.0) * w
+            a = tl.load(acc_ptr + (base + c0 + c)[:, None] * HEAD_DIM + d[None, :],
+                        mask=cm[:, None] & dmask[None, :], other=0.0)
+            acc += tl.sum(a * w[:, None], axis=0)
+        total = tl.sum(l_sum, axis=0)
     o = acc / tl.where(total > 0, total, 1.0)                              # nothing attended: zeros
     b = pid // Hq
     h = pid % Hq
@@ -277,6 +292,36 @@ _SPLIT_LAUNCH = LaunchCache(_decode_attention_split_kernel)
 _COMBINE_LAUNCH = LaunchCache(_decode_attention_combine_kernel)
 
 
+_SM90 = []
+
+
+def _sm90_kernel():
+    """ops/decode_attention_sm90.py (Gluon) where it can run: a GPU build of Triton with Gluon, not
+    the interpreter, and not switched off by WARPFORGE_DECODE_SM90=0 (the probes time the Triton
+    kernel that way). Imported once, on the first call."""
+    if not _SM90:
+        mod = None
+        if not interpreting() and os.environ.get("WARPFORGE_DECODE_SM90", "1") != "0" and torch.cuda.is_available():
+            try:
+                from . import decode_attention_sm90 as mod
+            except ImportError:        # a Triton without Gluon's Hopper API
+                mod = None
+        _SM90.append(mod)
+    return _SM90[0]
+
+
+def _combine(m, l, acc, out, parts: int) -> None:
+    """out = the merge of ``parts`` (max, sum, acc) partials of each (sequence, head): a program a
+    (sequence, head, DECODE_COMBINE_D slice of D), in one pass up to DECODE_COMBINE_STEP partials."""
+    bsz, hq, d = out.shape
+    one = parts <= DECODE_COMBINE_STEP
+    block_d = min(triton.next_power_of_2(d), DECODE_COMBINE_D) if one else triton.next_power_of_2(d)
+    step = triton.next_power_of_2(parts) if one else 16
+    key = (out.shape, out.stride(), out.dtype, parts, aligned(m, l, acc, out))
+    _COMBINE_LAUNCH(key, (bsz * hq, triton.cdiv(d, block_d)), (m, l, acc, out, hq, parts, out.stride(0), out.stride(1)),
+                    dict(HEAD_DIM=d, BLOCK_D=block_d, STEP=step, ONE_PASS=one), num_warps=4, num_stages=1)
+
+
 def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int) -> torch.Tensor:
     bsz, hq, d = q.shape
     nblocks, page, hkv, _ = k_cache.shape
@@ -284,6 +329,13 @@ def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num
     if bsz == 0:
         return out
     q = unit_last_dim(q)
+    sm90 = _sm90_kernel()
+    if sm90 is not None and bsz * hkv * block_table.shape[1] * page >= heuristics.DECODE_SM90_MIN_TOKENS \
+            and sm90.covers(q, k_cache, v_cache):
+        parts = sm90.decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale * LOG2E, num_splits or None)
+        if parts is not None:
+            _combine(*parts, out, parts[0].shape[2])
+        return out
     group = hq // hkv
     max_blocks = block_table.shape[1]
     cfg = decode_config(bsz, hkv, group, max_blocks * page, d, page, q.element_size(),
@@ -314,9 +366,7 @@ def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num
         block_table.stride(0), block_table.stride(1),
         out.stride(0), out.stride(1)), const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if splits > 1:
-        _COMBINE_LAUNCH(key, (bsz * hq,), (m, l, acc, out, hq, splits, out.stride(0), out.stride(1)),
-                        dict(HEAD_DIM=d, BLOCK_D=cfg.block_d, STEP=min(DECODE_COMBINE_STEP, triton.next_power_of_2(splits))),
-                        num_warps=4, num_stages=1)
+        _combine(m, l, acc, out, splits)
     return out
 
 

@@ -311,7 +311,12 @@ DECODE_TILE_BYTES = 16384       # one K (or V) tile: 64 tokens x 128 dims x 2 B;
 DECODE_BIG_TILE_BYTES = 32768   # 128 tokens x 128 dims x 2 B, where B * Hkv is at least:
 DECODE_BIG_TILE_MIN_PROGRAMS = 64
 DECODE_MIN_STEPS = 2            # a split covers at least this many tiles of its capacity share
-DECODE_COMBINE_STEP = 16        # splits the combine kernel folds per step
+# Hopper takes ops/decode_attention_sm90.py (Gluon, TMA-fed, persistent) from this many cached
+# (token, kv head) pairs of capacity up: below, the Triton kernel's short chains win (H200, batch
+# 1 of 8 kv heads: 16.1 against 17.6 us at 4K, 20.8 against 21.2 at 8K; 31.8 against 28.6 at 16K).
+DECODE_SM90_MIN_TOKENS = 8 * 8192 + 1
+DECODE_COMBINE_STEP = 128       # partials the combine kernel merges in one pass (more: in steps of 16)
+DECODE_COMBINE_D = 32           # head-dim slice a combine program merges (4 programs a head at D 128)
 
 
 @dataclasses.dataclass(frozen=True)

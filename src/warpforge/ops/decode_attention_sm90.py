@@ -1,0 +1,396 @@
+"""Decode attention over a paged KV cache for Hopper (sm_90) in Gluon: a persistent, TMA-fed
+stream. ops/decode_attention.py takes this kernel for the calls it covers (bf16/fp16, head dim 64
+or 128, pages of >= 16 tokens, GQA groups of <= 16, 16-byte aligned caches, at least
+heuristics.DECODE_SM90_MIN_TOKENS cached (token, kv head) pairs of capacity) and keeps its
+Triton kernel for everything else.
+
+Why a second kernel: decode is a read stream (4 FLOP a byte at 32 query over 8 KV heads), so what
+matters is keeping enough bytes in flight on every SM for the whole call. The Triton kernel
+(cp.async gathers, 2 stages, a program a (sequence, kv head, split)) read 78-95% of copy at batch
+>= 16 on an H200 against unpaged SDPA's (cuDNN) 96-107% (NOTES item 40).
+
+- A persistent program an SM walks work units (sequence, kv head, split) pid, pid + grid, ...;
+  the split count is the smallest that fills >= 95% of the grid's rounds (16 at batch 1 over 8 kv
+  heads: 128 units on 132 SMs; 1 from batch 16 up).
+- A producer (the default partition) streams 16-token page slices of K and V with TMA into a
+  ring of 96 KB (3 slots of 4 K and 4 V slices at D = 128) that runs on across units; a 4-D
+  descriptor over the cache (block, row, kv head, D) with a [1, 16, 1, D] box gathers one
+  (page, head) slice, and a block id outside [0, num_blocks) is sent as -1, a box TMA fills
+  with zeros without reading memory (those tokens are masked out). The next slot's block ids
+  are read before the wait on this one, the next unit's length and queries when a unit starts.
+- Four consumer warps take one slice of each slot apiece, each with its own online softmax (no
+  cross-warp reduction a slot): S = Q K^T and O += P V with mma.sync (m16n8k16), the GQA group's
+  query heads padded to 16 rows.
+- A unit that is a whole sequence (one split) merges the four warps' states through shared
+  memory, each warp D / 4 columns, and writes the output: one launch. With splits, each warp's
+  state is a partial and ops/decode_attention.py's combine kernel merges them (merging the warps
+  first measured slower there: 21.6 against 17.6 us at batch 1 x 4K).
+
+Measured (H200, 2026-11-26, benchmarks/probe_decode_sm90.py, Hq 32 / Hkv 8, D 128, pages of 16
+shuffled): 92-104% of copy at batch 16-64 (Triton kernel 79-96%, cuDNN 96-106%); 0.95-0.98x
+cuDNN there, 0.89-0.98x at batch 8 (bench). Tried and dropped (NOTES item 51): rings of 4-6 slots (1-3%
+slower than 3), two programs an SM at 128 registers, a stream-K schedule (slot ranges across
+pairs: the kv heads' programs lose step and read 10% slower).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ..runtime.device import sm_count
+
+SLICE = 16          # tokens one TMA box (and one consumer warp's share of a slot) holds
+CONSUMERS = 4       # consumer warps: a slot is CONSUMERS slices of K and of V
+RING_BYTES = 96 * 1024   # the ring: 3 slots of 32 KB at D = 128, 6 of 16 KB at D = 64
+PROGRAMS_PER_SM = 1
+HEAD_DIMS = (64, 128)
+MAX_GROUP = 16      # query heads a kv head serves: the q tile's 16 rows (mma.sync M)
+MIN_UNIT_SLOTS = 4  # a split covers at least this many slots of its capacity share
+FILL = 0.95         # the split count is the smallest that fills this share of the grid's rounds
+
+
+
+@gluon.jit
+def _unit(u, splits, Hkv, lens_ptr, cap, C: gl.constexpr):
+    """Work unit u -> (b, kv head, split, the sequence's length n, its slices [c0, c1) of 16 tokens):
+    the length (clamped to the block table's capacity) cut into ``splits`` chunks of whole slots."""
+    pair = u // splits
+    split = u % splits
+    b = pair // Hkv
+    kvh = pair % Hkv
+    n = gl.load(lens_ptr + b)
+    n = gl.minimum(gl.maximum(n, 0), cap).to(gl.int32)
+    n16 = gl.cdiv(n, 16)
+    chunk = gl.cdiv(gl.cdiv(n16, splits), C) * C
+    c0 = split * chunk
+    c1 = gl.minimum(c0 + chunk, n16)
+    return b, kvh, split, n, c0, c1
+
+
+@gluon.jit
+def _page_of(bt_ptr, b, c, c1, sub, num_blocks, s_bb, s_bj):
+    """Block id of slice c of sequence b (``sub`` slices a page), or -1 at or past c1 and for an
+    id outside [0, num_blocks): TMA fills a box at block -1 with zeros and reads nothing."""
+    page = gl.load(bt_ptr + b.to(gl.int64) * s_bb + (c // sub).to(gl.int64) * s_bj, mask=c < c1, other=-1)
+    ok = (page >= 0) & (page < num_blocks)
+    return gl.where(ok, page, -1).to(gl.int32)
+
+
+@gluon.jit
+def _pages(bt_ptr, b, c, c1, sub, num_blocks, s_bb, s_bj):
+    """Block ids of slices c .. c + 3 (one slot at C = 4)."""
+    return (_page_of(bt_ptr, b, c, c1, sub, num_blocks, s_bb, s_bj),
+            _page_of(bt_ptr, b, c + 1, c1, sub, num_blocks, s_bb, s_bj),
+            _page_of(bt_ptr, b, c + 2, c1, sub, num_blocks, s_bb, s_bj),
+            _page_of(bt_ptr, b, c + 3, c1, sub, num_blocks, s_bb, s_bj))
+
+
+@gluon.jit
+def _dec_produce(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem,
+                 ready, empty,
+                 sc, scm, scl, done, free,
+                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh):
+    """The producer: unit after unit, slot after slot, C (K, V) slice pairs by TMA into the ring
+    once its consumers released the slot. Reads run one step ahead: the next slot's block ids
+    (across a unit boundary too) are loaded before the wait on this one, and the next unit's
+    length when a unit starts, so no metadata read sits between a freed slot and its refill."""
+    NB: gl.constexpr = ready.type.shape[0]
+    C: gl.constexpr = k_smem.type.shape[0] // NB
+    gl.static_assert(C == 4)
+    nprog = gl.num_programs(0)
+    t = 0
+    b, kvh, split, n, c0, c1 = _unit(gl.program_id(0), splits, Hkv, lens_ptr, cap, C)
+    p0, p1, p2, p3 = _pages(bt_ptr, b, c0, c1, sub, num_blocks, s_bb, s_bj)
+    for u in range(gl.program_id(0), n_units, nprog):
+        bn, kvhn, splitn, nn, c0n, c1n = _unit(gl.minimum(u + nprog, n_units - 1), splits, Hkv, lens_ptr, cap, C)
+        n_slots = gl.cdiv(gl.maximum(c1 - c0, 0), C)
+        for j in range(n_slots):
+            c = c0 + j * C
+            last = j + 1 == n_slots
+            q0, q1, q2, q3 = _pages(bt_ptr, gl.where(last, bn, b), gl.where(last, c0n, c + C),
+                                    gl.where(last, c1n, c1), sub, num_blocks, s_bb, s_bj)
+            slot = t % NB
+            mbarrier.wait(empty.index(slot), ((t // NB) & 1) ^ 1)      # a fresh barrier counts as phase 1 done
+            bar = ready.index(slot)
+            mbarrier.expect(bar, 2 * C * k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [p0, (c % sub) * 16, kvh, 0], bar, k_smem.index(slot * C))
+            tma.async_copy_global_to_shared(v_desc, [p0, (c % sub) * 16, kvh, 0], bar, v_smem.index(slot * C))
+            tma.async_copy_global_to_shared(k_desc, [p1, ((c + 1) % sub) * 16, kvh, 0], bar, k_smem.index(slot * C + 1))
+            tma.async_copy_global_to_shared(v_desc, [p1, ((c + 1) % sub) * 16, kvh, 0], bar, v_smem.index(slot * C + 1))
+            tma.async_copy_global_to_shared(k_desc, [p2, ((c + 2) % sub) * 16, kvh, 0], bar, k_smem.index(slot * C + 2))
+            tma.async_copy_global_to_shared(v_desc, [p2, ((c + 2) % sub) * 16, kvh, 0], bar, v_smem.index(slot * C + 2))
+            tma.async_copy_global_to_shared(k_desc, [p3, ((c + 3) % sub) * 16, kvh, 0], bar, k_smem.index(slot * C + 3))
+            tma.async_copy_global_to_shared(v_desc, [p3, ((c + 3) % sub) * 16, kvh, 0], bar, v_smem.index(slot * C + 3))
+            p0, p1, p2, p3 = q0, q1, q2, q3
+            t += 1
+        if n_slots == 0:                                                # an empty unit: the next one's ids now
+            p0, p1, p2, p3 = _pages(bt_ptr, bn, c0n, c1n, sub, num_blocks, s_bb, s_bj)
+        b, kvh, split, n, c0, c1 = bn, kvhn, splitn, nn, c0n, c1n
+
+
+@gluon.jit
+def _load_q(q_ptr, b, kvh, G, s_qb, s_qh, D: gl.constexpr, layout: gl.constexpr):
+    """The GQA group's query rows (16, D), zero past G."""
+    g = gl.arange(0, 16, layout=gl.SliceLayout(1, layout))
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+    rows = (kvh * G + g).to(gl.int64)
+    return gl.load(q_ptr + b.to(gl.int64) * s_qb + rows[:, None] * s_qh + d[None, :], mask=(g < G)[:, None], other=0.0)
+
+
+@gluon.jit
+def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
+                 sc, scm, scl, done, free,
+                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh,
+                 W: gl.constexpr):
+    """Consumer warp W: slice W of every slot of its program's units, its own online softmax over
+    them; a unit's (max, sum, acc) leave as partial split * C + W of each query head of the group.
+    The next unit's length and query rows are loaded when a unit starts."""
+    NB: gl.constexpr = ready.type.shape[0]
+    C: gl.constexpr = k_smem.type.shape[0] // NB
+    D: gl.constexpr = k_desc.block_type.shape[3]
+    dtype: gl.constexpr = k_desc.dtype
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
+    flat: gl.constexpr = gl.NVMMASharedLayout.get_default_for([16, D], dtype)
+    srow: gl.constexpr = gl.SliceLayout(1, mma)
+    scol: gl.constexpr = gl.SliceLayout(0, mma)
+
+    DS: gl.constexpr = D // C
+    L3: gl.constexpr = gl.BlockedLayout([1, 8, DS // 16], [1, 2, 16], [1, 1, 1], [2, 1, 0])
+    mlay: gl.constexpr = gl.SliceLayout(0, L3)                                # (16, DS) merge tiles
+    mrow: gl.constexpr = gl.SliceLayout(1, mlay)
+    cols = gl.arange(0, 16, layout=scol)
+    g = gl.arange(0, 16, layout=srow)
+    d = gl.arange(0, D, layout=scol)
+    gmask = g < G
+    g_m = gl.arange(0, 16, layout=mrow)
+    dd_m = gl.arange(0, DS, layout=gl.SliceLayout(0, mlay))
+    nprog = gl.num_programs(0)
+    t = 0
+    rr = 0
+    b, kvh, split, n, c0, c1 = _unit(gl.program_id(0), splits, Hkv, lens_ptr, cap, C)
+    q = _load_q(q_ptr, b, kvh, G, s_qb, s_qh, D, ld)
+    for u in range(gl.program_id(0), n_units, nprog):
+        bn, kvhn, splitn, nn, c0n, c1n = _unit(gl.minimum(u + nprog, n_units - 1), splits, Hkv, lens_ptr, cap, C)
+        qn = _load_q(q_ptr, bn, kvhn, G, s_qb, s_qh, D, ld)
+        qa = gl.convert_layout(q, a_l)
+        n_slots = gl.cdiv(gl.maximum(c1 - c0, 0), C)
+        m_i = gl.full([16], -float("inf"), gl.float32, srow)
+        l_i = gl.zeros([16], gl.float32, srow)
+        acc = gl.zeros([16, D], gl.float32, mma)
+        for j in range(n_slots):
+            c = c0 + j * C + W
+            page = _page_of(bt_ptr, b, c, c1, sub, num_blocks, s_bb, s_bj)
+            slot = t % NB
+            mbarrier.wait(ready.index(slot), (t // NB) & 1)
+            if c < c1:
+                kt = k_smem.index(slot * C + W)._reinterpret(dtype, [16, D], flat).permute((1, 0)).load(b_l)
+                s = mma_v2(qa, kt, gl.zeros([16, 16], gl.float32, mma))   # (16 heads, 16 tokens)
+                ok = ((c * 16 + cols) < n) & (page >= 0)
+                s = gl.where(ok[None, :], s * qk_scale, -float("inf"))
+                m_new = gl.maximum(m_i, gl.max(s, 1))
+                m_use = gl.where(m_new == -float("inf"), 0.0, m_new)      # no -inf - -inf = NaN
+                alpha = gl.exp2(m_i - m_use)
+                p = gl.exp2(s - m_use[:, None])
+                l_i = l_i * alpha + gl.sum(p, 1)
+                vt = v_smem.index(slot * C + W)._reinterpret(dtype, [16, D], flat).load(b_l)
+                acc = mma_v2(gl.convert_layout(p.to(dtype), a_l), vt, acc * alpha[:, None])
+                m_i = m_new
+            mbarrier.arrive(empty.index(slot))
+            t += 1
+        if splits == 1:
+            # the whole sequence: the C warps' states -> one, D / C columns a warp, through
+            # double-buffered scratch, and the output itself (no partials, no combine pass)
+            buf = rr % 2
+            ph = (rr // 2) & 1
+            mbarrier.wait(free.index(buf), ph ^ 1)                      # a fresh barrier counts as phase 1 done
+            sc.index(buf * C + W).store(acc)
+            scm.index(buf * C + W).store(m_i)
+            scl.index(buf * C + W).store(l_i)
+            gl.thread_barrier()
+            mbarrier.arrive(done.index(buf))
+            mbarrier.wait(done.index(buf), ph)
+            mx = scm.index(buf * C).load(mrow)
+            for w in gl.static_range(1, C):
+                mx = gl.maximum(mx, scm.index(buf * C + w).load(mrow))
+            mu = gl.where(mx == -float("inf"), 0.0, mx)
+            lsum = gl.zeros([16], gl.float32, mrow)
+            a = gl.zeros([16, DS], gl.float32, mlay)
+            for w in gl.static_range(C):
+                wt = gl.exp2(scm.index(buf * C + w).load(mrow) - mu)
+                lsum += scl.index(buf * C + w).load(mrow) * wt
+                a += sc.index(buf * C + w).slice(W * DS, DS, dim=1).load(mlay) * wt[:, None]
+            gl.thread_barrier()
+            mbarrier.arrive(free.index(buf))
+            rr += 1
+            o = a / gl.where(lsum > 0, lsum, 1.0)[:, None]                # seq_len 0: zeros
+            rows = (kvh * G + g_m).to(gl.int64)
+            gl.store(out_ptr + b.to(gl.int64) * s_ob + rows[:, None] * s_oh + W * DS + dd_m[None, :],
+                     o.to(out_ptr.dtype.element_ty), mask=(g_m < G)[:, None])
+        else:
+            # a split: this warp's state is partial split * C + W (the combine kernel merges them;
+            # merging the C warps here first measured slower at batch 1: 21.6 against 17.6 us)
+            row = (b.to(gl.int64) * (Hkv * G) + kvh * G + g) * (splits * C) + split * C + W
+            gl.store(m_ptr + row, m_i, mask=gmask)
+            gl.store(l_ptr + row, l_i, mask=gmask)
+            gl.store(acc_ptr + row[:, None] * D + d[None, :], acc, mask=gmask[:, None])
+        b, kvh, split, n, c0, c1, q = bn, kvhn, splitn, nn, c0n, c1n, qn
+
+
+@gluon.jit
+def _dec_consume0(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
+                 sc, scm, scl, done, free,
+                  qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh):
+    # worker partitions take no constexpr arguments: one wrapper a consumer warp
+    _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
+                 sc, scm, scl, done, free,
+                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, 0)
+
+
+@gluon.jit
+def _dec_consume1(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
+                 sc, scm, scl, done, free,
+                  qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh):
+    _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
+                 sc, scm, scl, done, free,
+                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, 1)
+
+
+@gluon.jit
+def _dec_consume2(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
+                 sc, scm, scl, done, free,
+                  qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh):
+    _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
+                 sc, scm, scl, done, free,
+                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, 2)
+
+
+@gluon.jit
+def _dec_consume3(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
+                 sc, scm, scl, done, free,
+                  qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh):
+    _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
+                 sc, scm, scl, done, free,
+                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, 3)
+
+
+@gluon.jit
+def _decode_sm90_kernel(q_ptr,                    # (B, Hq, D), D unit-stride
+                        k_desc, v_desc,           # 4-D descriptors over (num_blocks, block_size, Hkv, D), box [1, 16, 1, D]
+                        bt_ptr, lens_ptr,         # (B, max_blocks) block table, (B,) lengths (int32/int64)
+                        out_ptr,                  # (B, Hq, D) output (written when splits == 1)
+                        m_ptr, l_ptr, acc_ptr,    # (B, Hq, S), (B, Hq, S), (B, Hq, S, D) fp32 partials (splits > 1)
+                        qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh,
+                        NB: gl.constexpr, C: gl.constexpr, REGS: gl.constexpr):
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [NB * C] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [NB * C] + v_desc.block_type.shape, v_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
+    D: gl.constexpr = k_desc.block_type.shape[3]
+    plain2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    plain1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    sc = gl.allocate_shared_memory(gl.float32, [2 * C, 16, D], plain2)      # the warps' states at a unit's end
+    scm = gl.allocate_shared_memory(gl.float32, [2 * C, 16], plain1)
+    scl = gl.allocate_shared_memory(gl.float32, [2 * C, 16], plain1)
+    done = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NB):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=C)
+    for i in gl.static_range(2):
+        mbarrier.init(done.index(i), count=C)
+        mbarrier.init(free.index(i), count=C)
+    args = (q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
+                 sc, scm, scl, done, free,
+            qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh)
+    gl.warp_specialize([(_dec_produce, args), (_dec_consume0, args), (_dec_consume1, args), (_dec_consume2, args),
+                        (_dec_consume3, args)], [1, 1, 1, 1], [REGS, REGS, REGS, REGS])
+
+
+# ----------------------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------------------
+_GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_layout(d: int, dtype: torch.dtype):
+    return gl.NVMMASharedLayout.get_default_for([1, SLICE, 1, d], _GL_DTYPE[dtype])
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all(s > 0 and s * t.element_size() % 16 == 0 for s in t.stride()[:-1]))
+
+
+def covers(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether this kernel takes the call (the caller checked the arguments)."""
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return False
+    nblocks, page, hkv, d = k_cache.shape
+    if q.dtype not in _GL_DTYPE or d not in HEAD_DIMS or page < SLICE or q.shape[1] // hkv > MAX_GROUP:
+        return False
+    return nblocks > 0 and _tma_ok(k_cache) and _tma_ok(v_cache)
+
+
+@functools.lru_cache(maxsize=4096)
+def plan(pairs: int, capacity: int, slots: int) -> tuple[int, int]:
+    """(splits, grid): the smallest split count whose pairs x splits units fill FILL of the
+    rounds of a grid of ``slots`` persistent programs (else the fullest), each split at least
+    MIN_UNIT_SLOTS slots of the capacity."""
+    most = max(1, triton.cdiv(capacity, SLICE) // (CONSUMERS * MIN_UNIT_SLOTS))
+    best, best_fill = 1, 0.0
+    for s in range(1, most + 1):
+        units = pairs * s
+        fill = units / (triton.cdiv(units, slots) * slots)
+        if fill > best_fill + 1e-9:
+            best, best_fill = s, fill
+        if fill >= FILL:
+            break
+    return best, min(pairs * best, slots)
+
+
+def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: float, splits: int | None = None,
+                slots: int | None = None, nb: int | None = None, regs: int | None = None):
+    """The kernel's pass. With one split a sequence it writes ``out`` and returns None; otherwise
+    it returns the (m, l, acc) partials (B, Hq, P), (B, Hq, P), (B, Hq, P, D) fp32, P = S x C, for
+    ops/decode_attention.py's combine kernel. ``splits``, ``slots`` (programs), ``nb`` (ring
+    depth) and ``regs`` (registers a thread) override the plan, for the probes."""
+    bsz, hq, d = q.shape
+    nblocks, page, hkv, _ = k_cache.shape
+    capacity = block_table.shape[1] * page
+    grid_slots = slots or PROGRAMS_PER_SM * sm_count(q.device.index)
+    s, grid = plan(bsz * hkv, capacity, grid_slots)
+    if splits is not None:                     # forced: clamped to the capacity's slots
+        s = max(1, min(splits, triton.cdiv(triton.cdiv(capacity, SLICE), CONSUMERS)))
+        grid = min(bsz * hkv * s, grid_slots)
+    if s > 1:                                  # a partial a consumer warp a split
+        m = torch.empty((bsz, hq, s * CONSUMERS), dtype=torch.float32, device=q.device)
+        l = torch.empty((bsz, hq, s * CONSUMERS), dtype=torch.float32, device=q.device)
+        acc = torch.empty((bsz, hq, s * CONSUMERS, d), dtype=torch.float32, device=q.device)
+    else:
+        m = l = acc = out                      # unused pointers
+    layout = _smem_layout(d, q.dtype)
+    box = [1, SLICE, 1, d]
+    k_desc = TensorDescriptor(k_cache, list(k_cache.shape), list(k_cache.stride()), box, layout)
+    v_desc = TensorDescriptor(v_cache, list(v_cache.shape), list(v_cache.stride()), box, layout)
+    ring = nb or max(2, RING_BYTES // (2 * CONSUMERS * SLICE * d * q.element_size()))
+    _decode_sm90_kernel[(grid,)](
+        q, k_desc, v_desc, block_table, seq_lens, out, m, l, acc,
+        scale_log2, hkv, hq // hkv, nblocks, capacity, page // SLICE, s, bsz * hkv * s,
+        q.stride(0), q.stride(1), block_table.stride(0), block_table.stride(1), out.stride(0), out.stride(1),
+        NB=ring, C=CONSUMERS, REGS=regs or REGS_DEFAULT, num_warps=4,
+        **({"maxnreg": regs} if regs else {}))
+    return (m, l, acc) if s > 1 else None
+
+
+REGS_DEFAULT = 232
