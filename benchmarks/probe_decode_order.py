@@ -1,0 +1,44 @@
+"""Device probe: does the bench's row order move the decode figure? The bench times warpforge's
+row first in each shape, right after the previous shape's sdpa[math] row (tens of ms a call of
+unfused GEMMs). Times the decode kernel and cuDNN at batch 64 (4K, 32K) cold, then right after
+~2 s of SDPA math calls, with the bench's timer.
+
+    python benchmarks/probe_decode_order.py
+"""
+import torch
+import torch.nn.functional as F
+
+import warpforge as wf
+from warpforge.bench.timing import TimingConfig, device_ms
+from warpforge.runtime import device as dev
+
+copy = dev.ceilings()["copy_gbps"]
+cfg = TimingConfig()
+hq, hk, d, page = 32, 8, 128, 16
+for bsz, ctx in ((64, 4096), (64, 32768)):
+    nb = bsz * ctx // page
+    q = torch.randn(bsz, hq, d, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(nb, page, hk, d, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    bt = torch.randperm(nb, device="cuda", dtype=torch.int32).view(bsz, -1)
+    sl = torch.full((bsz,), ctx, device="cuda", dtype=torch.int32)
+    kd = kc[bt.long()].view(bsz, ctx, hk, d).transpose(1, 2).contiguous()
+    vd = vc[bt.long()].view(bsz, ctx, hk, d).transpose(1, 2).contiguous()
+    q4 = q.unsqueeze(2)
+    kv = 2 * bsz * ctx * hk * d * 2
+    ours = lambda: wf.decode_attention(q, kc, vc, bt, sl, validate=False)  # noqa: E731
+    cud = lambda: F.scaled_dot_product_attention(q4, kd, vd, enable_gqa=True)  # noqa: E731
+    pct = lambda ms: kv / (ms * 1e-3) / 1e9 / copy * 100  # noqa: E731
+    row = {"ours cold": device_ms(ours, cfg, kv), "cudnn cold": device_ms(cud, cfg, kv)}
+    qm, km, vm = q4[:16], kd[:16].repeat_interleave(4, 1), vd[:16].repeat_interleave(4, 1)
+    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]):
+        for _ in range(40):
+            F.scaled_dot_product_attention(qm.expand(16, hq, 64, d).contiguous(), km, vm)
+    row["ours after math"] = device_ms(ours, cfg, kv)
+    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]):
+        for _ in range(40):
+            F.scaled_dot_product_attention(qm.expand(16, hq, 64, d).contiguous(), km, vm)
+    row["cudnn after math"] = device_ms(cud, cfg, kv)
+    row["ours again"] = device_ms(ours, cfg, kv)
+    print(f"B{bsz} ctx{ctx}: " + " | ".join(f"{k} {v * 1e3:.1f} us {pct(v):.0f}%" for k, v in row.items()), flush=True)
+    del kc, vc, kd, vd, km, vm
