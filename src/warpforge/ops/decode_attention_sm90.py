@@ -45,11 +45,13 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..runtime.device import sm_count
+from .attention_sm90 import tma_ok
 
 SLICE = 16          # tokens one TMA box (and one consumer warp's share of a slot) holds
 CONSUMERS = 4       # consumer warps: a slot is CONSUMERS slices of K and of V
 RING_BYTES = 96 * 1024   # the ring: 3 slots of 32 KB at D = 128, 6 of 16 KB at D = 64
 PROGRAMS_PER_SM = 1
+REGS_DEFAULT = 232  # the consumer warps' registers a thread (one program an SM)
 HEAD_DIMS = (64, 128)
 MAX_GROUP = 16      # query heads a kv head serves: the q tile's 16 rows (mma.sync M)
 MIN_UNIT_SLOTS = 4  # a split covers at least this many slots of its capacity share
@@ -327,11 +329,6 @@ def _smem_layout(d: int, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for([1, SLICE, 1, d], _GL_DTYPE[dtype])
 
 
-def _tma_ok(t: torch.Tensor) -> bool:
-    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
-            and all(s > 0 and s * t.element_size() % 16 == 0 for s in t.stride()[:-1]))
-
-
 def covers(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether this kernel takes the call (the caller checked the arguments)."""
     if not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
@@ -339,7 +336,7 @@ def covers(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> boo
     nblocks, page, hkv, d = k_cache.shape
     if q.dtype not in _GL_DTYPE or d not in HEAD_DIMS or page < SLICE or q.shape[1] // hkv > MAX_GROUP:
         return False
-    return nblocks > 0 and _tma_ok(k_cache) and _tma_ok(v_cache)
+    return nblocks > 0 and tma_ok(k_cache) and tma_ok(v_cache)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -392,5 +389,3 @@ def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: flo
         **({"maxnreg": regs} if regs else {}))
     return (m, l, acc) if s > 1 else None
 
-
-REGS_DEFAULT = 232
