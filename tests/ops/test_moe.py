@@ -192,3 +192,58 @@ def test_module_matches_reference():
 @pytest.mark.parametrize("shape", [(2048, 512, 384, 64, 6), (1000, 1024, 512, 8, 2), (4, 2048, 768, 128, 8)])
 def test_large_gpu(shape):
     _check(*_inputs(*shape, torch.bfloat16), torch.bfloat16)
+
+
+ON_HOPPER = ON_GPU and torch.cuda.get_device_capability()[0] >= 9
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the TMA kernels need an sm_90+ GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape,routing", [
+    ((1500, 256, 320, 12, 3), "random"),   # n = 320: the gate/up column tiles straddle n (masked columns)
+    ((3000, 384, 256, 60, 4), "random"),   # E = 60, T not a multiple of the tile
+    ((700, 256, 192, 5, 1), "one"),        # k = 1, every token on expert 0, the rest idle
+    ((900, 128, 128, 16, 2), "skewed"),    # a few experts with most tokens, several with none
+])
+@pytest.mark.parametrize("block_m", [128, 16])
+def test_tma_path(monkeypatch, dtype, shape, routing, block_m):
+    """The Hopper kernels (gathered rows, TMA operands, persistent GEMMs) against float64, checked
+    to be the kernels that ran; 16-row tiles (decode) forced by lowering the TMA threshold."""
+    import warpforge.ops.moe as M
+    T, d, n, E, k = shape
+    if routing == "one":
+        ids = torch.zeros(T, 1, dtype=torch.int32, device=DEVICE)
+    elif routing == "skewed":
+        g = torch.Generator(device="cpu").manual_seed(3)
+        first = torch.randint(0, 3, (T,), generator=g)
+        ids = torch.stack([first, 3 + (first + torch.randint(1, 6, (T,), generator=g)) % 6], 1).int().to(DEVICE)
+    else:
+        ids = None
+    calls = []
+    for fn in ("_gemm_tma", "_wgrad_tma", "_gemm", "_wgrad"):
+        real = getattr(M, fn)
+        monkeypatch.setattr(M, fn, lambda *a, _f=real, _n=fn, **kw: (calls.append(_n), _f(*a, **kw))[1])
+    monkeypatch.setattr(M, "_TMA_MIN_BLOCK_M", 16)
+    if block_m == 16:
+        monkeypatch.setattr(M, "moe_block_m", lambda *a: 16)
+    x, w1, w2, wts, ids = _inputs(T, d, n, E, k, dtype, ids)
+    _check(x, w1, w2, wts, ids, dtype)
+    assert set(calls) == {"_gemm_tma", "_wgrad_tma"}, calls
+    if routing == "one":
+        assert torch.count_nonzero(w1.grad[1:]) == 0 and torch.count_nonzero(w2.grad[1:]) == 0
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the TMA kernels need an sm_90+ GPU")
+def test_tma_path_declines_unreadable_weights(monkeypatch):
+    """Weights TMA cannot read as one 2-D matrix (experts not stacked at a uniform stride) take the
+    pointer kernels, still correct."""
+    import warpforge.ops.moe as M
+    T, d, n, E, k = 1200, 256, 128, 6, 2
+    x, w1, w2, wts, ids = _inputs(T, d, n, E, k, torch.bfloat16)
+    w1p = randn(E, 2 * n + 8, d, dtype=torch.bfloat16, scale=d ** -0.5)[:, :2 * n].detach().requires_grad_()
+    assert M._weights_2d(w1p) is None
+    calls = []
+    real = M._gemm
+    monkeypatch.setattr(M, "_gemm", lambda *a, **kw: (calls.append(1), real(*a, **kw))[1])
+    _check(x, w1p, w2, wts, ids, torch.bfloat16)
+    assert calls

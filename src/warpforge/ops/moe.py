@@ -53,13 +53,16 @@ of that expert riding along as the M side of the dot.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from ..runtime import interpreting, new_empty, unit_last_dim
 from ..runtime.checks import check_same, check_tensor
-from ..runtime.heuristics import MOE_ALIGN_CHUNK, MoEConfig, moe_block_m, moe_config
+from ..runtime.device import sm_count
+from ..runtime.heuristics import MOE_ALIGN_CHUNK, MoEConfig, moe_block_m, moe_config, moe_tma_config
 from ..runtime.launch import LaunchCache
 from ..runtime.registry import Op
 from .matmul import _dot, _precision, _tile_coords, _upcast
@@ -357,6 +360,128 @@ def _moe_combine_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
+# Triton kernels: the Hopper path (operands by TMA)
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _moe_gather_kernel(
+    src_ptr,            # (T, D) token rows
+    sorted_ptr,         # (P,) int32 slot of each padded row, -1 padding
+    tile_expert_ptr,    # (tiles_max,) int32
+    dst_ptr,            # (P, D) out: src[slot // TOPK], zeros on padding rows (unused tiles left alone)
+    D, s_src, s_dst,
+    TOPK: tl.constexpr, TILE_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """The token rows in the padded expert order, so that the grouped GEMMs read A by TMA boxes."""
+    r0 = tl.program_id(0) * ROWS
+    if tl.load(tile_expert_ptr + r0 // TILE_M) < 0:
+        return
+    rows = r0 + tl.arange(0, ROWS)
+    slot = tl.load(sorted_ptr + rows)
+    valid = slot >= 0
+    tok = tl.where(valid, slot // TOPK, 0).to(tl.int64)
+    dst_rows = rows.to(tl.int64)[:, None] * s_dst
+    for c0 in range(0, D, BLOCK_D):
+        cols = c0 + tl.arange(0, BLOCK_D)
+        m = cols < D
+        v = tl.load(src_ptr + tok[:, None] * s_src + cols[None, :], mask=valid[:, None] & m[None, :], other=0.0)
+        tl.store(dst_ptr + dst_rows + cols[None, :], v, mask=m[None, :])
+
+
+@triton.jit
+def _moe_gemm_tma_kernel(
+    a_desc,             # A (P, K) in padded row order, box [BLOCK_M, BLOCK_K]
+    b_desc,             # the weights as 2-D (E * R, C): box [BLOCK_N, BLOCK_K] if B_T (B[k, j] = W[e*R + j, k]),
+                        # else [BLOCK_K, BLOCK_N] (B[k, j] = W[e*R + k, j])
+    c_ptr,              # C (P, N)
+    z_ptr,              # (P, 2 * N) pre-activations [z_g, z_u] (EPI 1 with STORE_Z)
+    w_ptr,              # (S,) fp32 routing weight of each slot (SCALE_ROWS)
+    sorted_ptr, tile_expert_ptr, start_ptr,
+    K, N, R, s_cm, s_zm, E,
+    NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, B_T: tl.constexpr, EPI: tl.constexpr, SCALE_ROWS: tl.constexpr,
+    STORE_Z: tl.constexpr, PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr,
+):
+    """_moe_gemm_kernel's work, persistent: NUM_PROGRAMS programs walk the used tiles (the count
+    read from start[E], so no host sync sizes the loop) in grouped order; A and B arrive by TMA,
+    tile and K loops flattened into one software pipeline. B rows past an expert's R (a partial
+    column tile) belong to the next expert or are zero-filled: they only feed masked columns."""
+    tiles_m = tl.load(start_ptr + E) // BLOCK_M
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    k_steps = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_PROGRAMS, flatten=FLATTEN,
+                         warp_specialize=WARP_SPECIALIZE):
+        pid_m, pid_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+        e = tl.load(tile_expert_ptr + pid_m)
+        om = pid_m * BLOCK_M
+        on = pid_n * BLOCK_N
+        wrow = e * R
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for ks in range(k_steps):
+            ok = ks * BLOCK_K
+            a = a_desc.load([om, ok])
+            if B_T:
+                b = b_desc.load([wrow + on, ok]).T
+            else:
+                b = b_desc.load([wrow + ok, on])
+            acc = _dot(a, b, acc, PRECISION, False)
+            if EPI == 1:
+                bu = b_desc.load([wrow + N + on, ok]).T
+                acc_u = _dot(a, bu, acc_u, PRECISION, False)
+        rows = (om + tl.arange(0, BLOCK_M)).to(tl.int64)
+        offs_n = on + tl.arange(0, BLOCK_N)
+        mask = (offs_n < N)[None, :]
+        c_ptrs = c_ptr + rows[:, None] * s_cm + offs_n[None, :]
+        out_ty = c_ptr.dtype.element_ty
+        if EPI == 0:
+            if SCALE_ROWS:
+                slot = tl.load(sorted_ptr + rows)
+                acc = acc * tl.load(w_ptr + slot, mask=slot >= 0, other=0.0)[:, None]
+            tl.store(c_ptrs, acc.to(out_ty), mask=mask)
+        else:
+            h = acc * tl.sigmoid(acc) * acc_u
+            tl.store(c_ptrs, h.to(out_ty), mask=mask)
+            if STORE_Z:
+                z_ptrs = z_ptr + rows[:, None] * s_zm + offs_n[None, :]
+                tl.store(z_ptrs, acc.to(out_ty), mask=mask)
+                tl.store(z_ptrs + N, acc_u.to(out_ty), mask=mask)
+
+
+@triton.jit
+def _moe_wgrad_tma_kernel(
+    a_desc,             # A (P, M) in padded row order, box [BLOCK_K, BLOCK_M] (read transposed)
+    b_desc,             # B (P, N) in padded row order, box [BLOCK_K, BLOCK_N]
+    c_ptr,              # C (E, M, N) any strides: C[e] = A[rows of e]^T @ B[rows of e]
+    start_ptr,          # (E + 1,) int32 padded row offsets (multiples of BLOCK_K)
+    M, N, E, s_ce, s_cm, s_cn,
+    NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """_moe_wgrad_kernel's work with TMA operands: NUM_PROGRAMS programs over (expert, tile),
+    expert-major (the programs of a wave share one expert's rows in L2); an expert's K loop runs
+    over its padded rows, none for an expert without tokens (its tile is written as zeros)."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    per_e = tiles_m * tiles_n
+    for tile in tl.range(tl.program_id(0), per_e * E, NUM_PROGRAMS):
+        e = tile // per_e
+        pid_m, pid_n = _tile_coords(tile - e * per_e, tiles_m, tiles_n, GROUP_M)
+        om = pid_m * BLOCK_M
+        on = pid_n * BLOCK_N
+        lo = tl.load(start_ptr + e)
+        hi = tl.load(start_ptr + e + 1)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for r in range(lo, hi, BLOCK_K):
+            a = a_desc.load([r, om]).T
+            b = b_desc.load([r, on])
+            acc = _dot(a, b, acc, PRECISION, False)
+        offs_m = om + tl.arange(0, BLOCK_M)
+        offs_n = on + tl.arange(0, BLOCK_N)
+        c_ptrs = c_ptr + e.to(tl.int64) * s_ce + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
+
+
+# ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
 _COUNT = LaunchCache(_moe_count_kernel)
@@ -366,6 +491,9 @@ _GEMM = LaunchCache(_moe_gemm_kernel)
 _WGRAD = LaunchCache(_moe_wgrad_kernel)
 _SWIGLU_BWD = LaunchCache(_moe_swiglu_bwd_kernel)
 _COMBINE = LaunchCache(_moe_combine_kernel)
+_GATHER = LaunchCache(_moe_gather_kernel)
+_GEMM_TMA = LaunchCache(_moe_gemm_tma_kernel)
+_WGRAD_TMA = LaunchCache(_moe_wgrad_tma_kernel)
 
 
 def _launch(cache: LaunchCache, grid: tuple, args: tuple, cfg: MoEConfig | tuple, **const) -> None:
@@ -443,6 +571,88 @@ def _combine(y, slot_pos, T: int, topk: int, D: int, dtype) -> torch.Tensor:
     return out
 
 
+def _tma_rows(t: torch.Tensor) -> bool:
+    """Whether TMA can read the 2-D ``t`` as row-major boxes: unit column stride, 16-byte aligned
+    base and rows."""
+    es = t.element_size()
+    return t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * es) % 16 == 0
+
+
+def _weights_2d(w: torch.Tensor) -> torch.Tensor | None:
+    """The (E, R, C) weights as one (E * R, C) matrix TMA can read, or None where the experts are
+    not stacked at a uniform row stride."""
+    E, R, C = w.shape
+    if w.stride(2) != 1 or (E > 1 and w.stride(0) != R * w.stride(1)):
+        return None
+    w2d = w.as_strided((E * R, C), (w.stride(1), 1))
+    return w2d if _tma_rows(w2d) else None
+
+
+def tma_path(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, block_m: int) -> bool:
+    """Whether a call takes the Hopper kernels (TMA operands; persistent GEMMs at 128-row tiles):
+    sm_90+, fp16/bf16, row tiles of at least ``_TMA_MIN_BLOCK_M``, weights TMA can read as 2-D,
+    and K dims that the B boxes walk down (d and 2n) whole multiples of every BLOCK_K.
+    ``WARPFORGE_MOE_TMA=0`` turns it off."""
+    if interpreting() or not x.is_cuda or not _TMA_ON or x.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if block_m < _TMA_MIN_BLOCK_M or torch.cuda.get_device_capability(x.device)[0] < 9:
+        return False
+    d, n2 = x.shape[1], w1.shape[1]
+    if d % 128 or n2 % 128 or (n2 // 2) % 8:
+        return False
+    return _weights_2d(w1) is not None and _weights_2d(w2) is not None
+
+
+_TMA_ON = os.environ.get("WARPFORGE_MOE_TMA", "1") != "0"
+_TMA_MIN_BLOCK_M = 128
+
+
+def _gather_rows(src: torch.Tensor, sorted_slot, tile_expert, topk: int, block_m: int) -> torch.Tensor:
+    """src[slot // topk] for every padded row of a used tile (zeros on padding rows)."""
+    P, D = sorted_slot.numel(), src.shape[1]
+    dst = new_empty((P, D), dtype=src.dtype, device=src.device)
+    rows = 16
+    _launch(_GATHER, (P // rows,), (src, sorted_slot, tile_expert, dst, D, src.stride(0), dst.stride(0)), (4, 1),
+            TOPK=topk, TILE_M=block_m, ROWS=rows, BLOCK_D=min(512, triton.next_power_of_2(D)))
+    return dst
+
+
+def _gemm_tma(a, w, c, *, meta, K: int, N: int, kind: str, b_t: bool, epi: int = 0, weights=None,
+              z=None) -> None:
+    """_moe_gemm_tma_kernel: C (P, N) = A (P, K) @ B_e over the used tiles. ``w``: the (E, R, C)
+    weights, read as B[k, j] = w[e, j, k] (``b_t``) or w[e, k, j]."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    sorted_slot, tile_expert, start = meta
+    cfg, programs_per_sm, ws, flatten = moe_tma_config(kind, sorted_slot.numel() // tile_expert.numel())
+    E, R = w.shape[0], w.shape[1]
+    a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
+    b_desc = TensorDescriptor.from_tensor(_weights_2d(w), [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n])
+    tiles = (tile_expert.numel()) * triton.cdiv(N, cfg.block_n)
+    programs = tiles if programs_per_sm == 0 else max(1, min(tiles, programs_per_sm * sm_count()))
+    dummy = sorted_slot
+    args = (a_desc, b_desc, c, dummy if z is None else z, dummy if weights is None else weights, sorted_slot,
+            tile_expert, start, K, N, R, c.stride(0), 0 if z is None else z.stride(0), E)
+    _launch(_GEMM_TMA, (programs,), args, cfg, NUM_PROGRAMS=programs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, B_T=b_t, EPI=epi, SCALE_ROWS=weights is not None,
+            STORE_Z=z is not None, PRECISION=_precision(a.dtype), WARP_SPECIALIZE=ws, FLATTEN=flatten)
+
+
+def _wgrad_tma(a, b, c, *, start, M: int, N: int, block_m: int) -> None:
+    """_moe_wgrad_tma_kernel: C[e] (M, N) = A[rows of e]^T @ B[rows of e], A (P, M), B (P, N)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    cfg, programs_per_sm, _, _ = moe_tma_config("wgrad", block_m)
+    E = c.shape[0]
+    a_desc = TensorDescriptor.from_tensor(a, [cfg.block_k, cfg.block_m])
+    b_desc = TensorDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n])
+    tiles = E * triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    programs = tiles if programs_per_sm == 0 else max(1, min(tiles, programs_per_sm * sm_count()))
+    args = (a_desc, b_desc, c, start, M, N, E, c.stride(0), c.stride(1), c.stride(2))
+    _launch(_WGRAD_TMA, (programs,), args, cfg, NUM_PROGRAMS=programs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, PRECISION=_precision(a.dtype))
+
+
 def _b_fwd_up(w1):      # B[k, j] = w_gate_up[e, j, k]: (E, d, 2n)
     return (w1.stride(0), w1.stride(2), w1.stride(1), w1)
 
@@ -474,9 +684,17 @@ def _moe_fwd(x, w1, w2, weights, ids, block_m: int, save_z: bool):
     meta = (sorted_slot, tile_expert)
     h = new_empty((P, n), dtype=x.dtype, device=x.device)
     z = new_empty((P, n2), dtype=x.dtype, device=x.device) if save_z else x.new_empty((0, n2))
+    y = new_empty((P, d), dtype=x.dtype, device=x.device)
+    if tma_path(x, w1, w2, block_m):
+        meta = (sorted_slot, tile_expert, start)
+        xg = _gather_rows(x, sorted_slot, tile_expert, topk, block_m)
+        _gemm_tma(xg, w1, h, meta=meta, K=d, N=n, kind="up", b_t=True, epi=1, z=z if save_z else None)
+        del xg
+        _gemm_tma(h, w2, y, meta=meta, K=n, N=d, kind="down", b_t=True, weights=weights.view(-1))
+        out = _combine(y, slot_pos, T, topk, d, x.dtype)
+        return out, z, sorted_slot, slot_pos, tile_expert, start, counts
     _gemm(x, _b_fwd_up(w1), h, meta=meta, K=d, N=n, cfg=moe_config("up", block_m, x.element_size()), topk=topk,
           gather_a=True, epi=1, z=z if save_z else None, store_z=save_z)
-    y = new_empty((P, d), dtype=x.dtype, device=x.device)
     _gemm(h, _b_fwd_down(w2), y, meta=meta, K=n, N=d, cfg=moe_config("down", block_m, x.element_size()),
           topk=topk, gather_a=False, epi=0, weights=weights.view(-1), scale_rows=True)
     out = _combine(y, slot_pos, T, topk, d, x.dtype)
@@ -498,8 +716,13 @@ def _moe_bwd(dout, x, w1, w2, weights, z, sorted_slot, slot_pos, tile_expert, st
     # epilogue (5 tiles in and out of registers in the MMA layout) it cost ~0.9 ms of 1.47 at
     # DeepSeek-V2-Lite T = 8192 on an H100, against ~0.3 ms for the separate pass (NOTES.md)
     g = new_empty((P, n), dtype=x.dtype, device=dev)
-    _gemm(dout, _b_bwd_down(w2), g, meta=meta, K=d, N=n, cfg=moe_config("dgrad", block_m, s), topk=topk,
-          gather_a=True, epi=0)
+    tma = tma_path(x, w1, w2, block_m)
+    if tma:
+        dout_g = _gather_rows(dout, sorted_slot, tile_expert, topk, block_m)
+        _gemm_tma(dout_g, w2, g, meta=(*meta, start), K=d, N=n, kind="dgrad", b_t=False)
+    else:
+        _gemm(dout, _b_bwd_down(w2), g, meta=meta, K=d, N=n, cfg=moe_config("dgrad", block_m, s), topk=topk,
+              gather_a=True, epi=0)
     dz = new_empty((P, n2), dtype=x.dtype, device=dev)
     hw = new_empty((P, n), dtype=x.dtype, device=dev)
     dwrow = new_empty((P,), dtype=torch.float32, device=dev)
@@ -510,11 +733,21 @@ def _moe_bwd(dout, x, w1, w2, weights, z, sorted_slot, slot_pos, tile_expert, st
     del g
     pos = slot_pos.long()
     dwts = torch.where(pos >= 0, dwrow[pos.clamp_min(0)], 0.0).view(T, topk)
-    wcfg = moe_config("wgrad", block_m, s)
     dw2 = new_empty(w2.shape, dtype=w2.dtype, device=dev)
+    dw1 = new_empty(w1.shape, dtype=w1.dtype, device=dev)
+    if tma:
+        _wgrad_tma(dout_g, hw, dw2, start=start, M=d, N=n, block_m=block_m)
+        del dout_g, hw
+        xg = _gather_rows(x, sorted_slot, tile_expert, topk, block_m)
+        _wgrad_tma(dz, xg, dw1, start=start, M=n2, N=d, block_m=block_m)
+        del xg
+        rows = new_empty((P, d), dtype=x.dtype, device=dev)
+        _gemm_tma(dz, w1, rows, meta=(*meta, start), K=n2, N=d, kind="dx", b_t=False)
+        dx = _combine(rows, slot_pos, T, topk, d, x.dtype)
+        return dx, dw1, dw2, dwts
+    wcfg = moe_config("wgrad", block_m, s)
     _wgrad(dout, hw, dw2, sorted_slot=sorted_slot, start=start, M=d, N=n, topk=topk,
            gather_a=True, gather_b=False, cfg=wcfg)
-    dw1 = new_empty(w1.shape, dtype=w1.dtype, device=dev)
     _wgrad(dz, x, dw1, sorted_slot=sorted_slot, start=start, M=n2, N=d, topk=topk,
            gather_a=False, gather_b=True, cfg=wcfg)
     rows = new_empty((P, d), dtype=x.dtype, device=dev)

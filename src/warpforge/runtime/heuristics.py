@@ -749,6 +749,35 @@ def moe_block_m(slots: int, experts: int, elem_bytes: int) -> int:
     return cap
 
 
+MOE_TMA_CONFIGS = {
+    # kind: (tile, programs an SM (0: one program a tile), warp specialisation, flattened tile and K
+    # loops), for 128-row tiles. H200, T = 8192 (benchmarks/NOTES.md, item 53), TFLOP/s at
+    # DeepSeek-V2-Lite / Mixtral against the pointer kernels' 449 / 516 (up), 469 / 571 (down),
+    # 493 / 526 (dgrad), 534 / 605 (dx), 311 / 363 (both weight gradients):
+    "up": (MoEConfig(128, 128, 64, 8, 3), 1, True, False),       # 577 / 617
+    "down": (MoEConfig(128, 256, 64, 8, 3), 1, True, True),      # 569 / 666
+    "dgrad": (MoEConfig(128, 256, 64, 8, 4), 1, False, True),    # 633 / 637
+    "dx": (MoEConfig(128, 256, 64, 8, 3), 1, False, True),       # 587 / 674
+    "wgrad": (MoEConfig(128, 256, 64, 8, 3), 1, False, False),   # 511 / 625
+}
+MOE_TMA_DECODE = {"gemm": (MoEConfig(16, 64, 128, 4, 4), 0, False, False),
+                  "wgrad": (MoEConfig(128, 128, 64, 8, 3), 0, False, False)}
+
+
+def moe_tma_config(kind: str, block_m: int = 128) -> tuple[MoEConfig, int, bool, bool]:
+    """(tile, programs an SM, warp specialisation, flatten) of the Hopper MoE kernels (ops/moe.py,
+    TMA operands): "up", "down", "dgrad", "dx", "wgrad". The row tile is the padding unit
+    ``block_m``; the weight gradients' K step divides it. The gate/up kernel's two accumulators
+    leave no registers for a flattened loop (ptxas serialises its wgmmas there). Rows under 128 an
+    expert (decode): one program per tile streaming a strip of weights, long K steps."""
+    if block_m >= 128:
+        return MOE_TMA_CONFIGS[kind]
+    cfg, programs, ws, flatten = MOE_TMA_DECODE["wgrad" if kind == "wgrad" else "gemm"]
+    if kind == "wgrad":
+        return dataclasses.replace(cfg, block_k=min(cfg.block_k, block_m)), programs, ws, flatten
+    return dataclasses.replace(cfg, block_m=block_m), programs, ws, flatten
+
+
 def moe_config(kind: str, block_m: int, elem_bytes: int) -> MoEConfig:
     """Tiles of the MoE kernels. ``kind``: "up" (gate and up accumulators, SwiGLU epilogue; BLOCK_N
     columns of each), "down" (down projection / dX rows), "dgrad" (dout @ Wd with the SwiGLU
