@@ -62,7 +62,7 @@ DECODE_SWEEP = [(16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (16, 64, 256, 4, 3), 
                 (16, 128, 64, 4, 6), (16, 32, 128, 4, 4), (16, 128, 128, 8, 4)]
 if a.decode:
     import dataclasses
-    M._TMA_MIN_BLOCK_M = 16
+    M._TMA_DECODE_MIN_BLOCK_M, M._TMA_DECODE_MIN_WEIGHTS = 16, 0
     rows = []
     for name in a.e2e.split(","):
         d, n, E, k = SHAPES[name]
@@ -75,7 +75,7 @@ if a.decode:
             M._TMA_ON = True
             res = [f"pointer {t_ptr * 1e3:.1f}"]
             for c in DECODE_SWEEP:
-                H.MOE_TMA_DECODE["gemm"] = (MoEConfig(*c), 0, False, False)
+                H.MOE_TMA_DECODE[bm] = MoEConfig(bm, *c[1:])
                 try:
                     out = M.moe_experts(*args, validate=False)
                     err = rel(out, ref)
@@ -86,7 +86,7 @@ if a.decode:
             rows.append((name, T, bm, res))
             print(name, T, bm, *res, flush=True)
             # backward through the TMA path at this tile (first config) against the pointer path
-            H.MOE_TMA_DECODE["gemm"] = (MoEConfig(*DECODE_SWEEP[0]), 0, False, False)
+            H.MOE_TMA_DECODE[bm] = MoEConfig(bm, *DECODE_SWEEP[0][1:])
             dout = torch.randn(T, d, device=dev, dtype=bf16)
             new = fwd_bwd(*args, dout)
             M._TMA_ON = False

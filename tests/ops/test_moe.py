@@ -205,10 +205,11 @@ ON_HOPPER = ON_GPU and torch.cuda.get_device_capability()[0] >= 9
     ((700, 256, 192, 5, 1), "one"),        # k = 1, every token on expert 0, the rest idle
     ((900, 128, 128, 16, 2), "skewed"),    # a few experts with most tokens, several with none
 ])
-@pytest.mark.parametrize("block_m", [128, 16])
+@pytest.mark.parametrize("block_m", [128, 64, 32])
 def test_tma_path(monkeypatch, dtype, shape, routing, block_m):
     """The Hopper kernels (gathered rows, TMA operands, persistent GEMMs) against float64, checked
-    to be the kernels that ran; 16-row tiles (decode) forced by lowering the TMA threshold."""
+    to be the kernels that ran; decode's 32- and 64-row tiles forced (and the weight-size threshold
+    lowered), with weight gradients whose K step is the tile."""
     import warpforge.ops.moe as M
     T, d, n, E, k = shape
     if routing == "one":
@@ -223,9 +224,8 @@ def test_tma_path(monkeypatch, dtype, shape, routing, block_m):
     for fn in ("_gemm_tma", "_wgrad_tma", "_gemm", "_wgrad"):
         real = getattr(M, fn)
         monkeypatch.setattr(M, fn, lambda *a, _f=real, _n=fn, **kw: (calls.append(_n), _f(*a, **kw))[1])
-    monkeypatch.setattr(M, "_TMA_MIN_BLOCK_M", 16)
-    if block_m == 16:
-        monkeypatch.setattr(M, "moe_block_m", lambda *a: 16)
+    monkeypatch.setattr(M, "_TMA_DECODE_MIN_WEIGHTS", 0)
+    monkeypatch.setattr(M, "moe_block_m", lambda *a: block_m)
     x, w1, w2, wts, ids = _inputs(T, d, n, E, k, dtype, ids)
     _check(x, w1, w2, wts, ids, dtype)
     assert set(calls) == {"_gemm_tma", "_wgrad_tma"}, calls

@@ -951,6 +951,34 @@ def _grouped_mm_peer(x, *rest):
     return moe_grouped_mm(x, *rest)
 
 
+def _graphed(fn: Callable) -> Callable:
+    """``fn`` as a serving loop's decode step runs it: captured in a CUDA graph on the first call
+    with these inputs (after two eager warm-up calls on a side stream), replayed on every later
+    call, returning the captured output. Host time is then one replay; only the latest inputs'
+    graph is kept. Declined off CUDA."""
+    held: dict = {}
+
+    def call(*args):
+        key = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+        if held.get("key") != key:
+            if not isinstance(args[0], torch.Tensor) or args[0].device.type != "cuda":
+                raise Skipped("CUDA graphs need a CUDA device")
+            held.clear()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.no_grad(), torch.cuda.stream(side):
+                for _ in range(2):
+                    fn(*args)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.no_grad(), torch.cuda.graph(graph):
+                out = fn(*args)
+            held.update(key=key, graph=graph, out=out)
+        held["graph"].replay()
+        return held["out"]
+    return call
+
+
 def _liger_moe(cls):
     return lambda x, w1, w2, tw, ti: cls.apply(x, w1, w2, ti.to(torch.int32), tw)
 
@@ -1268,14 +1296,19 @@ _register(Workload(
     cases=moe_decode_cases, check_cases=moe_decode_check_cases, make=_moe_make, grad_args=(0, 1, 2, 3),
     ours_fn=lambda get: {
         "warpforge": (lambda f: lambda x, w1, w2, tw, ti: f(x, w1, w2, tw, ti, validate=False))(get("moe_experts")),
-        "warpforge[validated]": get("moe_experts")},
+        "warpforge[validated]": get("moe_experts"),
+        "warpforge[graph]": _graphed((lambda f: lambda x, w1, w2, tw, ti: f(x, w1, w2, tw, ti, validate=False))(
+            get("moe_experts")))},
     eager=moe_loop, reference=moe_reference,
-    peers=lambda: {"grouped_mm": _grouped_mm_peer}, compile_peer=False,
+    peers=lambda: {"grouped_mm": _grouped_mm_peer, "grouped_mm[graph]": _graphed(_grouped_mm_peer)},
+    compile_peer=False,
     liger=("liger_kernel.ops.fused_moe", "LigerFusedMoEFunction", _liger_moe),
     measure_memory=True, bytes_fn=moe_bytes, flops_fn=moe_flops, only_dtypes=(torch.bfloat16,),
     modes=("fwd",),
     notes="the moe workload at decode batches (T 1 to 256 tokens, random routing), forward only (a "
           "warpforge = validate=False, warpforge[validated] = the default: one host check of the ids; "
+          "[graph] rows = the same call captured once in a CUDA graph and replayed, as a serving loop runs "
+          "a decode step: their host us is the latency of one step; "
           "workload of its own: a case cannot restrict the modes); bound by the bytes of the active experts' "
           "weights (the T*k slots touch at most min(E, T*k) experts; the byte model counts them on the "
           "routing), so GB/s against the copy roof is the figure; " + MOE_NOTES,

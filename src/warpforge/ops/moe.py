@@ -590,21 +590,26 @@ def _weights_2d(w: torch.Tensor) -> torch.Tensor | None:
 
 def tma_path(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, block_m: int) -> bool:
     """Whether a call takes the Hopper kernels (TMA operands; persistent GEMMs at 128-row tiles):
-    sm_90+, fp16/bf16, row tiles of at least ``_TMA_MIN_BLOCK_M``, weights TMA can read as 2-D,
-    and K dims that the B boxes walk down (d and 2n) whole multiples of every BLOCK_K.
-    ``WARPFORGE_MOE_TMA=0`` turns it off."""
+    sm_90+, fp16/bf16, weights TMA can read as 2-D, K dims that the B boxes walk down (d and 2n)
+    whole multiples of every BLOCK_K, and 128-row tiles -- or 32-64-row tiles (decode) where
+    each expert's matrices hold at least ``_TMA_DECODE_MIN_WEIGHTS`` weights (smaller experts'
+    calls are host-bound, and the descriptors cost host time). ``WARPFORGE_MOE_TMA=0`` turns it
+    off."""
     if interpreting() or not x.is_cuda or not _TMA_ON or x.dtype not in (torch.float16, torch.bfloat16):
         return False
-    if block_m < _TMA_MIN_BLOCK_M or torch.cuda.get_device_capability(x.device)[0] < 9:
-        return False
     d, n2 = x.shape[1], w1.shape[1]
+    if block_m < 128 and (block_m < _TMA_DECODE_MIN_BLOCK_M or d * n2 // 2 < _TMA_DECODE_MIN_WEIGHTS):
+        return False
+    if torch.cuda.get_device_capability(x.device)[0] < 9:
+        return False
     if d % 128 or n2 % 128 or (n2 // 2) % 8:
         return False
     return _weights_2d(w1) is not None and _weights_2d(w2) is not None
 
 
 _TMA_ON = os.environ.get("WARPFORGE_MOE_TMA", "1") != "0"
-_TMA_MIN_BLOCK_M = 128
+_TMA_DECODE_MIN_BLOCK_M = 32
+_TMA_DECODE_MIN_WEIGHTS = 1 << 24
 
 
 def _gather_rows(src: torch.Tensor, sorted_slot, tile_expert, topk: int, block_m: int) -> torch.Tensor:

@@ -744,7 +744,10 @@ def moe_block_m(slots: int, experts: int, elem_bytes: int) -> int:
     per_expert = slots / max(1, min(experts, slots))
     cap = 64 if elem_bytes == 4 else 128
     for bm in (16, 32, 64):
-        if per_expert <= bm:
+        # a tile with room to spare: with random routing many experts get more than the mean, and
+        # each row tile of an expert streams its weights again (H200, Mixtral T = 256: 64-row tiles
+        # 926 us, 128-row 801; benchmarks/NOTES.md, item 54)
+        if per_expert <= 0.75 * bm:
             return min(bm, cap)
     return cap
 
@@ -760,22 +763,24 @@ MOE_TMA_CONFIGS = {
     "dx": (MoEConfig(128, 256, 64, 8, 3), 1, False, True),       # 587 / 674
     "wgrad": (MoEConfig(128, 256, 64, 8, 3), 1, False, False),   # 511 / 625
 }
-MOE_TMA_DECODE = {"gemm": (MoEConfig(16, 64, 128, 4, 4), 0, False, False),
-                  "wgrad": (MoEConfig(128, 128, 64, 8, 3), 0, False, False)}
+# decode row tiles (32 or 64 rows, experts of >= 2^24 weights a matrix: Mixtral), one program a tile:
+# H200, Mixtral T = 64 at 32-row tiles 685 us against the pointer kernels' 743 (16-row tiles: 786)
+# (benchmarks/NOTES.md, item 54)
+MOE_TMA_DECODE = {32: MoEConfig(32, 128, 128, 4, 4), 64: MoEConfig(64, 128, 64, 4, 4)}
+MOE_TMA_DECODE_WGRAD = MoEConfig(128, 128, 64, 8, 3)
 
 
 def moe_tma_config(kind: str, block_m: int = 128) -> tuple[MoEConfig, int, bool, bool]:
     """(tile, programs an SM, warp specialisation, flatten) of the Hopper MoE kernels (ops/moe.py,
     TMA operands): "up", "down", "dgrad", "dx", "wgrad". The row tile is the padding unit
     ``block_m``; the weight gradients' K step divides it. The gate/up kernel's two accumulators
-    leave no registers for a flattened loop (ptxas serialises its wgmmas there). Rows under 128 an
-    expert (decode): one program per tile streaming a strip of weights, long K steps."""
+    leave no registers for a flattened loop (ptxas serialises its wgmmas there). Under 128 rows
+    (decode): one program a tile streaming a strip of weights, long K steps."""
     if block_m >= 128:
         return MOE_TMA_CONFIGS[kind]
-    cfg, programs, ws, flatten = MOE_TMA_DECODE["wgrad" if kind == "wgrad" else "gemm"]
     if kind == "wgrad":
-        return dataclasses.replace(cfg, block_k=min(cfg.block_k, block_m)), programs, ws, flatten
-    return dataclasses.replace(cfg, block_m=block_m), programs, ws, flatten
+        return dataclasses.replace(MOE_TMA_DECODE_WGRAD, block_k=min(64, block_m)), 0, False, False
+    return MOE_TMA_DECODE[block_m], 0, False, False
 
 
 def moe_config(kind: str, block_m: int, elem_bytes: int) -> MoEConfig:

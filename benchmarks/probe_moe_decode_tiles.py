@@ -1,0 +1,98 @@
+"""Device probe for MoE decode (not the benchmark: `warpforge bench moe_decode` is): at T = 1-256
+tokens, GPU time (the bench's timer) of the pointer kernels and the TMA kernels at forced row tiles
+(block_m 16-128; a bigger tile reads an expert's weights once where its tokens overflow a small
+one), against the torch._grouped_mm pipeline; then each one's latency as a CUDA graph replayed
+back to back (what a serving loop sees), and the eager host time per call.
+
+    python benchmarks/probe_moe_decode_tiles.py [--shapes mixtral,dsv2] [--T 64,256]
+"""
+import argparse, time, torch
+import warpforge.ops.moe as M
+import warpforge.runtime.heuristics as H
+from warpforge.bench import timing
+from warpforge.bench.workloads import moe_grouped_mm
+from warpforge.runtime.heuristics import MoEConfig
+
+SHAPES = {"dsv2": (2048, 1408, 64, 6), "qwen3": (2048, 768, 128, 8), "mixtral": (4096, 14336, 8, 2),
+          "olmoe": (2048, 1024, 64, 8)}
+p = argparse.ArgumentParser()
+p.add_argument("--shapes", default="mixtral,dsv2,qwen3,olmoe")
+p.add_argument("--T", default="1,8,64,256")
+a = p.parse_args()
+dev, bf16 = "cuda", torch.bfloat16
+cfg = timing.TimingConfig()
+real_bm = M.moe_block_m
+
+
+def make(T, d, n, E, k, seed=0):
+    g = torch.Generator(device=dev).manual_seed(seed)
+    x = torch.randn(T, d, device=dev, dtype=bf16, generator=g)
+    w1 = (torch.randn(E, 2 * n, d, device=dev, generator=g) * d ** -0.5).to(bf16)
+    w2 = (torch.randn(E, d, n, device=dev, generator=g) * n ** -0.5).to(bf16)
+    ids = torch.rand(T, E, device=dev, generator=g).topk(k, -1).indices.int()
+    wts = torch.softmax(torch.randn(T, k, device=dev, generator=g), -1)
+    return x, w1, w2, wts, ids
+
+
+def graph_us(fn, reps=200):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(10):
+        g.replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        g.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps * 1e6
+
+
+VARIANTS = [("shipped", None, None), ("pointer", None, None), ("pointer", 32, None), ("pointer", 64, None), ("pointer", 128, None),
+            ("tma", 16, (64, 128, 4, 4)), ("tma", 32, (64, 128, 4, 4)), ("tma", 32, (128, 128, 4, 4)),
+            ("tma", 64, (64, 128, 4, 4)), ("tma", 64, (128, 64, 4, 4)), ("tma", 128, None)]
+default_decode = dict(H.MOE_TMA_DECODE)
+rows = []
+for name in a.shapes.split(","):
+    d, n, E, k = SHAPES[name]
+    for T in map(int, a.T.split(",")):
+        args = make(T, d, n, E, k)
+        active = int(torch.unique(args[4]).numel())
+        nbytes = 3 * active * d * n * 2
+        M._TMA_ON = False
+        M.moe_block_m = real_bm
+        ref = M.moe_experts(*args, validate=False).float()
+        gm = lambda: moe_grouped_mm(*args)
+        res = {"grouped_mm": (timing.device_ms(gm, cfg, nbytes), graph_us(gm), timing.host_us(gm))}
+        for path, bm, tile in VARIANTS:
+            label = f"{path}" + (f" bm{bm}" if bm else " default") + (f" {tile[0]}x{tile[1]}" if tile else "")
+            M._TMA_ON = path != "pointer"
+            if path != "shipped":
+                M._TMA_DECODE_MIN_BLOCK_M, M._TMA_DECODE_MIN_WEIGHTS = 16, 0
+            M.moe_block_m = real_bm if bm is None else (lambda *x, _b=bm: _b)
+            if tile:
+                H.MOE_TMA_DECODE[bm] = MoEConfig(bm, *tile)
+            fn = lambda: M.moe_experts(*args, validate=False)
+            try:
+                out = fn().float()
+                err = ((out - ref).norm() / ref.norm()).item()
+                res[label] = (timing.device_ms(fn, cfg, nbytes), graph_us(fn), timing.host_us(fn), err)
+            except Exception as exc:
+                res[label] = (float("nan"), float("nan"), float("nan"), repr(exc)[:120])
+        M._TMA_ON, M.moe_block_m = True, real_bm
+        M._TMA_DECODE_MIN_BLOCK_M, M._TMA_DECODE_MIN_WEIGHTS = 32, 1 << 24
+        H.MOE_TMA_DECODE.update(default_decode)
+        g0 = res["grouped_mm"][0]
+        for lab, r in res.items():
+            extra = "" if lab == "grouped_mm" else (f" err {r[3]:.1e}" if isinstance(r[3], float) else f" {r[3]}")
+            line = (f"{name} T={T} bm={real_bm(T * k, E, 2)} {lab}: gpu {r[0] * 1e3:.1f} us ({nbytes / r[0] / 1e9:.0f} GB/s, "
+                    f"{g0 / r[0]:.2f}x gmm) graph {r[1]:.1f} us host {r[2]:.1f} us{extra}")
+            rows.append(line)
+            print(line, flush=True)
+        del args
