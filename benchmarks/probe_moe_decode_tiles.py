@@ -18,6 +18,8 @@ SHAPES = {"dsv2": (2048, 1408, 64, 6), "qwen3": (2048, 768, 128, 8), "mixtral": 
 p = argparse.ArgumentParser()
 p.add_argument("--shapes", default="mixtral,dsv2,qwen3,olmoe")
 p.add_argument("--T", default="1,8,64,256")
+p.add_argument("--kernels", action="store_true",
+               help="per-kernel GPU time (profiler) of the TMA up/down kernels under a few tiles instead")
 a = p.parse_args()
 dev, bf16 = "cuda", torch.bfloat16
 cfg = timing.TimingConfig()
@@ -58,6 +60,58 @@ VARIANTS = [("shipped", None, None), ("pointer", None, None), ("pointer", 32, No
             ("tma", 16, (64, 128, 4, 4)), ("tma", 32, (64, 128, 4, 4)), ("tma", 32, (128, 128, 4, 4)),
             ("tma", 64, (64, 128, 4, 4)), ("tma", 64, (128, 64, 4, 4)), ("tma", 128, None)]
 default_decode = dict(H.MOE_TMA_DECODE)
+KERNEL_VARIANTS = [   # (block_m, up (tile, programs an SM, ws, flatten), down (...)); None = shipped
+    (128, None, None),
+    (128, (MoEConfig(128, 128, 64, 8, 3), 0, False, False), (MoEConfig(128, 256, 64, 8, 3), 0, False, False)),
+    (128, (MoEConfig(128, 128, 64, 8, 4), 1, True, False), (MoEConfig(128, 128, 64, 8, 4), 1, True, True)),
+    (128, (MoEConfig(128, 64, 128, 8, 3), 0, False, False), (MoEConfig(128, 128, 128, 8, 3), 0, False, False)),
+    (64, None, None),
+    (64, (MoEConfig(64, 64, 128, 4, 4), 0, False, False), None),
+    (64, (MoEConfig(64, 128, 64, 4, 5), 0, False, False), None),
+    (64, (MoEConfig(64, 128, 64, 8, 4), 0, False, False), None),
+]
+if a.kernels:
+    from torch.profiler import profile, ProfilerActivity
+    default_cfg = dict(H.MOE_TMA_CONFIGS)
+    for name in a.shapes.split(","):
+        d, n, E, k = SHAPES[name]
+        for T in map(int, a.T.split(",")):
+            args = make(T, d, n, E, k)
+            M._TMA_ON = False
+            ref = M.moe_experts(*args, validate=False).float()
+            M._TMA_ON = True
+            M._TMA_DECODE_MIN_BLOCK_M, M._TMA_DECODE_MIN_WEIGHTS = 16, 0
+            for bm, up, down in KERNEL_VARIANTS:
+                M.moe_block_m = lambda *x, _b=bm: _b
+                H.MOE_TMA_CONFIGS.update(default_cfg)
+                H.MOE_TMA_DECODE.update(default_decode)
+                if bm == 128:
+                    if up:
+                        H.MOE_TMA_CONFIGS["up"] = up
+                    if down:
+                        H.MOE_TMA_CONFIGS["down"] = down
+                elif up:
+                    H.MOE_TMA_DECODE[bm] = up[0]
+                fn = lambda: M.moe_experts(*args, validate=False)
+                try:
+                    err = ((fn().float() - ref).norm() / ref.norm()).item()
+                    lat = graph_us(fn)
+                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                        for _ in range(10):
+                            fn()
+                        torch.cuda.synchronize()
+                    ks = {e.key: e.device_time_total / 10 for e in prof.key_averages() if e.device_time_total > 0}
+                    gem = sorted((v for kk, v in ks.items() if "gemm" in kk), reverse=True)
+                    print(f"{name} T={T} bm={bm} up={up[0] if up else 'shipped'} down={down[0] if down else 'shipped'}: "
+                          f"graph {lat:.1f} us, gemm kernels {' + '.join(f'{g:.1f}' for g in gem)} us, "
+                          f"rest {sum(ks.values()) - sum(gem):.1f} us, err {err:.1e}", flush=True)
+                except Exception as exc:
+                    print(name, T, bm, up, down, "failed", repr(exc)[:200], flush=True)
+            M.moe_block_m = real_bm
+            H.MOE_TMA_CONFIGS.update(default_cfg)
+            H.MOE_TMA_DECODE.update(default_decode)
+            M._TMA_DECODE_MIN_BLOCK_M, M._TMA_DECODE_MIN_WEIGHTS = 32, 1 << 24
+    raise SystemExit
 rows = []
 for name in a.shapes.split(","):
     d, n, E, k = SHAPES[name]
