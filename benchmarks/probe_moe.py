@@ -10,8 +10,7 @@ import torch.nn.functional as F
 import warpforge as wf
 from warpforge.ops.moe import moe_experts, moe_experts_reference
 
-SHAPES = {"dsv2": (2048, 1408, 64, 6), "qwen3": (2048, 768, 128, 8), "mixtral": (4096, 14336, 8, 2),
-          "olmoe": (2048, 1024, 64, 8)}
+from moe_probe_inputs import SHAPES, make
 p = argparse.ArgumentParser()
 p.add_argument("--shapes", default="dsv2,qwen3,mixtral,olmoe")
 p.add_argument("--T", default="8192")
@@ -36,16 +35,6 @@ if a.cfg:
         return MoEConfig(bm[0] if bm else c.block_m, bn, bk, w, st)
     M.moe_config = patched
 dev, bf16 = "cuda", torch.bfloat16
-
-
-def make(T, d, n, E, k, seed=0):
-    g = torch.Generator(device=dev).manual_seed(seed)
-    x = torch.randn(T, d, device=dev, dtype=bf16, generator=g)
-    w1 = (torch.randn(E, 2 * n, d, device=dev, generator=g) * d ** -0.5).to(bf16)
-    w2 = (torch.randn(E, d, n, device=dev, generator=g) * n ** -0.5).to(bf16)
-    ids = torch.rand(T, E, device=dev, generator=g).topk(k, -1).indices.int()
-    wts = torch.softmax(torch.randn(T, k, device=dev, generator=g), -1)
-    return x, w1, w2, wts, ids
 
 
 def pipeline(x, w1, w2, wts, ids):

@@ -13,8 +13,7 @@ from warpforge.bench import timing
 from warpforge.bench.workloads import moe_grouped_mm
 from warpforge.runtime.heuristics import MoEConfig
 
-SHAPES = {"dsv2": (2048, 1408, 64, 6), "qwen3": (2048, 768, 128, 8), "mixtral": (4096, 14336, 8, 2),
-          "olmoe": (2048, 1024, 64, 8)}
+from moe_probe_inputs import SHAPES, make
 p = argparse.ArgumentParser()
 p.add_argument("--shapes", default="mixtral,dsv2,qwen3,olmoe")
 p.add_argument("--T", default="1,8,64,256")
@@ -24,16 +23,6 @@ a = p.parse_args()
 dev, bf16 = "cuda", torch.bfloat16
 cfg = timing.TimingConfig()
 real_bm = M.moe_block_m
-
-
-def make(T, d, n, E, k, seed=0):
-    g = torch.Generator(device=dev).manual_seed(seed)
-    x = torch.randn(T, d, device=dev, dtype=bf16, generator=g)
-    w1 = (torch.randn(E, 2 * n, d, device=dev, generator=g) * d ** -0.5).to(bf16)
-    w2 = (torch.randn(E, d, n, device=dev, generator=g) * n ** -0.5).to(bf16)
-    ids = torch.rand(T, E, device=dev, generator=g).topk(k, -1).indices.int()
-    wts = torch.softmax(torch.randn(T, k, device=dev, generator=g), -1)
-    return x, w1, w2, wts, ids
 
 
 def graph_us(fn, reps=200):

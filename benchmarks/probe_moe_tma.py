@@ -10,8 +10,7 @@ import warpforge.ops.moe as M
 import warpforge.runtime.heuristics as H
 from warpforge.runtime.heuristics import MoEConfig, moe_block_m, moe_config
 
-SHAPES = {"dsv2": (2048, 1408, 64, 6), "qwen3": (2048, 768, 128, 8), "mixtral": (4096, 14336, 8, 2),
-          "olmoe": (2048, 1024, 64, 8)}
+from moe_probe_inputs import SHAPES, make
 SWEEP = {   # (block_m, block_n, block_k, warps, stages, programs an SM (0: a program a tile), warp specialise, flatten)
     "up": [(128, 128, 64, 8, 3, 1, False, False), (128, 128, 64, 8, 3, 0, False, False), (128, 128, 64, 8, 4, 1, False, False),
            (128, 64, 64, 8, 4, 1, False, True), (128, 64, 64, 8, 4, 0, False, False), (128, 128, 64, 8, 3, 1, True, False)],
@@ -31,16 +30,6 @@ p.add_argument("--T", type=int, default=8192)
 p.add_argument("--decode", default="", help="T list: the decode sweep (TMA tiles under 128 rows) instead")
 a = p.parse_args()
 dev, bf16 = "cuda", torch.bfloat16
-
-
-def make(T, d, n, E, k, seed=0):
-    g = torch.Generator(device=dev).manual_seed(seed)
-    x = torch.randn(T, d, device=dev, dtype=bf16, generator=g)
-    w1 = (torch.randn(E, 2 * n, d, device=dev, generator=g) * d ** -0.5).to(bf16)
-    w2 = (torch.randn(E, d, n, device=dev, generator=g) * n ** -0.5).to(bf16)
-    ids = torch.rand(T, E, device=dev, generator=g).topk(k, -1).indices.int()
-    wts = torch.softmax(torch.randn(T, k, device=dev, generator=g), -1)
-    return x, w1, w2, wts, ids
 
 
 def rel(x, y):

@@ -48,8 +48,25 @@ How the work is laid out, and why:
   row and add nothing). ``validate=True`` (the default) raises on them first, with one host sync.
 
 The decode path (T <= 256) is the same pipeline with BLOCK_M = 16 (or 32/64 as the rows per expert
-grow) and K tiles of 128: each program streams a 64-column strip of an expert's weights, the tokens
-of that expert riding along as the M side of the dot.
+grow; a tile with room to spare, since each extra row tile of an expert streams its weights again)
+and K tiles of 128: each program streams a strip of an expert's weights, the tokens of that expert
+riding along as the M side of the dot.
+
+The Hopper path (sm_90+, fp16/bf16; every call with 128-row tiles, and Mixtral-sized experts at 32-
+and 64-row tiles: ``tma_path``) runs the same steps with every GEMM operand a TMA box:
+- the gathered operands are materialised once in the padded row order (``_moe_gather_kernel``:
+  x for gate/up -- gathered again in the backward for dW_gate_up -- and dout for dgrad and dW_down;
+  zeros on padding rows), ~0.1 ms at DeepSeek-V2-Lite T = 8192 against ~1 ms of gate/up GEMM;
+- the weights are read as one (E * R, C) matrix; a partial column tile's extra rows are the next
+  expert's (or zero-filled past the end) and only feed masked columns; along K the boxes walk
+  B's rows only where d and 2n are multiples of 128, so they never cross an expert;
+- the row GEMMs are persistent (one program an SM over the used tiles, whose count is read from
+  the device: no host sync), tile and K loops flattened into one software pipeline except for
+  gate/up, whose two accumulators leave ptxas no registers for it;
+- the weight gradients take (expert, tile) programs whose K loop runs over the expert's padded
+  rows, A read transposed from its box.
+The K order of every sum is the pointer kernels', so the two paths agree bit for bit (H200,
+benchmarks/NOTES.md, item 53); the Hopper kernels run 1.1-1.6x faster per GEMM.
 """
 from __future__ import annotations
 
@@ -178,6 +195,28 @@ def _moe_scatter_kernel(
 # Triton kernels: grouped GEMMs and the combine
 # ----------------------------------------------------------------------------------------------
 @triton.jit
+def _moe_epilogue(acc, acc_u, rows64, offs_n, N, c_ptr, s_cm, z_ptr, s_zm, w_ptr, slot,
+                  EPI: tl.constexpr, SCALE_ROWS: tl.constexpr, STORE_Z: tl.constexpr):
+    """A finished tile of the row GEMMs, columns past N masked. EPI 0: C = acc, times each row's
+    routing weight (``slot``'s, 0 on padding rows) with SCALE_ROWS. EPI 1 (acc = z_g, acc_u =
+    z_u): C = silu(z_g) * z_u, and z = [z_g, z_u] with STORE_Z."""
+    out_ty = c_ptr.dtype.element_ty
+    c_ptrs = c_ptr + rows64[:, None] * s_cm + offs_n[None, :]
+    mask = (offs_n < N)[None, :]
+    if EPI == 0:
+        if SCALE_ROWS:
+            acc = acc * tl.load(w_ptr + slot, mask=slot >= 0, other=0.0)[:, None]
+        tl.store(c_ptrs, acc.to(out_ty), mask=mask)
+    else:
+        h = acc * tl.sigmoid(acc) * acc_u
+        tl.store(c_ptrs, h.to(out_ty), mask=mask)
+        if STORE_Z:
+            z_ptrs = z_ptr + rows64[:, None] * s_zm + offs_n[None, :]
+            tl.store(z_ptrs, acc.to(out_ty), mask=mask)
+            tl.store(z_ptrs + N, acc_u.to(out_ty), mask=mask)
+
+
+@triton.jit
 def _moe_gemm_kernel(
     a_ptr,              # A: (T, K) read at row slot // TOPK (GATHER_A), or (P, K) at the padded row
     b_ptr,              # B: (E, K, N) any strides (a view of w_gate_up or w_down)
@@ -214,9 +253,8 @@ def _moe_gemm_kernel(
     a_ptrs = a_ptr + a_rows[:, None] * s_am + offs_k[None, :] * s_ak
     b_ptrs = b_ptr + e.to(tl.int64) * s_be + offs_k[:, None] * s_bk + offs_n[None, :] * s_bn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if EPI == 1:
-        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        up_off = N * s_bn
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)    # EPI 1 only (dead code otherwise)
+    up_off = N * s_bn
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
@@ -235,20 +273,7 @@ def _moe_gemm_kernel(
         a_ptrs += BLOCK_K * s_ak
         b_ptrs += BLOCK_K * s_bk
 
-    out_ty = c_ptr.dtype.element_ty
-    c_ptrs = c_ptr + rows64[:, None] * s_cm + offs_n[None, :]
-    mask = mask_n[None, :]
-    if EPI == 0:
-        if SCALE_ROWS:
-            acc = acc * tl.load(w_ptr + slot, mask=valid, other=0.0)[:, None]
-        tl.store(c_ptrs, acc.to(out_ty), mask=mask)
-    elif EPI == 1:
-        h = acc * tl.sigmoid(acc) * acc_u
-        tl.store(c_ptrs, h.to(out_ty), mask=mask)
-        if STORE_Z:
-            z_ptrs = z_ptr + rows64[:, None] * s_zm + offs_n[None, :]
-            tl.store(z_ptrs, acc.to(out_ty), mask=mask)
-            tl.store(z_ptrs + N, acc_u.to(out_ty), mask=mask)
+    _moe_epilogue(acc, acc_u, rows64, offs_n, N, c_ptr, s_cm, z_ptr, s_zm, w_ptr, slot, EPI, SCALE_ROWS, STORE_Z)
 
 
 @triton.jit
@@ -429,22 +454,11 @@ def _moe_gemm_tma_kernel(
                 bu = b_desc.load([wrow + N + on, ok]).T
                 acc_u = _dot(a, bu, acc_u, PRECISION, False)
         rows = (om + tl.arange(0, BLOCK_M)).to(tl.int64)
-        offs_n = on + tl.arange(0, BLOCK_N)
-        mask = (offs_n < N)[None, :]
-        c_ptrs = c_ptr + rows[:, None] * s_cm + offs_n[None, :]
-        out_ty = c_ptr.dtype.element_ty
-        if EPI == 0:
-            if SCALE_ROWS:
-                slot = tl.load(sorted_ptr + rows)
-                acc = acc * tl.load(w_ptr + slot, mask=slot >= 0, other=0.0)[:, None]
-            tl.store(c_ptrs, acc.to(out_ty), mask=mask)
-        else:
-            h = acc * tl.sigmoid(acc) * acc_u
-            tl.store(c_ptrs, h.to(out_ty), mask=mask)
-            if STORE_Z:
-                z_ptrs = z_ptr + rows[:, None] * s_zm + offs_n[None, :]
-                tl.store(z_ptrs, acc.to(out_ty), mask=mask)
-                tl.store(z_ptrs + N, acc_u.to(out_ty), mask=mask)
+        slot = rows
+        if SCALE_ROWS:
+            slot = tl.load(sorted_ptr + rows)
+        _moe_epilogue(acc, acc_u, rows, on + tl.arange(0, BLOCK_N), N, c_ptr, s_cm, z_ptr, s_zm, w_ptr, slot,
+                      EPI, SCALE_ROWS, STORE_Z)
 
 
 @triton.jit

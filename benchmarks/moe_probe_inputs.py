@@ -1,0 +1,17 @@
+"""The MoE probes' shapes and inputs (imported by benchmarks/probe_moe*.py; not a probe itself)."""
+import torch
+
+SHAPES = {"dsv2": (2048, 1408, 64, 6), "qwen3": (2048, 768, 128, 8), "mixtral": (4096, 14336, 8, 2),
+          "olmoe": (2048, 1024, 64, 8)}   # (d, n, E, k): DeepSeek-V2-Lite, Qwen3-30B-A3B, Mixtral, OLMoE
+
+
+def make(T, d, n, E, k, seed=0, dev="cuda", dtype=torch.bfloat16):
+    """x (T, d), w_gate_up (E, 2n, d), w_down (E, d, n), routing weights (T, k) fp32 and ids (T, k)
+    int32: k distinct experts uniformly at random, from one seeded generator on the device."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+    x = torch.randn(T, d, device=dev, dtype=dtype, generator=g)
+    w1 = (torch.randn(E, 2 * n, d, device=dev, generator=g) * d ** -0.5).to(dtype)
+    w2 = (torch.randn(E, d, n, device=dev, generator=g) * n ** -0.5).to(dtype)
+    ids = torch.rand(T, E, device=dev, generator=g).topk(k, -1).indices.int()
+    wts = torch.softmax(torch.randn(T, k, device=dev, generator=g), -1)
+    return x, w1, w2, wts, ids
