@@ -12,8 +12,10 @@ from warpforge.runtime.heuristics import MoEConfig, moe_block_m, moe_config
 
 from moe_probe_inputs import SHAPES, make
 SWEEP = {   # (block_m, block_n, block_k, warps, stages, programs an SM (0: a program a tile), warp specialise, flatten)
-    "up": [(128, 128, 64, 8, 3, 1, False, False), (128, 128, 64, 8, 3, 0, False, False), (128, 128, 64, 8, 4, 1, False, False),
-           (128, 64, 64, 8, 4, 1, False, True), (128, 64, 64, 8, 4, 0, False, False), (128, 128, 64, 8, 3, 1, True, False)],
+    "up": [(128, 128, 64, 8, 3, 1, True, False, False), (128, 128, 64, 8, 3, 1, False, True, True),
+           (128, 128, 64, 8, 3, 1, True, True, True), (128, 128, 64, 8, 3, 1, True, False, True),
+           (128, 128, 64, 8, 4, 1, False, True, True), (128, 128, 64, 8, 3, 0, False, False, True),
+           (128, 64, 64, 8, 4, 1, False, True, True)],   # 9th: PAIRED (one gate+up accumulator)
     "down": [(128, 256, 64, 8, 3, 1, False, True), (128, 128, 64, 8, 4, 1, False, True), (128, 256, 64, 8, 3, 1, True, True),
              (128, 256, 64, 8, 3, 0, False, False), (128, 128, 64, 8, 4, 0, False, False), (128, 256, 64, 8, 4, 1, False, True)],
     "wgrad": [(128, 128, 64, 8, 4, 0, False, False), (128, 128, 64, 8, 4, 1, False, False), (128, 128, 64, 8, 3, 0, False, False),
@@ -116,6 +118,7 @@ for name in a.e2e.split(","):
 # 2. each kernel alone, TMA configs against the pointer kernel
 table = []
 default = dict(H.MOE_TMA_CONFIGS)
+UNPAIRED_UP = (MoEConfig(128, 128, 64, 8, 3), 1, True, False)   # session 22's first pick (577 / 617 TFLOP/s)
 for name in filter(None, a.shapes.split(",")):
     d, n, E, k = SHAPES[name]
     T = a.T
@@ -167,16 +170,19 @@ for name in filter(None, a.shapes.split(",")):
         ref_out = None
         for c in SWEEP[kind]:
             H.MOE_TMA_CONFIGS[kind] = (MoEConfig(*c[:5]), c[5], c[6], c[7])
+            M._PAIRED_UP = c[8] if len(c) > 8 else True
             try:
                 news[kind]()
                 torch.cuda.synchronize()
                 ms = bench(news[kind])
-                table.append((name, kind, "tma " + "x".join(map(str, c[:3])) + f" w{c[3]} s{c[4]} p{c[5]}" + (" ws" if c[6] else "") + (" flat" if c[7] else ""),
+                table.append((name, kind, "tma " + "x".join(map(str, c[:3])) + f" w{c[3]} s{c[4]} p{c[5]}" + (" ws" if c[6] else "") + (" flat" if c[7] else "")
+                              + (" paired" if len(c) > 8 and c[8] else ""),
                               ms, f / ms / 1e9, "TFLOP/s"))
             except Exception as exc:
                 table.append((name, kind, f"tma {c} failed {exc!r:.200}", 0, 0, ""))
             print(*table[-1], flush=True)
         H.MOE_TMA_CONFIGS[kind] = default[kind]
+        M._PAIRED_UP = True
     del x, w1, w2, xg, h, z, y, dz, hw, dw1, dw2
 
 # 3. end to end
@@ -188,8 +194,10 @@ for name in a.e2e.split(","):
     fl = 6 * T * k * d * n
     dout = torch.randn(T, d, device=dev, dtype=bf16)
     ts = [t.clone().requires_grad_() if i < 4 else t for i, t in enumerate(args)]
-    for label, on in (("pointer", False), ("tma", True)):
+    for label, on in (("pointer", False), ("tma unpaired", True), ("tma", True)):
         M._TMA_ON = on
+        M._PAIRED_UP = label == "tma"
+        H.MOE_TMA_CONFIGS["up"] = UNPAIRED_UP if label == "tma unpaired" else default["up"]
         f = bench(lambda: M.moe_experts(*args, validate=False))
 
         def step():
@@ -199,7 +207,8 @@ for name in a.e2e.split(","):
         fb = bench(step)
         e2e.append((name, label, f, fl / f / 1e9, fb, 3 * fl / fb / 1e9))
         print(*e2e[-1], flush=True)
-    M._TMA_ON = True
+    M._TMA_ON, M._PAIRED_UP = True, True
+    H.MOE_TMA_CONFIGS["up"] = default["up"]
     del args, ts
 
 print("\n| shape | kernel | variant | ms | rate |")

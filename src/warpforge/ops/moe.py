@@ -61,12 +61,14 @@ and 64-row tiles: ``tma_path``) runs the same steps with every GEMM operand a TM
   expert's (or zero-filled past the end) and only feed masked columns; along K the boxes walk
   B's rows only where d and 2n are multiples of 128, so they never cross an expert;
 - the row GEMMs are persistent (one program an SM over the used tiles, whose count is read from
-  the device: no host sync), tile and K loops flattened into one software pipeline except for
-  gate/up, whose two accumulators leave ptxas no registers for it;
+  the device: no host sync), tile and K loops flattened into one software pipeline; gate/up reads
+  w_gate_up as (E, 2, n, d), so one box brings a column tile's gate and up rows and one
+  [128, 256] accumulator takes both (two 128 x 128 ones left ptxas no registers for the flattened
+  loop: it serialised their wgmmas);
 - the weight gradients take (expert, tile) programs whose K loop runs over the expert's padded
   rows, A read transposed from its box.
 The K order of every sum is the pointer kernels', so the two paths agree bit for bit (H200,
-benchmarks/NOTES.md, item 53); the Hopper kernels run 1.1-1.6x faster per GEMM.
+benchmarks/NOTES.md, items 53 and 57); the Hopper kernels run 1.1-1.9x faster per GEMM.
 """
 from __future__ import annotations
 
@@ -416,7 +418,8 @@ def _moe_gather_kernel(
 def _moe_gemm_tma_kernel(
     a_desc,             # A (P, K) in padded row order, box [BLOCK_M, BLOCK_K]
     b_desc,             # the weights as 2-D (E * R, C): box [BLOCK_N, BLOCK_K] if B_T (B[k, j] = W[e*R + j, k]),
-                        # else [BLOCK_K, BLOCK_N] (B[k, j] = W[e*R + k, j])
+                        # else [BLOCK_K, BLOCK_N] (B[k, j] = W[e*R + k, j]); PAIRED: w_gate_up as
+                        # (E, 2, n, d), box [1, 2, BLOCK_N, BLOCK_K] (gate and up rows of one column tile)
     c_ptr,              # C (P, N)
     z_ptr,              # (P, 2 * N) pre-activations [z_g, z_u] (EPI 1 with STORE_Z)
     w_ptr,              # (S,) fp32 routing weight of each slot (SCALE_ROWS)
@@ -425,11 +428,15 @@ def _moe_gemm_tma_kernel(
     NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, B_T: tl.constexpr, EPI: tl.constexpr, SCALE_ROWS: tl.constexpr,
     STORE_Z: tl.constexpr, PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr,
+    PAIRED: tl.constexpr,
 ):
     """_moe_gemm_kernel's work, persistent: NUM_PROGRAMS programs walk the used tiles (the count
     read from start[E], so no host sync sizes the loop) in grouped order; A and B arrive by TMA,
     tile and K loops flattened into one software pipeline. B rows past an expert's R (a partial
-    column tile) belong to the next expert or are zero-filled: they only feed masked columns."""
+    column tile) belong to the next expert or are zero-filled: they only feed masked columns.
+    PAIRED (EPI 1): one box brings a column tile's gate and up rows, so one [BLOCK_M, 2 * BLOCK_N]
+    accumulator takes both (one wgmma a K step instead of two, and registers enough for the
+    flattened loop), split into z_g and z_u for the epilogue."""
     tiles_m = tl.load(start_ptr + E) // BLOCK_M
     tiles_n = tl.cdiv(N, BLOCK_N)
     k_steps = tl.cdiv(K, BLOCK_K)
@@ -440,19 +447,28 @@ def _moe_gemm_tma_kernel(
         om = pid_m * BLOCK_M
         on = pid_n * BLOCK_N
         wrow = e * R
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for ks in range(k_steps):
-            ok = ks * BLOCK_K
-            a = a_desc.load([om, ok])
-            if B_T:
-                b = b_desc.load([wrow + on, ok]).T
-            else:
-                b = b_desc.load([wrow + ok, on])
-            acc = _dot(a, b, acc, PRECISION, False)
-            if EPI == 1:
-                bu = b_desc.load([wrow + N + on, ok]).T
-                acc_u = _dot(a, bu, acc_u, PRECISION, False)
+        if PAIRED:
+            both = tl.zeros([BLOCK_M, 2 * BLOCK_N], dtype=tl.float32)
+            for ks in range(k_steps):
+                ok = ks * BLOCK_K
+                a = a_desc.load([om, ok])
+                b = b_desc.load([e, 0, on, ok]).reshape([2 * BLOCK_N, BLOCK_K]).T
+                both = _dot(a, b, both, PRECISION, False)
+            acc, acc_u = tl.split(tl.permute(tl.reshape(both, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
+        else:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for ks in range(k_steps):
+                ok = ks * BLOCK_K
+                a = a_desc.load([om, ok])
+                if B_T:
+                    b = b_desc.load([wrow + on, ok]).T
+                else:
+                    b = b_desc.load([wrow + ok, on])
+                acc = _dot(a, b, acc, PRECISION, False)
+                if EPI == 1:
+                    bu = b_desc.load([wrow + N + on, ok]).T
+                    acc_u = _dot(a, bu, acc_u, PRECISION, False)
         rows = (om + tl.arange(0, BLOCK_M)).to(tl.int64)
         slot = rows
         if SCALE_ROWS:
@@ -623,6 +639,7 @@ def tma_path(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, block_m: int) 
 
 _TMA_ON = os.environ.get("WARPFORGE_MOE_TMA", "1") != "0"
 _TMA_DECODE_MIN_BLOCK_M = 32
+_PAIRED_UP = True           # 128-row gate/up tiles take one [BLOCK_M, 2 * BLOCK_N] accumulator
 _TMA_DECODE_MIN_WEIGHTS = 1 << 24
 
 
@@ -643,10 +660,17 @@ def _gemm_tma(a, w, c, *, meta, K: int, N: int, kind: str, b_t: bool, epi: int =
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     sorted_slot, tile_expert, start = meta
-    cfg, programs_per_sm, ws, flatten = moe_tma_config(kind, sorted_slot.numel() // tile_expert.numel())
+    block_m = sorted_slot.numel() // tile_expert.numel()
+    cfg, programs_per_sm, ws, flatten = moe_tma_config(kind, block_m)
     E, R = w.shape[0], w.shape[1]
+    paired = epi == 1 and block_m >= 128 and _PAIRED_UP
     a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
-    b_desc = TensorDescriptor.from_tensor(_weights_2d(w), [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n])
+    if paired:
+        # w_gate_up (E, 2n, d) as (E, 2, n, d): a column tile's gate and up rows in one box
+        wv = w.as_strided((E, 2, N, w.shape[2]), (w.stride(0), N * w.stride(1), w.stride(1), 1))
+        b_desc = TensorDescriptor.from_tensor(wv, [1, 2, cfg.block_n, cfg.block_k])
+    else:
+        b_desc = TensorDescriptor.from_tensor(_weights_2d(w), [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n])
     tiles = (tile_expert.numel()) * triton.cdiv(N, cfg.block_n)
     programs = tiles if programs_per_sm == 0 else max(1, min(tiles, programs_per_sm * sm_count()))
     dummy = sorted_slot
@@ -654,7 +678,8 @@ def _gemm_tma(a, w, c, *, meta, K: int, N: int, kind: str, b_t: bool, epi: int =
             tile_expert, start, K, N, R, c.stride(0), 0 if z is None else z.stride(0), E)
     _launch(_GEMM_TMA, (programs,), args, cfg, NUM_PROGRAMS=programs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, B_T=b_t, EPI=epi, SCALE_ROWS=weights is not None,
-            STORE_Z=z is not None, PRECISION=_precision(a.dtype), WARP_SPECIALIZE=ws, FLATTEN=flatten)
+            STORE_Z=z is not None, PRECISION=_precision(a.dtype), WARP_SPECIALIZE=ws, FLATTEN=flatten,
+            PAIRED=paired)
 
 
 def _wgrad_tma(a, b, c, *, start, M: int, N: int, block_m: int) -> None:

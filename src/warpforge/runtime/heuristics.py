@@ -754,10 +754,10 @@ def moe_block_m(slots: int, experts: int, elem_bytes: int) -> int:
 
 MOE_TMA_CONFIGS = {
     # kind: (tile, programs an SM (0: one program a tile), warp specialisation, flattened tile and K
-    # loops), for 128-row tiles. H200, T = 8192 (benchmarks/NOTES.md, item 53), TFLOP/s at
+    # loops), for 128-row tiles. H200, T = 8192 (benchmarks/NOTES.md, items 53 and 57), TFLOP/s at
     # DeepSeek-V2-Lite / Mixtral against the pointer kernels' 449 / 516 (up), 469 / 571 (down),
     # 493 / 526 (dgrad), 534 / 605 (dx), 311 / 363 (both weight gradients):
-    "up": (MoEConfig(128, 128, 64, 8, 3), 1, True, False),       # 577 / 617
+    "up": (MoEConfig(128, 128, 64, 8, 4), 1, False, True),       # 606 / 639 (one gate+up accumulator, PAIRED)
     "down": (MoEConfig(128, 256, 64, 8, 3), 1, True, True),      # 569 / 666
     "dgrad": (MoEConfig(128, 256, 64, 8, 4), 1, False, True),    # 633 / 637
     "dx": (MoEConfig(128, 256, 64, 8, 3), 1, False, True),       # 587 / 674
@@ -773,8 +773,9 @@ MOE_TMA_DECODE_WGRAD = MoEConfig(128, 128, 64, 8, 3)
 def moe_tma_config(kind: str, block_m: int = 128) -> tuple[MoEConfig, int, bool, bool]:
     """(tile, programs an SM, warp specialisation, flatten) of the Hopper MoE kernels (ops/moe.py,
     TMA operands): "up", "down", "dgrad", "dx", "wgrad". The row tile is the padding unit
-    ``block_m``; the weight gradients' K step divides it. The gate/up kernel's two accumulators
-    leave no registers for a flattened loop (ptxas serialises its wgmmas there). Under 128 rows
+    ``block_m``; the weight gradients' K step divides it. The gate/up kernel takes one
+    [128, 256] accumulator for a column tile's gate and up (two 128 x 128 ones left no registers
+    for a flattened loop: ptxas serialised their wgmmas). Under 128 rows
     (decode): one program a tile streaming a strip of weights, long K steps."""
     if block_m >= 128:
         return MOE_TMA_CONFIGS[kind]
