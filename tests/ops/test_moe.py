@@ -247,3 +247,15 @@ def test_tma_path_declines_unreadable_weights(monkeypatch):
     monkeypatch.setattr(M, "_gemm", lambda *a, **kw: (calls.append(1), real(*a, **kw))[1])
     _check(x, w1p, w2, wts, ids, torch.bfloat16)
     assert calls
+
+
+def test_weights_2d_view():
+    """The weights' (E * R, C) matrix for TMA: the same elements as the stacked experts, and None
+    where the experts are not stacked at a uniform stride or the columns are not unit-stride."""
+    import warpforge.ops.moe as M
+    w = torch.randn(3, 16, 64)
+    w2d = M._weights_2d(w)
+    assert w2d is not None and w2d.shape == (48, 64) and torch.equal(w2d, w.reshape(48, 64))
+    assert M._weights_2d(torch.randn(3, 20, 64)[:, :16]) is None           # padded rows between experts
+    assert M._weights_2d(torch.randn(3, 64, 16).transpose(1, 2)) is None    # columns not unit-stride
+    assert M._weights_2d(torch.randn(1, 20, 64)[:, :16]) is not None        # one expert: any expert stride

@@ -84,7 +84,7 @@ from ..runtime.device import sm_count
 from ..runtime.heuristics import MOE_ALIGN_CHUNK, MoEConfig, moe_block_m, moe_config, moe_tma_config
 from ..runtime.launch import LaunchCache
 from ..runtime.registry import Op
-from .matmul import _dot, _precision, _tile_coords, _upcast
+from .matmul import _dot, _precision, _tile_coords, _tma_view, _upcast
 
 MOE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_EXPERTS = 4096
@@ -601,13 +601,6 @@ def _combine(y, slot_pos, T: int, topk: int, D: int, dtype) -> torch.Tensor:
     return out
 
 
-def _tma_rows(t: torch.Tensor) -> bool:
-    """Whether TMA can read the 2-D ``t`` as row-major boxes: unit column stride, 16-byte aligned
-    base and rows."""
-    es = t.element_size()
-    return t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * es) % 16 == 0
-
-
 def _weights_2d(w: torch.Tensor) -> torch.Tensor | None:
     """The (E, R, C) weights as one (E * R, C) matrix TMA can read, or None where the experts are
     not stacked at a uniform row stride."""
@@ -615,7 +608,8 @@ def _weights_2d(w: torch.Tensor) -> torch.Tensor | None:
     if w.stride(2) != 1 or (E > 1 and w.stride(0) != R * w.stride(1)):
         return None
     w2d = w.as_strided((E * R, C), (w.stride(1), 1))
-    return w2d if _tma_rows(w2d) else None
+    view = _tma_view(w2d, E * R, C)          # row-major boxes: not transposed
+    return w2d if view is not None and not view[0] else None
 
 
 def tma_path(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, block_m: int) -> bool:
@@ -671,7 +665,7 @@ def _gemm_tma(a, w, c, *, meta, K: int, N: int, kind: str, b_t: bool, epi: int =
         b_desc = TensorDescriptor.from_tensor(wv, [1, 2, cfg.block_n, cfg.block_k])
     else:
         b_desc = TensorDescriptor.from_tensor(_weights_2d(w), [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n])
-    tiles = (tile_expert.numel()) * triton.cdiv(N, cfg.block_n)
+    tiles = tile_expert.numel() * triton.cdiv(N, cfg.block_n)
     programs = tiles if programs_per_sm == 0 else max(1, min(tiles, programs_per_sm * sm_count()))
     dummy = sorted_slot
     args = (a_desc, b_desc, c, dummy if z is None else z, dummy if weights is None else weights, sorted_slot,
