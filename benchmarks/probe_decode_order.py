@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import warpforge as wf
+from decode_probe_inputs import paged_problem, unpaged
 from warpforge.bench.timing import TimingConfig, device_ms
 from warpforge.runtime import device as dev
 
@@ -16,16 +17,9 @@ copy = dev.ceilings()["copy_gbps"]
 cfg = TimingConfig()
 hq, hk, d, page = 32, 8, 128, 16
 for bsz, ctx in ((64, 4096), (64, 32768)):
-    nb = bsz * ctx // page
-    q = torch.randn(bsz, hq, d, device="cuda", dtype=torch.bfloat16)
-    kc = torch.randn(nb, page, hk, d, device="cuda", dtype=torch.bfloat16)
-    vc = torch.randn_like(kc)
-    bt = torch.randperm(nb, device="cuda", dtype=torch.int32).view(bsz, -1)
-    sl = torch.full((bsz,), ctx, device="cuda", dtype=torch.int32)
-    kd = kc[bt.long()].view(bsz, ctx, hk, d).transpose(1, 2).contiguous()
-    vd = vc[bt.long()].view(bsz, ctx, hk, d).transpose(1, 2).contiguous()
+    q, kc, vc, bt, sl, kv = paged_problem(bsz, ctx, hq, hk, d, page)
+    kd, vd = unpaged(kc, bt, ctx), unpaged(vc, bt, ctx)
     q4 = q.unsqueeze(2)
-    kv = 2 * bsz * ctx * hk * d * 2
     ours = lambda: wf.decode_attention(q, kc, vc, bt, sl, validate=False)  # noqa: E731
     cud = lambda: F.scaled_dot_product_attention(q4, kd, vd, enable_gqa=True)  # noqa: E731
     pct = lambda ms: kv / (ms * 1e-3) / 1e9 / copy * 100  # noqa: E731

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import warpforge as wf
+from decode_probe_inputs import paged_problem, unpaged
 from warpforge.bench.timing import TimingConfig, device_ms
 from warpforge.ops import decode_attention as DA
 from warpforge.ops import decode_attention_sm90 as G
@@ -102,14 +103,8 @@ def profile(variants):
     from torch.profiler import profile as prof_
     hq, hk, d, page = 32, 8, 128, 16
     for bsz, ctx in ((1, 4096), (1, 32768), (16, 8192)):
-        nb = bsz * ctx // page
-        q = torch.randn(bsz, hq, d, device="cuda", dtype=torch.bfloat16)
-        kc = torch.randn(nb, page, hk, d, device="cuda", dtype=torch.bfloat16)
-        vc = torch.randn_like(kc)
-        bt = torch.randperm(nb, device="cuda", dtype=torch.int32).view(bsz, -1)
-        sl = torch.full((bsz,), ctx, device="cuda", dtype=torch.int32)
-        kd = kc[bt.long()].view(bsz, ctx, hk, d).transpose(1, 2).contiguous()
-        vd = vc[bt.long()].view(bsz, ctx, hk, d).transpose(1, 2).contiguous()
+        q, kc, vc, bt, sl, _ = paged_problem(bsz, ctx, hq, hk, d, page)
+        kd, vd = unpaged(kc, bt, ctx), unpaged(vc, bt, ctx)
         q4 = q.unsqueeze(2)
         calls = {"gluon": lambda: wf.decode_attention(q, kc, vc, bt, sl, validate=False),
                  "cudnn": lambda: F.scaled_dot_product_attention(q4, kd, vd, enable_gqa=True)}
@@ -146,15 +141,8 @@ def main():
     rows = []
     sms = dev.sm_count(0)
     for bsz, ctx in shapes:
-        nb = bsz * ctx // page
-        q = torch.randn(bsz, hq, d, device="cuda", dtype=torch.bfloat16)
-        kc = torch.randn(nb, page, hk, d, device="cuda", dtype=torch.bfloat16)
-        vc = torch.randn_like(kc)
-        bt = torch.randperm(nb, device="cuda", dtype=torch.int32).view(bsz, -1)
-        sl = torch.full((bsz,), ctx, device="cuda", dtype=torch.int32)
-        kv_bytes = 2 * bsz * ctx * hk * d * 2
-        kd = kc[bt.long()].view(bsz, ctx, hk, d).transpose(1, 2).contiguous()
-        vd = vc[bt.long()].view(bsz, ctx, hk, d).transpose(1, 2).contiguous()
+        q, kc, vc, bt, sl, kv_bytes = paged_problem(bsz, ctx, hq, hk, d, page)
+        kd, vd = unpaged(kc, bt, ctx), unpaged(vc, bt, ctx)
         q4 = q.unsqueeze(2)
         res = {}
         with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.CUDNN_ATTENTION]):
@@ -171,9 +159,9 @@ def main():
         DA._SM90[:] = saved
         for v in variants:
             if v == "contig":      # each (block, kv head) slice 4 KB contiguous: the DRAM pattern's share
-                kcc = kc.new_empty(nb, hk, page, d).permute(0, 2, 1, 3)
+                kcc = kc.new_empty(kc.shape[0], hk, page, d).permute(0, 2, 1, 3)
                 kcc.copy_(kc)
-                vcc = kc.new_empty(nb, hk, page, d).permute(0, 2, 1, 3)
+                vcc = kc.new_empty(kc.shape[0], hk, page, d).permute(0, 2, 1, 3)
                 vcc.copy_(vc)
                 res[v] = device_ms(lambda: wf.decode_attention(q, kcc, vcc, bt, sl, validate=False), cfg_t, kv_bytes)
                 del kcc, vcc

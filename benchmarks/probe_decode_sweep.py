@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import warpforge as wf
+from decode_probe_inputs import paged_problem, unpaged
 from warpforge.bench.timing import TimingConfig, device_ms
 from warpforge.ops import decode_attention as DA
 from warpforge.runtime import device as dev
@@ -49,20 +50,11 @@ def main():
     hq, hk, d, page = 32, 8, 128, 16
     rows = []
     for bsz, ctx in SHAPES:
-        nb = bsz * ctx // page
-        q = torch.randn(bsz, hq, d, device="cuda", dtype=torch.bfloat16)
-        kc = torch.randn(nb, page, hk, d, device="cuda", dtype=torch.bfloat16)
-        vc = torch.randn_like(kc)
-        bt = torch.randperm(nb, device="cuda", dtype=torch.int32).view(bsz, -1)
-        sl = torch.full((bsz,), ctx, device="cuda", dtype=torch.int32)
-        kv_bytes = 2 * bsz * ctx * hk * d * 2
+        q, kc, vc, bt, sl, kv_bytes = paged_problem(bsz, ctx, hq, hk, d, page)
         ref = wf.decode_attention(q, kc, vc, bt, sl)
         res = {}
         # SDPA on the same problem, unpaged
-        kd = DA._gather_pages(kc, bt, 0, ctx) if bsz == 1 else torch.stack([DA._gather_pages(kc, bt, b, ctx) for b in range(bsz)])
-        vd = DA._gather_pages(vc, bt, 0, ctx) if bsz == 1 else torch.stack([DA._gather_pages(vc, bt, b, ctx) for b in range(bsz)])
-        kd = kd.reshape(bsz, ctx, hk, d).transpose(1, 2).contiguous()
-        vd = vd.reshape(bsz, ctx, hk, d).transpose(1, 2).contiguous()
+        kd, vd = unpaged(kc, bt, ctx), unpaged(vc, bt, ctx)
         q4 = q.unsqueeze(2)
         sd = F.scaled_dot_product_attention(q4, kd, vd, enable_gqa=True).squeeze(2)
         torch.testing.assert_close(sd, ref, atol=2e-2, rtol=2e-2)
