@@ -79,6 +79,33 @@ def test_norm_fwd_loop_rows(monkeypatch):
     assert f(8192, False, True) == heuristics.row_config(8192)
 
 
+def test_norm_fwd_h200_routes(monkeypatch):
+    """H200 only (NORM_WIDE_RMS_LOOP, NORM_LAYER_4K_WARPS): RMSNorm rows of 16K < N <= 32K with rows
+    enough take the loop in 8,192-element steps of 32 warps, and LayerNorm rows of 2K < N <= 4K the
+    block kernel at 4 warps; other devices, LayerNorm, few rows and the interpreter keep theirs. The
+    fast path is told to leave norm rows up to 32K with many rows to Python there."""
+    from warpforge.runtime.heuristics import RowConfig
+
+    f = heuristics.norm_fwd_config.__wrapped__
+    monkeypatch.setattr(heuristics, "interpreting", lambda: False)
+    h200, h100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
+    for n in (16385, 20000, 32768):
+        assert f(n, False, True, h200) == RowConfig("loop", 8192, 1, 32), n
+        assert f(n, False, False, h200) == f(n, False, True, h100) == RowConfig("block", 32768, 1, 32), n
+        assert f(n, True, True, h200).mode == "block", n
+    assert f(16384, False, True, h200).mode == "block"
+    assert f(65536, False, True, h200).mode == "pipe"
+    for n in (2049, 4096):
+        assert f(n, True, True, h200) == f(n, True, False, h200) == RowConfig("block", 4096, 1, 4), n
+        assert f(n, True, True, h100).num_warps == f(n, False, True, h200).num_warps == 8, n
+    assert f(1024, True, True, h200) == heuristics.row_config(1024)
+    assert heuristics.norm_loop_max_n(h200) == 32768
+    assert heuristics.norm_loop_max_n(h100) == heuristics.NORM_LOOP_MAX_N == 8192
+    monkeypatch.setattr(heuristics, "interpreting", lambda: True)
+    assert f(32768, False, True, h200) == heuristics.row_config(32768)
+    assert f(4096, True, True, h200) == heuristics.row_config(4096)
+
+
 def test_norm_bwd_config_paths():
     """Whole rows to 8K (RMSNorm) / 4K (LayerNorm); on a GPU the split exchange and the pipe mode
     past it (LayerNorm in one-warp 1,024-column programs to 64K); the interpreter's two-pass

@@ -128,6 +128,24 @@ NORM_LOOP = {False: (4096, 16), True: (8192, 16)}   # RMSNorm, LayerNorm: elemen
 # NOTES item 50), so LayerNorm keeps the block kernel on devices named here. RMSNorm's loop stays
 # ahead there too (131.1 against 133.3).
 NORM_LOOP_NO_LAYER = ("H200",)
+# Also on the H200 (NOTES item 58, benchmarks/probe_norm_long.py, M*N = 2^27 bf16): RMSNorm rows of
+# 16K < N <= 32K take the loop, 8,192 x 32 warps (32K: 135.6 us, 93.6% of copy, against the block
+# kernel's 146.8, 86.5%; torch.compile 132.6), and LayerNorm rows of 2K < N <= 4K the block kernel
+# at 4 warps, not 8 (4K: 134.8 against 143.2 us, 94.2% against 88.6%; torch.compile 185).
+NORM_WIDE_RMS_LOOP = {"H200": (16385, 32768, 8192, 32)}   # device: (min N, max N, elements a step, warps)
+NORM_LAYER_4K_WARPS = {"H200": 4}
+
+
+def _by_device(table: dict, device_name: str):
+    return next((v for k, v in table.items() if k in device_name), None)
+
+
+def norm_loop_max_n(device_name: str) -> int:
+    """The longest row ``norm_fwd_config`` may give the loop kernel on this device: the eager fast
+    path (which replays the block kernel whatever M is) leaves norm forwards of many rows up to it
+    to Python."""
+    wide = _by_device(NORM_WIDE_RMS_LOOP, device_name)
+    return max(NORM_LOOP_MAX_N, wide[1] if wide else 0)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -139,7 +157,13 @@ def norm_fwd_config(n: int, layer: bool, many: bool = False, device_name: str = 
     if many and loop_ok and not interpreting() and NORM_LOOP_MIN_N <= n <= NORM_LOOP_MAX_N:
         block, warps = NORM_LOOP[layer]
         return RowConfig("loop", block, 1, warps)
+    rms_loop = None if layer or interpreting() else _by_device(NORM_WIDE_RMS_LOOP, device_name)
+    if many and rms_loop and rms_loop[0] <= n <= rms_loop[1]:
+        return RowConfig("loop", rms_loop[2], 1, rms_loop[3])
     wide = _wide_row(n)
+    layer_4k = _by_device(NORM_LAYER_4K_WARPS, device_name) if layer and not interpreting() else None
+    if layer_4k and wide is not None and wide.mode == "block" and wide.block_n == 4096 and wide.rows == 1:
+        return dataclasses.replace(wide, num_warps=layer_4k)
     if wide is not None:
         return wide
     if n > 16 * CHUNK:
