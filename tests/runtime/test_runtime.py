@@ -82,7 +82,7 @@ def test_norm_fwd_loop_rows(monkeypatch):
 def test_norm_fwd_h200_routes(monkeypatch):
     """H200 only (NORM_WIDE_RMS_LOOP, NORM_LAYER_4K_WARPS): RMSNorm rows of 16K < N <= 32K with rows
     enough take the loop in 8,192-element steps of 32 warps, and LayerNorm rows of 2K < N <= 4K the
-    block kernel at 4 warps; other devices, LayerNorm, few rows and the interpreter keep theirs. The
+    block kernel at 4 warps, of 512 < N <= 1K two rows a program at 2 warps; other devices, LayerNorm, few rows and the interpreter keep theirs. The
     fast path is told to leave norm rows up to 32K with many rows to Python there."""
     from warpforge.runtime.heuristics import RowConfig
 
@@ -98,12 +98,15 @@ def test_norm_fwd_h200_routes(monkeypatch):
     for n in (2049, 4096):
         assert f(n, True, True, h200) == f(n, True, False, h200) == RowConfig("block", 4096, 1, 4), n
         assert f(n, True, True, h100).num_warps == f(n, False, True, h200).num_warps == 8, n
-    assert f(1024, True, True, h200) == heuristics.row_config(1024)
+    assert f(1024, True, True, h200) == f(600, True, False, h200) == RowConfig("block", 1024, 2, 2)
+    assert f(1024, True, True, h100) == f(1024, False, True, h200) == heuristics.row_config(1024)
+    assert f(512, True, True, h200) == heuristics.row_config(512)
     assert heuristics.norm_loop_max_n(h200) == 32768
     assert heuristics.norm_loop_max_n(h100) == heuristics.NORM_LOOP_MAX_N == 8192
     monkeypatch.setattr(heuristics, "interpreting", lambda: True)
     assert f(32768, False, True, h200) == heuristics.row_config(32768)
     assert f(4096, True, True, h200) == heuristics.row_config(4096)
+    assert f(1024, True, True, h200) == heuristics.row_config(1024)
 
 
 def test_norm_bwd_config_paths():

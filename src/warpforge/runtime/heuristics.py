@@ -130,10 +130,12 @@ NORM_LOOP = {False: (4096, 16), True: (8192, 16)}   # RMSNorm, LayerNorm: elemen
 NORM_LOOP_NO_LAYER = ("H200",)
 # Also on the H200 (NOTES item 58, benchmarks/probe_norm_long.py, M*N = 2^27 bf16): RMSNorm rows of
 # 16K < N <= 32K take the loop, 8,192 x 32 warps (32K: 135.6 us, 93.6% of copy, against the block
-# kernel's 146.8, 86.5%; torch.compile 132.6), and LayerNorm rows of 2K < N <= 4K the block kernel
-# at 4 warps, not 8 (4K: 134.8 against 143.2 us, 94.2% against 88.6%; torch.compile 185).
+# kernel's 146.8, 86.5%; torch.compile 132.6), and LayerNorm's block kernel takes fewer warps:
+# rows of 2K < N <= 4K at 4 warps, not 8 (4K: 134.8 against 143.2 us, 94.2% against 88.6%;
+# torch.compile 185), rows of 512 < N <= 1K two rows a program at 2 warps, not four at 8 (1K:
+# 131.0 against 138.6 us, 96.4% against 91.1%; torch.compile 129.4).
 NORM_WIDE_RMS_LOOP = {"H200": (16385, 32768, 8192, 32)}   # device: (min N, max N, elements a step, warps)
-NORM_LAYER_4K_WARPS = {"H200": 4}
+NORM_LAYER_BLOCK = {"H200": {1024: (2, 2), 4096: (1, 4)}}  # device: {block_n: (rows, warps)}
 
 
 def _by_device(table: dict, device_name: str):
@@ -161,9 +163,10 @@ def norm_fwd_config(n: int, layer: bool, many: bool = False, device_name: str = 
     if many and rms_loop and rms_loop[0] <= n <= rms_loop[1]:
         return RowConfig("loop", rms_loop[2], 1, rms_loop[3])
     wide = _wide_row(n)
-    layer_4k = _by_device(NORM_LAYER_4K_WARPS, device_name) if layer and not interpreting() else None
-    if layer_4k and wide is not None and wide.mode == "block" and wide.block_n == 4096 and wide.rows == 1:
-        return dataclasses.replace(wide, num_warps=layer_4k)
+    shapes = _by_device(NORM_LAYER_BLOCK, device_name) if layer and not interpreting() else None
+    if shapes and wide is not None and wide.mode == "block" and wide.block_n in shapes:
+        rows, warps = shapes[wide.block_n]
+        return dataclasses.replace(wide, rows=rows, num_warps=warps)
     if wide is not None:
         return wide
     if n > 16 * CHUNK:
