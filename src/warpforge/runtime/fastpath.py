@@ -109,8 +109,7 @@ def load(verbose: bool = False) -> bool:
             from torch.utils import cpp_extension
 
             from . import POISON
-            from .device import sm_count
-            from .device import device_info
+            from .device import device_info, sm_count
             from .heuristics import (NORM_LOOP_MIN_N, NORM_LOOP_ROWS_PER_SM, REDUCE_LOOP_MIN_N, REDUCE_LOOP_ROWS_PER_SM,
                                      norm_loop_max_n)
             from ..ops.norms import GRAD_SUM_MAX

@@ -154,7 +154,7 @@ def norm_loop_max_n(device_name: str) -> int:
 def norm_fwd_config(n: int, layer: bool, many: bool = False, device_name: str = "") -> RowConfig:
     """The norm forward's path for rows of ``n`` (LayerNorm if ``layer``, else RMSNorm); ``many``:
     at least NORM_LOOP_ROWS_PER_SM rows an SM and no residual; ``device_name``: the GPU's name
-    (NORM_LOOP_NO_LAYER)."""
+    (NORM_LOOP_NO_LAYER, NORM_WIDE_RMS_LOOP, NORM_LAYER_BLOCK)."""
     loop_ok = not (layer and any(s in device_name for s in NORM_LOOP_NO_LAYER))
     if many and loop_ok and not interpreting() and NORM_LOOP_MIN_N <= n <= NORM_LOOP_MAX_N:
         block, warps = NORM_LOOP[layer]
