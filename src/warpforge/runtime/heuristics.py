@@ -138,8 +138,14 @@ NORM_WIDE_RMS_LOOP = {"H200": (16385, 32768, 8192, 32)}   # device: (min N, max 
 NORM_LAYER_BLOCK = {"H200": {1024: (2, 2), 4096: (1, 4)}}  # device: {block_n: (rows, warps)}
 
 
+def _device_match(names, device_name: str) -> str | None:
+    """The first of ``names`` (device name fragments, or a table keyed by them) in ``device_name``."""
+    return next((k for k in names if k in device_name), None)
+
+
 def _by_device(table: dict, device_name: str):
-    return next((v for k, v in table.items() if k in device_name), None)
+    key = _device_match(table, device_name)
+    return None if key is None else table[key]
 
 
 def norm_loop_max_n(device_name: str) -> int:
@@ -155,7 +161,7 @@ def norm_fwd_config(n: int, layer: bool, many: bool = False, device_name: str = 
     """The norm forward's path for rows of ``n`` (LayerNorm if ``layer``, else RMSNorm); ``many``:
     at least NORM_LOOP_ROWS_PER_SM rows an SM and no residual; ``device_name``: the GPU's name
     (NORM_LOOP_NO_LAYER, NORM_WIDE_RMS_LOOP, NORM_LAYER_BLOCK)."""
-    loop_ok = not (layer and any(s in device_name for s in NORM_LOOP_NO_LAYER))
+    loop_ok = not (layer and _device_match(NORM_LOOP_NO_LAYER, device_name))
     if many and loop_ok and not interpreting() and NORM_LOOP_MIN_N <= n <= NORM_LOOP_MAX_N:
         block, warps = NORM_LOOP[layer]
         return RowConfig("loop", block, 1, warps)
