@@ -7,7 +7,8 @@ from warpforge.ops.norms import (add_rms_norm, add_rms_norm_backward_op, add_rms
                                  rms_norm, rms_norm_backward_op, rms_norm_op, rms_norm_reference)
 from conftest import DTYPES, ON_GPU, DEVICE, assert_close, gpu_only, noncontig, randn
 
-SHAPES = [(1,), (3, 7), (2, 3, 123), (5, 4097), (2, 20000)]      # block path, and the loop path past 16,384
+SHAPES = [(1,), (3, 7), (2, 3, 123), (7, 256), (5, 4097), (2, 20000)]   # block path (7 x 256: N == BLOCK_N, rows past M
+# in a 16-row program), and the loop path past 16,384
 if ON_GPU:
     # wide blocks, the split and pipe paths (bwd split from 4,097 for LayerNorm, 8,193 for RMSNorm;
     # pipe past 32K); 300 x 65,536 and 100 x 262,144 give each pipe program many rows (its

@@ -156,6 +156,28 @@ def test_norm_loop_rows_declined(fast):
 
 
 @gpu_only
+def test_norm_offset_is_keyed(fast):
+    """The norm forward's block kernel is compiled with or without the per-element offset add
+    (HAS_OFFSET, a flag of its key): a kernel offered by a call without an offset is never replayed
+    for a call with one (Gemma's 1 + w), which then takes Python's path and its own kernel."""
+    n = 1001                                           # a length no other test offers
+    x = randn(4, n, dtype=torch.bfloat16)
+    w = randn(n, dtype=torch.bfloat16)
+    fastpath.lib = None
+    wf.rms_norm(x, (n,), w)                            # offers the kernel without the offset add
+    fastpath.lib = fast
+    with torch.no_grad():
+        assert fast.rms_norm(x, (n,), w, None, 0.0, False) is not None
+        assert fast.rms_norm(x, (n,), w, None, 1.0, False) is None
+        got = wf.rms_norm(x, (n,), w, offset=1.0)
+    from warpforge.ops.norms import rms_norm_reference
+
+    want = rms_norm_reference(x, w, None, offset=1.0)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    assert not torch.equal(got, wf.rms_norm(x, (n,), w))  # the offset did apply
+
+
+@gpu_only
 def test_no_grad_and_inference_mode(fast):
     x = randn(16, 4096, dtype=torch.bfloat16)
     w = randn(4096, dtype=torch.bfloat16)

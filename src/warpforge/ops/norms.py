@@ -136,6 +136,8 @@ def _norm_fwd_block_kernel(
     eps, offset,
     RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_RES: tl.constexpr,
     LLAMA: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_OFFSET: tl.constexpr = True,   # offset != 0 (Gemma's 1 + w): else no add an element
+    EVEN_N: tl.constexpr = False,      # N == BLOCK_N: no column is masked, so no select an element
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
@@ -164,7 +166,10 @@ def _norm_fwd_block_kernel(
         x_hat = x * rstd[:, None]
     else:
         mean = tl.sum(x, axis=1) / N
-        xc = tl.where(mask, x - mean[:, None], 0.0)
+        if EVEN_N:
+            xc = x - mean[:, None]     # rows past M are zeros, their mean 0: xc stays 0 there
+        else:
+            xc = tl.where(mask, x - mean[:, None], 0.0)
         rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
         x_hat = xc * rstd[:, None]
         tl.store(mean_ptr + rows, mean, mask=rmask)
@@ -175,7 +180,10 @@ def _norm_fwd_block_kernel(
     if HAS_W:
         if ROWS * BLOCK_N > EARLY_PARAMS_MAX:
             w = tl.load(w_ptr + cols, mask=cmask, other=0.0)
-        y = y * (w.to(tl.float32) + offset)[None, :]
+        if HAS_OFFSET:
+            y = y * (w.to(tl.float32) + offset)[None, :]
+        else:
+            y = y * w.to(tl.float32)[None, :]
     if HAS_B:
         if ROWS * BLOCK_N > EARLY_PARAMS_MAX:
             b = tl.load(b_ptr + cols, mask=cmask, other=0.0)
@@ -190,6 +198,7 @@ def _norm_fwd_pipe_kernel(
     stats_ptr, C, n_groups,    # the exchange workspace, programs a row, row groups (_rows.split_launch)
     RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_RES: tl.constexpr,
     LLAMA: tl.constexpr, BLOCK_N: tl.constexpr, CP: tl.constexpr, RELOAD: tl.constexpr,
+    HAS_OFFSET: tl.constexpr = True,
 ):
     """Rows past 32K on a GPU: C co-resident programs share a row, each holding one column chunk,
     and exchange per-chunk statistics (``_rows.py``): RMSNorm its chunk's sum of squares;
@@ -207,7 +216,9 @@ def _norm_fwd_pipe_kernel(
     mask = cols < N
     if not RELOAD:
         if HAS_W:
-            w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + offset
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            if HAS_OFFSET:
+                w += offset
         if HAS_B:
             b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     offs = tl.arange(0, CP)
@@ -248,7 +259,9 @@ def _norm_fwd_pipe_kernel(
             # with three rows' chunks live, holding them in fp32 costs two registers an element
             if RELOAD:
                 if HAS_W:
-                    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + offset
+                    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+                    if HAS_OFFSET:
+                        w += offset
                 if HAS_B:
                     b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
             pf = hp.to(tl.float32)
@@ -282,7 +295,7 @@ def _norm_fwd_loop_kernel(
     x_ptr, res_ptr, y_ptr, h_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr,   # as the block kernel
     M, N, stride_x, stride_r, stride_y, stride_h, eps, offset,
     RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_RES: tl.constexpr,
-    LLAMA: tl.constexpr, BLOCK_N: tl.constexpr,
+    LLAMA: tl.constexpr, BLOCK_N: tl.constexpr, HAS_OFFSET: tl.constexpr = True,
 ):
     row = tl.program_id(0)
     r = row.to(tl.int64)
@@ -342,8 +355,10 @@ def _norm_fwd_loop_kernel(
             x_hat = x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
         y = x_hat
         if HAS_W:
-            y = y * (tl.load(w_ptr + start + cols, mask=mask, other=0.0,
-                             eviction_policy="evict_last").to(tl.float32) + offset)
+            w = tl.load(w_ptr + start + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            if HAS_OFFSET:
+                w += offset
+            y = y * w
         if HAS_B:
             y += tl.load(b_ptr + start + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         tl.store(y_ptr + r * stride_y + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -681,10 +696,10 @@ def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, l
                 m, n, x2.stride(0), 0 if r2 is None else r2.stride(0), y.stride(0),
                 0 if h is None else h.stride(0), float(eps), float(offset))
         flags = dict(RMS=rms, HAS_W=weight is not None, HAS_B=bias is not None,
-                     HAS_RES=residual is not None, LLAMA=llama)
+                     HAS_RES=residual is not None, LLAMA=llama, HAS_OFFSET=float(offset) != 0.0)
         if cfg.mode == "block":
             run(_norm_fwd_block_kernel, (triton.cdiv(m, cfg.rows),), args,
-                **flags, ROWS=cfg.rows, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+                **flags, ROWS=cfg.rows, BLOCK_N=cfg.block_n, EVEN_N=n == cfg.block_n, num_warps=cfg.num_warps)
         elif cfg.mode == "pipe":
             split_launch(_norm_fwd_pipe_kernel, m, cfg, x.device, args, **flags, RELOAD=cfg.reload,
                          BLOCK_N=cfg.block_n)

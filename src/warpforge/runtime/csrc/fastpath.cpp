@@ -66,7 +66,7 @@ struct KernelInfo {
 const KernelInfo INFO[N_KIDS] = {
     {"_softmax_fwd_block_kernel", {2}, {}, {"LOG"}},                                   // M
     {"_softmax_bwd_block_kernel", {3}, {}, {"LOG"}},                                   // M
-    {"_norm_fwd_block_kernel", {8}, {}, {"RMS", "HAS_W", "HAS_B", "HAS_RES", "LLAMA"}},  // M
+    {"_norm_fwd_block_kernel", {8}, {}, {"RMS", "HAS_W", "HAS_B", "HAS_RES", "LLAMA", "HAS_OFFSET"}},  // M
     // M; rows per program group (a multiple of ROWS: the weight-gradient grid). Late: that and the
     // dw/db buffers, whose shape and dtype follow from the grid (one group: the parameters' dtype)
     {"_norm_bwd_kernel", {10, 16}, {8, 9, 16}, {"RMS", "HAS_W", "HAS_B", "HAS_DSUM", "LLAMA", "FULL_ROW"}},
@@ -375,7 +375,7 @@ bool norm_fwd(const Tensor& x, const Tensor* res, const std::optional<Tensor>& w
   std::vector<Arg> args{T(x), T(r), T(out.y), T(h), T(w ? *w : x), T(b ? *b : x),
                         T(rms ? out.rstd : out.mean), T(out.rstd),
                         I(m), I(n), I(n), I(res ? n : 0), I(n), I(res ? n : 0), F(eps), F(offset)};
-  std::vector<int64_t> flags{rms, w.has_value(), b.has_value(), res != nullptr, llama};
+  std::vector<int64_t> flags{rms, w.has_value(), b.has_value(), res != nullptr, llama, offset != 0.0};
   return run_rows(NORM_FWD, x.get_device(), flags, args, m);
 }
 
