@@ -4,7 +4,8 @@ ids unvalidated), then the bench's cells (Hq 32 / Hkv 8, D 128, bf16, pages of 1
 as the bench times them: the Gluon kernel at its plan and at variants, the Triton kernel, and SDPA
 (cuDNN) on the same problem unpaged. % of the measured copy bandwidth on the KV bytes.
 
-    python benchmarks/probe_decode_sm90.py [--out DIR] [--quick] [--variants nb=4,nb=8,slots=264]
+    python benchmarks/probe_decode_sm90.py [--out DIR] [--quick] [--variants nb=4,nb=8,slots=264,ordered,contig]
+        [--shapes 16x8192,64x4096]
 """
 from __future__ import annotations
 
@@ -129,6 +130,7 @@ def main():
     ap.add_argument("--variants", default="nb=4,nb=8")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--profile", action="store_true", help="kernel times (torch.profiler) at a few cells")
+    ap.add_argument("--shapes", default="", help="BxCTX,... instead of the sweep (e.g. 16x8192,64x4096)")
     a = ap.parse_args()
     from warpforge.runtime import heuristics
     fails = [] if a.no_check else check()
@@ -137,6 +139,8 @@ def main():
     cfg_t = TimingConfig.quick()
     hq, hk, d, page = 32, 8, 128, 16
     shapes = [(1, 4096), (1, 32768), (16, 8192), (64, 32768)] if a.quick else [(b, c) for b in BATCHES for c in CONTEXTS]
+    if a.shapes:
+        shapes = [tuple(int(x) for x in sh.split("x")) for sh in a.shapes.split(",")]
     variants = [v for v in a.variants.split(",") if v]
     rows = []
     sms = dev.sm_count(0)
@@ -158,6 +162,10 @@ def main():
         res["triton"] = device_ms(lambda: wf.decode_attention(q, kc, vc, bt, sl, validate=False), cfg_t, kv_bytes)
         DA._SM90[:] = saved
         for v in variants:
+            if v == "ordered":     # each sequence's pages in pool order: the unpaged address stream
+                bto = torch.arange(bt.numel(), device="cuda", dtype=torch.int32).view_as(bt)
+                res[v] = device_ms(lambda: wf.decode_attention(q, kc, vc, bto, sl, validate=False), cfg_t, kv_bytes)
+                continue
             if v == "contig":      # each (block, kv head) slice 4 KB contiguous: the DRAM pattern's share
                 kcc = kc.new_empty(kc.shape[0], hk, page, d).permute(0, 2, 1, 3)
                 kcc.copy_(kc)
