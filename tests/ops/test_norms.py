@@ -15,7 +15,8 @@ if ON_GPU:
     # carried row) and a row count no multiple of the row groups
     SHAPES += [(64, 32768), (8, 65536), (3, 262144), (4097, 1024), (33, 16384), (300, 65536), (100, 262144),
                (300, 8192), (280, 5000),       # the loop forward (4K < N <= 8K, >= 2 rows an SM)
-               (300, 32768), (280, 20000), (300, 3000)]   # H200: RMSNorm's loop to 32K, LayerNorm 4K at 4 warps
+               (300, 32768), (280, 20000), (300, 3000),   # H200: the loop to 32K, LayerNorm 4K at 4 warps
+               (280, 40000)]                              # H200: RMSNorm's 2,048-column pipe, a partial chunk
 
 
 def _leaf(t: torch.Tensor | None) -> torch.Tensor | None:

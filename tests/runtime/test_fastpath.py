@@ -140,7 +140,7 @@ def test_norm_loop_rows_declined(fast):
         assert fast.layer_norm(x, 8192, w, None, 1e-5) is None
         assert fast.rms_norm(x[:2], (8192,), w, None, 0.0, False) is not None
         assert ref.shape == (2, 8192)
-    # on an H200 RMSNorm rows to 32K loop too (heuristics.NORM_WIDE_RMS_LOOP)
+    # on an H200 norm rows to 32K loop too (heuristics.NORM_WIDE_LOOP)
     from warpforge.runtime import heuristics
     from warpforge.runtime.device import device_info
 
@@ -152,6 +152,7 @@ def test_norm_loop_rows_declined(fast):
         x = randn(2 * sm_count(), 32768, dtype=torch.bfloat16)
         with torch.no_grad():
             assert fast.rms_norm(x, (32768,), w, None, 0.0, False) is None
+            assert fast.layer_norm(x, 32768, w, None, 1e-5) is None
             assert fast.rms_norm(x[:2], (32768,), w, None, 0.0, False) is not None
 
 

@@ -1,5 +1,6 @@
 import pytest
 import torch
+import triton
 
 import warpforge as wf
 from warpforge.runtime import checks, heuristics, registry
@@ -80,10 +81,12 @@ def test_norm_fwd_loop_rows(monkeypatch):
 
 
 def test_norm_fwd_h200_routes(monkeypatch):
-    """H200 only (NORM_WIDE_RMS_LOOP, NORM_LAYER_4K_WARPS): RMSNorm rows of 16K < N <= 32K with rows
-    enough take the loop in 8,192-element steps of 32 warps, and LayerNorm rows of 2K < N <= 4K the
-    block kernel at 4 warps, of 512 < N <= 1K two rows a program at 2 warps; other devices, LayerNorm, few rows and the interpreter keep theirs. The
-    fast path is told to leave norm rows up to 32K with many rows to Python there."""
+    """H200 only (NORM_WIDE_LOOP, NORM_LAYER_BLOCK, NORM_RMS_PIPE): rows of 16K < N <= 32K with rows
+    enough take the loop, RMSNorm in 8,192-element steps of 32 warps and LayerNorm in 16,384-element
+    steps of 16; LayerNorm rows of 2K < N <= 4K the block kernel at 4 warps, of 512 < N <= 1K two
+    rows a program at 2 warps; RMSNorm rows of 32K < N <= 64K with rows enough the pipe in 2,048-column
+    chunks of 4 warps without the re-read. Other devices, few rows and the interpreter keep theirs.
+    The fast path is told to leave norm rows up to 32K with many rows to Python there."""
     from warpforge.runtime.heuristics import RowConfig
 
     f = heuristics.norm_fwd_config.__wrapped__
@@ -92,9 +95,15 @@ def test_norm_fwd_h200_routes(monkeypatch):
     for n in (16385, 20000, 32768):
         assert f(n, False, True, h200) == RowConfig("loop", 8192, 1, 32), n
         assert f(n, False, False, h200) == f(n, False, True, h100) == RowConfig("block", 32768, 1, 32), n
-        assert f(n, True, True, h200).mode == "block", n
-    assert f(16384, False, True, h200).mode == "block"
-    assert f(65536, False, True, h200).mode == "pipe"
+        assert f(n, True, True, h200) == RowConfig("loop", 16384, 1, 16), n
+        assert f(n, True, False, h200) == f(n, True, True, h100) == RowConfig("block", 32768, 1, 32), n
+    assert f(16384, False, True, h200).mode == f(16384, True, True, h200).mode == "block"
+    for n in (32769, 65536):
+        assert f(n, False, True, h200) == RowConfig("pipe", 2048, 1, 4, triton.cdiv(n, 2048), False), n
+        assert f(n, False, False, h200) == f(n, False, True, h100), n
+        assert f(n, False, True, h100).reload and f(n, False, True, h100).block_n == 8192, n
+        assert f(n, True, True, h200) == f(n, True, True, h100), n
+    assert f(65537, False, True, h200) == f(65537, False, True, h100)
     for n in (2049, 4096):
         assert f(n, True, True, h200) == f(n, True, False, h200) == RowConfig("block", 4096, 1, 4), n
         assert f(n, True, True, h100).num_warps == f(n, False, True, h200).num_warps == 8, n

@@ -134,8 +134,16 @@ NORM_LOOP_NO_LAYER = ("H200",)
 # rows of 2K < N <= 4K at 4 warps, not 8 (4K: 134.8 against 143.2 us, 94.2% against 88.6%;
 # torch.compile 185), rows of 512 < N <= 1K two rows a program at 2 warps, not four at 8 (1K:
 # 131.0 against 138.6 us, 96.4% against 91.1%; torch.compile 129.4).
-NORM_WIDE_RMS_LOOP = {"H200": (16385, 32768, 8192, 32)}   # device: (min N, max N, elements a step, warps)
+# Session 24 (NOTES item 61, after the HAS_OFFSET / EVEN_N constexprs): LayerNorm rows of
+# 16K < N <= 32K take the loop too, 16,384 x 16 warps (32K: 154.8 / 155.2 us, 81.6% of copy, against
+# the block kernel's 166.9, 75.7%; 8,192-element steps 169-204 us), and RMSNorm rows of
+# 32K < N <= 64K with rows enough the pipe kernel in 2,048-column chunks of 4 warps without the
+# weight re-read (65K: 137.5 us, 91.8%, against 8,192 x 4 re-read 148.6, 85.0%; 2,048 x 2 and
+# 1,024 x 1 138.3-138.9).
+NORM_WIDE_LOOP = {"H200": {False: (16385, 32768, 8192, 32), True: (16385, 32768, 16384, 16)}}
+# device: {LayerNorm?: (min N, max N, elements a step, warps)}
 NORM_LAYER_BLOCK = {"H200": {1024: (2, 2), 4096: (1, 4)}}  # device: {block_n: (rows, warps)}
+NORM_RMS_PIPE = {"H200": (2048, 4)}   # device: (chunk, warps) of RMSNorm's pipe at 32K < N <= 64K, many rows
 
 
 def _device_match(names, device_name: str) -> str | None:
@@ -152,22 +160,22 @@ def norm_loop_max_n(device_name: str) -> int:
     """The longest row ``norm_fwd_config`` may give the loop kernel on this device: the eager fast
     path (which replays the block kernel whatever M is) leaves norm forwards of many rows up to it
     to Python."""
-    wide = _by_device(NORM_WIDE_RMS_LOOP, device_name)
-    return max(NORM_LOOP_MAX_N, wide[1] if wide else 0)
+    wide = _by_device(NORM_WIDE_LOOP, device_name)
+    return max([NORM_LOOP_MAX_N] + [v[1] for v in (wide or {}).values()])
 
 
 @functools.lru_cache(maxsize=4096)
 def norm_fwd_config(n: int, layer: bool, many: bool = False, device_name: str = "") -> RowConfig:
     """The norm forward's path for rows of ``n`` (LayerNorm if ``layer``, else RMSNorm); ``many``:
     at least NORM_LOOP_ROWS_PER_SM rows an SM and no residual; ``device_name``: the GPU's name
-    (NORM_LOOP_NO_LAYER, NORM_WIDE_RMS_LOOP, NORM_LAYER_BLOCK)."""
+    (NORM_LOOP_NO_LAYER, NORM_WIDE_LOOP, NORM_LAYER_BLOCK, NORM_RMS_PIPE)."""
     loop_ok = not (layer and _device_match(NORM_LOOP_NO_LAYER, device_name))
     if many and loop_ok and not interpreting() and NORM_LOOP_MIN_N <= n <= NORM_LOOP_MAX_N:
         block, warps = NORM_LOOP[layer]
         return RowConfig("loop", block, 1, warps)
-    rms_loop = None if layer or interpreting() else _by_device(NORM_WIDE_RMS_LOOP, device_name)
-    if many and rms_loop and rms_loop[0] <= n <= rms_loop[1]:
-        return RowConfig("loop", rms_loop[2], 1, rms_loop[3])
+    wide_loop = None if interpreting() else (_by_device(NORM_WIDE_LOOP, device_name) or {}).get(layer)
+    if many and wide_loop and wide_loop[0] <= n <= wide_loop[1]:
+        return RowConfig("loop", wide_loop[2], 1, wide_loop[3])
     wide = _wide_row(n)
     shapes = _by_device(NORM_LAYER_BLOCK, device_name) if layer and not interpreting() else None
     if shapes and wide is not None and wide.mode == "block" and wide.block_n in shapes:
@@ -179,6 +187,9 @@ def norm_fwd_config(n: int, layer: bool, many: bool = False, device_name: str = 
         return _exchange_or_row("pipe", n, 2 * CHUNK, SPLIT_WARPS, reload=layer)
     if layer:   # 2,048 x 2 warps at 65K: 92.1% (4,096 x 4: 83.3%; 262K keeps 8,192 x 4, 88.5 against 80.7)
         return _exchange_or_row("pipe", n, CHUNK // 2, 2, reload=True)
+    rms_pipe = _by_device(NORM_RMS_PIPE, device_name) if many and not interpreting() else None
+    if rms_pipe:
+        return _exchange_or_row("pipe", n, rms_pipe[0], rms_pipe[1])
     return _exchange_or_row("pipe", n, 2 * CHUNK, SPLIT_WARPS, reload=True)
 
 
