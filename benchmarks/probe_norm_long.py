@@ -24,7 +24,7 @@ import warpforge as wf
 from warpforge.bench import timing
 from warpforge.ops import norms
 from warpforge.runtime import device as dev
-from warpforge.runtime.heuristics import RowConfig
+from warpforge.runtime.heuristics import NORM_LOOP_ROWS_PER_SM, RowConfig
 
 BF16 = torch.bfloat16
 FWD_VARIANTS = [("loop", 16384, 16), ("loop", 32768, 32), ("block", 32768, 16), ("block", 32768, 32)]
@@ -113,14 +113,16 @@ def main():
             ms = timing.device_ms(lambda c=comp: c(x), cfg_t, nbytes)
             table.append((n, name, "compile", ms, 100 * nbytes / ms / 1e6 / copy, 0.0))
             print(table[-1], flush=True)
-            print(f"  default config: {real(n, name == 'ln')}", flush=True)
+            route = real(n, name == "ln", many=name != "add" and m >= NORM_LOOP_ROWS_PER_SM * dev.sm_count(),
+                         device_name=dev.device_info().name)       # the route the op takes on this device
+            print(f"  default config: {route}", flush=True)
             base = calls[name]().clone()
             variants = [("default", 0, 0, 1)] + ([] if args.defaults_only else parse_variants(args.fwd_variants)
                                                  or [v + (1,) for v in (PIPE_FWD if args.pipe else FWD_VARIANTS)])
             for mode, chunk, warps, rows in variants:
                 if chunk > n or (mode == "block" and chunk != n):
                     continue
-                c = (real(n, name == "ln") if mode == "default"
+                c = (route if mode == "default"
                      else RowConfig(mode.rstrip("L"), chunk, rows, warps, -(-n // chunk), mode == "pipeL"))
                 norms.norm_fwd_config = lambda _n, layer=False, _c=c, **_kw: _c
 
@@ -131,7 +133,9 @@ def main():
                     if not (err < 2e-2 and worst <= 0.07):
                         raise AssertionError(f"rel err {err}, max diff to the default {worst}")
                     ms = timing.device_ms(calls[name], cfg_t, nbytes)
-                    return [(f"{mode} {c.block_n}x{c.num_warps}w", ms, 100 * nbytes / ms / 1e6 / copy, err)]
+                    label = f"{mode}{' ' + c.mode if mode == 'default' else ''} {c.block_n}x{c.num_warps}w"
+                    label += f" r{c.rows}" if c.rows > 1 else ""
+                    return [(label, ms, 100 * nbytes / ms / 1e6 / copy, err)]
                 try:
                     attempt(table, n, name, f"{mode} {chunk}x{warps}w", run)
                 finally:
