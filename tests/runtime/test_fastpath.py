@@ -126,34 +126,25 @@ def test_add_rms_norm_same_bits(fast, shape, dtype):
 @gpu_only
 def test_norm_loop_rows_declined(fast):
     """Norm forwards over rows of 4K < N <= 8K with rows enough take Python's two-pass loop kernel
-    (heuristics.norm_fwd_config): the fast path declines them, even after a short call of the same
-    length offered it the block kernel, and still takes the short call."""
-    from warpforge.runtime.device import sm_count
-
-    w = randn(8192, dtype=torch.bfloat16)
-    fastpath.lib = None
-    ref = wf.rms_norm(randn(2, 8192, dtype=torch.bfloat16), (8192,), w)      # offers the block kernel
-    fastpath.lib = fast
-    x = randn(2 * sm_count(), 8192, dtype=torch.bfloat16)
-    with torch.no_grad():
-        assert fast.rms_norm(x, (8192,), w, None, 0.0, False) is None
-        assert fast.layer_norm(x, 8192, w, None, 1e-5) is None
-        assert fast.rms_norm(x[:2], (8192,), w, None, 0.0, False) is not None
-        assert ref.shape == (2, 8192)
-    # on an H200 norm rows to 32K loop too (heuristics.NORM_WIDE_LOOP)
+    (heuristics.norm_fwd_config), and on an H200 rows to 32K too (heuristics.NORM_WIDE_LOOP): the fast
+    path declines them, even after a short call of the same length offered it the block kernel, and
+    still takes the short call."""
     from warpforge.runtime import heuristics
-    from warpforge.runtime.device import device_info
+    from warpforge.runtime.device import device_info, sm_count
 
-    if heuristics.norm_loop_max_n(device_info().name) >= 32768:
-        w = randn(32768, dtype=torch.bfloat16)
+    for n in (8192, 32768):
+        if n > heuristics.norm_loop_max_n(device_info().name):
+            continue
+        w = randn(n, dtype=torch.bfloat16)
         fastpath.lib = None
-        wf.rms_norm(randn(2, 32768, dtype=torch.bfloat16), (32768,), w)
+        ref = wf.rms_norm(randn(2, n, dtype=torch.bfloat16), (n,), w)      # offers the block kernel
         fastpath.lib = fast
-        x = randn(2 * sm_count(), 32768, dtype=torch.bfloat16)
+        x = randn(2 * sm_count(), n, dtype=torch.bfloat16)
         with torch.no_grad():
-            assert fast.rms_norm(x, (32768,), w, None, 0.0, False) is None
-            assert fast.layer_norm(x, 32768, w, None, 1e-5) is None
-            assert fast.rms_norm(x[:2], (32768,), w, None, 0.0, False) is not None
+            assert fast.rms_norm(x, (n,), w, None, 0.0, False) is None, n
+            assert fast.layer_norm(x, n, w, None, 1e-5) is None, n
+            assert fast.rms_norm(x[:2], (n,), w, None, 0.0, False) is not None, n
+            assert ref.shape == (2, n)
 
 
 @gpu_only
