@@ -415,11 +415,38 @@ def _moe_gather_kernel(
 
 
 @triton.jit
+def _moe_epilogue_tma(acc, acc_u, om, on, c_desc, z_desc, w_ptr, slot, EPI: tl.constexpr, SCALE_ROWS: tl.constexpr,
+                      STORE_Z: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """_moe_epilogue's work with TMA bulk stores: C's tile in SPLIT column slices (EPI 0), or h,
+    z_g and z_u (EPI 1; z viewed as (P, 2, N), so a partial column tile's z_g clips at N rather
+    than spilling into z_u). Every row of the tile is written, padding rows included, as the
+    pointer epilogue does."""
+    if EPI == 0:
+        if SCALE_ROWS:
+            acc = acc * tl.load(w_ptr + slot, mask=slot >= 0, other=0.0)[:, None]
+        out = acc.to(c_desc.dtype)
+        if SPLIT == 1:
+            c_desc.store([om, on], out)
+        else:
+            left, right = tl.split(tl.permute(tl.reshape(out, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+            c_desc.store([om, on], left)
+            c_desc.store([om, on + BLOCK_N // 2], right)
+    else:
+        h = acc * tl.sigmoid(acc) * acc_u
+        if STORE_Z:
+            z_desc.store([om, 0, on], tl.reshape(acc.to(z_desc.dtype), (BLOCK_M, 1, BLOCK_N)))
+            z_desc.store([om, 1, on], tl.reshape(acc_u.to(z_desc.dtype), (BLOCK_M, 1, BLOCK_N)))
+        c_desc.store([om, on], h.to(c_desc.dtype))
+
+
+@triton.jit
 def _moe_gemm_tma_kernel(
     a_desc,             # A (P, K) in padded row order, box [BLOCK_M, BLOCK_K]
     b_desc,             # the weights as 2-D (E * R, C): box [BLOCK_N, BLOCK_K] if B_T (B[k, j] = W[e*R + j, k]),
                         # else [BLOCK_K, BLOCK_N] (B[k, j] = W[e*R + k, j]); PAIRED: w_gate_up as
                         # (E, 2, n, d), box [1, 2, BLOCK_N, BLOCK_K] (gate and up rows of one column tile)
+    c_desc,             # STORE_SPLIT > 0: C's descriptor, box [BLOCK_M, BLOCK_N // STORE_SPLIT] (else None)
+    z_desc,             # STORE_SPLIT > 0 and STORE_Z: z as (P, 2, N), box [BLOCK_M, 1, BLOCK_N] (else None)
     c_ptr,              # C (P, N)
     z_ptr,              # (P, 2 * N) pre-activations [z_g, z_u] (EPI 1 with STORE_Z)
     w_ptr,              # (S,) fp32 routing weight of each slot (SCALE_ROWS)
@@ -428,7 +455,7 @@ def _moe_gemm_tma_kernel(
     NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, B_T: tl.constexpr, EPI: tl.constexpr, SCALE_ROWS: tl.constexpr,
     STORE_Z: tl.constexpr, PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr,
-    PAIRED: tl.constexpr,
+    PAIRED: tl.constexpr, STORE_SPLIT: tl.constexpr,
 ):
     """_moe_gemm_kernel's work, persistent: NUM_PROGRAMS programs walk the used tiles (the count
     read from start[E], so no host sync sizes the loop) in grouped order; A and B arrive by TMA,
@@ -436,7 +463,8 @@ def _moe_gemm_tma_kernel(
     column tile) belong to the next expert or are zero-filled: they only feed masked columns.
     PAIRED (EPI 1): one box brings a column tile's gate and up rows, so one [BLOCK_M, 2 * BLOCK_N]
     accumulator takes both (one wgmma a K step instead of two, and registers enough for the
-    flattened loop), split into z_g and z_u for the epilogue."""
+    flattened loop), split into z_g and z_u for the epilogue. STORE_SPLIT > 0: the finished tile
+    leaves by TMA bulk stores (the hardware clips columns past N) instead of pointer stores."""
     tiles_m = tl.load(start_ptr + E) // BLOCK_M
     tiles_n = tl.cdiv(N, BLOCK_N)
     k_steps = tl.cdiv(K, BLOCK_K)
@@ -473,8 +501,12 @@ def _moe_gemm_tma_kernel(
         slot = rows
         if SCALE_ROWS:
             slot = tl.load(sorted_ptr + rows)
-        _moe_epilogue(acc, acc_u, rows, on + tl.arange(0, BLOCK_N), N, c_ptr, s_cm, z_ptr, s_zm, w_ptr, slot,
-                      EPI, SCALE_ROWS, STORE_Z)
+        if STORE_SPLIT == 0:
+            _moe_epilogue(acc, acc_u, rows, on + tl.arange(0, BLOCK_N), N, c_ptr, s_cm, z_ptr, s_zm, w_ptr, slot,
+                          EPI, SCALE_ROWS, STORE_Z)
+        else:
+            _moe_epilogue_tma(acc, acc_u, om, on, c_desc, z_desc, w_ptr, slot, EPI, SCALE_ROWS, STORE_Z,
+                              STORE_SPLIT, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -485,7 +517,8 @@ def _moe_wgrad_tma_kernel(
     start_ptr,          # (E + 1,) int32 padded row offsets (multiples of BLOCK_K)
     M, N, E, s_ce, s_cm, s_cn,
     NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
+    GROUP_M: tl.constexpr, PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr = False,
+    FLATTEN: tl.constexpr = False,
 ):
     """_moe_wgrad_kernel's work with TMA operands: NUM_PROGRAMS programs over (expert, tile),
     expert-major (the programs of a wave share one expert's rows in L2); an expert's K loop runs
@@ -493,7 +526,8 @@ def _moe_wgrad_tma_kernel(
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     per_e = tiles_m * tiles_n
-    for tile in tl.range(tl.program_id(0), per_e * E, NUM_PROGRAMS):
+    for tile in tl.range(tl.program_id(0), per_e * E, NUM_PROGRAMS, flatten=FLATTEN,
+                         warp_specialize=WARP_SPECIALIZE):
         e = tile // per_e
         pid_m, pid_n = _tile_coords(tile - e * per_e, tiles_m, tiles_n, GROUP_M)
         om = pid_m * BLOCK_M
@@ -668,19 +702,27 @@ def _gemm_tma(a, w, c, *, meta, K: int, N: int, kind: str, b_t: bool, epi: int =
     tiles = tile_expert.numel() * triton.cdiv(N, cfg.block_n)
     programs = tiles if programs_per_sm == 0 else max(1, min(tiles, programs_per_sm * sm_count()))
     dummy = sorted_slot
-    args = (a_desc, b_desc, c, dummy if z is None else z, dummy if weights is None else weights, sorted_slot,
-            tile_expert, start, K, N, R, c.stride(0), 0 if z is None else z.stride(0), E)
+    # TMA stores: C (P, N) and z (P, 2N) are fresh contiguous buffers with 16-byte rows (tma_path
+    # asks n % 8 == 0; d % 128 == 0); EPI 1 stores one [BLOCK_M, BLOCK_N] slice each of h, z_g, z_u
+    split = cfg.store_split if epi == 0 else min(cfg.store_split, 1)
+    c_desc = z_desc = None
+    if split:
+        c_desc = TensorDescriptor(c, [c.shape[0], N], [c.stride(0), 1], [cfg.block_m, cfg.block_n // split])
+        if z is not None:
+            z_desc = TensorDescriptor(z, [z.shape[0], 2, N], [z.stride(0), N, 1], [cfg.block_m, 1, cfg.block_n])
+    args = (a_desc, b_desc, c_desc, z_desc, c, dummy if z is None else z, dummy if weights is None else weights,
+            sorted_slot, tile_expert, start, K, N, R, c.stride(0), 0 if z is None else z.stride(0), E)
     _launch(_GEMM_TMA, (programs,), args, cfg, NUM_PROGRAMS=programs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, B_T=b_t, EPI=epi, SCALE_ROWS=weights is not None,
             STORE_Z=z is not None, PRECISION=_precision(a.dtype), WARP_SPECIALIZE=ws, FLATTEN=flatten,
-            PAIRED=paired)
+            PAIRED=paired, STORE_SPLIT=split)
 
 
 def _wgrad_tma(a, b, c, *, start, M: int, N: int, block_m: int) -> None:
     """_moe_wgrad_tma_kernel: C[e] (M, N) = A[rows of e]^T @ B[rows of e], A (P, M), B (P, N)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    cfg, programs_per_sm, _, _ = moe_tma_config("wgrad", block_m)
+    cfg, programs_per_sm, ws, flatten = moe_tma_config("wgrad", block_m)
     E = c.shape[0]
     a_desc = TensorDescriptor.from_tensor(a, [cfg.block_k, cfg.block_m])
     b_desc = TensorDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n])
@@ -688,7 +730,8 @@ def _wgrad_tma(a, b, c, *, start, M: int, N: int, block_m: int) -> None:
     programs = tiles if programs_per_sm == 0 else max(1, min(tiles, programs_per_sm * sm_count()))
     args = (a_desc, b_desc, c, start, M, N, E, c.stride(0), c.stride(1), c.stride(2))
     _launch(_WGRAD_TMA, (programs,), args, cfg, NUM_PROGRAMS=programs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, PRECISION=_precision(a.dtype))
+            BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, PRECISION=_precision(a.dtype), WARP_SPECIALIZE=ws,
+            FLATTEN=flatten)
 
 
 def _b_fwd_up(w1):      # B[k, j] = w_gate_up[e, j, k]: (E, d, 2n)

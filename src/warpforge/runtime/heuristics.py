@@ -775,6 +775,7 @@ class MoEConfig:
     num_warps: int
     num_stages: int
     group_m: int = 8
+    store_split: int = 0    # TMA MoE kernels: 0 pointer stores; 1 or 2 TMA bulk stores in that many column slices
 
 
 def moe_block_m(slots: int, experts: int, elem_bytes: int) -> int:
@@ -801,9 +802,12 @@ MOE_TMA_CONFIGS = {
     # loops), for 128-row tiles. H200, T = 8192 (benchmarks/NOTES.md, items 53 and 57), TFLOP/s at
     # DeepSeek-V2-Lite / Mixtral against the pointer kernels' 449 / 516 (up), 469 / 571 (down),
     # 493 / 526 (dgrad), 534 / 605 (dx), 311 / 363 (both weight gradients):
-    "up": (MoEConfig(128, 128, 64, 8, 4), 1, False, True),       # 606 / 639 (one gate+up accumulator, PAIRED)
+    # session 25 (probe_moe_dense.py, Mixtral, each kernel against cuBLAS on the same total size):
+    # up with TMA stores, 3 stages (4 leave no room for the staging), warp-specialised 6.01 -> 5.89 ms;
+    # dgrad with TMA stores in two column slices, 3 stages 2.97 -> 2.84 ms (0.96 -> 1.01x cuBLAS)
+    "up": (MoEConfig(128, 128, 64, 8, 3, store_split=1), 1, True, True),    # 606 / 639 before (one gate+up accumulator, PAIRED)
     "down": (MoEConfig(128, 256, 64, 8, 3), 1, True, True),      # 569 / 666
-    "dgrad": (MoEConfig(128, 256, 64, 8, 4), 1, False, True),    # 633 / 637
+    "dgrad": (MoEConfig(128, 256, 64, 8, 3, store_split=2), 1, False, True),    # 633 / 637 before
     "dx": (MoEConfig(128, 256, 64, 8, 3), 1, False, True),       # 587 / 674
     "wgrad": (MoEConfig(128, 256, 64, 8, 3), 1, False, False),   # 511 / 625
 }
