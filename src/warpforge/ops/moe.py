@@ -513,12 +513,13 @@ def _moe_gemm_tma_kernel(
 def _moe_wgrad_tma_kernel(
     a_desc,             # A (P, M) in padded row order, box [BLOCK_K, BLOCK_M] (read transposed)
     b_desc,             # B (P, N) in padded row order, box [BLOCK_K, BLOCK_N]
+    c_desc,             # STORE_SPLIT > 0: C as (E, M, N), box [1, BLOCK_M, BLOCK_N // STORE_SPLIT] (else None)
     c_ptr,              # C (E, M, N) any strides: C[e] = A[rows of e]^T @ B[rows of e]
     start_ptr,          # (E + 1,) int32 padded row offsets (multiples of BLOCK_K)
     M, N, E, s_ce, s_cm, s_cn,
     NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr = False,
-    FLATTEN: tl.constexpr = False,
+    FLATTEN: tl.constexpr = False, STORE_SPLIT: tl.constexpr = 0,
 ):
     """_moe_wgrad_kernel's work with TMA operands: NUM_PROGRAMS programs over (expert, tile),
     expert-major (the programs of a wave share one expert's rows in L2); an expert's K loop runs
@@ -539,10 +540,20 @@ def _moe_wgrad_tma_kernel(
             a = a_desc.load([r, om]).T
             b = b_desc.load([r, on])
             acc = _dot(a, b, acc, PRECISION, False)
-        offs_m = om + tl.arange(0, BLOCK_M)
-        offs_n = on + tl.arange(0, BLOCK_N)
-        c_ptrs = c_ptr + e.to(tl.int64) * s_ce + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
+        if STORE_SPLIT == 0:
+            offs_m = om + tl.arange(0, BLOCK_M)
+            offs_n = on + tl.arange(0, BLOCK_N)
+            c_ptrs = c_ptr + e.to(tl.int64) * s_ce + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
+        else:
+            # TMA bulk stores (the hardware clips rows past M and columns past N of expert e)
+            out = acc.to(c_desc.dtype)
+            if STORE_SPLIT == 1:
+                c_desc.store([e, om, on], tl.reshape(out, (1, BLOCK_M, BLOCK_N)))
+            else:
+                left, right = tl.split(tl.permute(tl.reshape(out, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+                c_desc.store([e, om, on], tl.reshape(left, (1, BLOCK_M, BLOCK_N // 2)))
+                c_desc.store([e, om, on + BLOCK_N // 2], tl.reshape(right, (1, BLOCK_M, BLOCK_N // 2)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -728,10 +739,13 @@ def _wgrad_tma(a, b, c, *, start, M: int, N: int, block_m: int) -> None:
     b_desc = TensorDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n])
     tiles = E * triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     programs = tiles if programs_per_sm == 0 else max(1, min(tiles, programs_per_sm * sm_count()))
-    args = (a_desc, b_desc, c, start, M, N, E, c.stride(0), c.stride(1), c.stride(2))
+    # TMA stores where C is contiguous with 16-byte rows (the weight gradients are fresh buffers)
+    split = cfg.store_split if c.is_contiguous() and (N * c.element_size()) % 16 == 0 else 0
+    c_desc = TensorDescriptor(c, [E, M, N], [M * N, N, 1], [1, cfg.block_m, cfg.block_n // split]) if split else None
+    args = (a_desc, b_desc, c_desc, c, start, M, N, E, c.stride(0), c.stride(1), c.stride(2))
     _launch(_WGRAD_TMA, (programs,), args, cfg, NUM_PROGRAMS=programs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, PRECISION=_precision(a.dtype), WARP_SPECIALIZE=ws,
-            FLATTEN=flatten)
+            FLATTEN=flatten, STORE_SPLIT=split)
 
 
 def _b_fwd_up(w1):      # B[k, j] = w_gate_up[e, j, k]: (E, d, 2n)

@@ -809,7 +809,7 @@ MOE_TMA_CONFIGS = {
     "down": (MoEConfig(128, 256, 64, 8, 3), 1, True, True),      # 569 / 666
     "dgrad": (MoEConfig(128, 256, 64, 8, 3, store_split=2), 1, False, True),    # 633 / 637 before
     "dx": (MoEConfig(128, 256, 64, 8, 3), 1, False, True),       # 587 / 674
-    "wgrad": (MoEConfig(128, 256, 64, 8, 3), 1, False, False),   # 511 / 625
+    "wgrad": (MoEConfig(128, 256, 64, 8, 3, store_split=2), 1, False, False),   # 511 / 625 with pointer stores
 }
 # decode row tiles (32 or 64 rows, experts of >= 2^24 weights a matrix: Mixtral), one program a tile:
 # H200, Mixtral T = 64 at 32-row tiles 685 us against the pointer kernels' 743 (16-row tiles: 786)
