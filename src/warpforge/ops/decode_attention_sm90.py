@@ -20,7 +20,9 @@ matters is keeping enough bytes in flight on every SM for the whole call. The Tr
   are read before the wait on this one, the next unit's length and queries when a unit starts.
 - Four consumer warps take one slice of each slot apiece, each with its own online softmax (no
   cross-warp reduction a slot): S = Q K^T and O += P V with mma.sync (m16n8k16), the GQA group's
-  query heads padded to 16 rows.
+  query heads padded to 16 rows. A warp reads its next slice's block id one slot ahead, and hands
+  the slot back to the producer as soon as S is computed and V is in registers (0-2% at batch
+  >= 8 on an H200, NOTES item 64).
 - A unit that is a whole sequence (one split) merges the four warps' states through shared
   memory, each warp D / 4 columns, and writes the output: one launch. With splits, each warp's
   state is a partial and ops/decode_attention.py's combine kernel merges them (merging the warps
@@ -181,6 +183,7 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
     rr = 0
     b, kvh, split, n, c0, c1 = _unit(gl.program_id(0), splits, Hkv, lens_ptr, cap, C)
     q = _load_q(q_ptr, b, kvh, G, s_qb, s_qh, D, ld)
+    page_nx = _page_of(bt_ptr, b, c0 + W, c1, sub, num_blocks, s_bb, s_bj)
     for u in range(gl.program_id(0), n_units, nprog):
         bn, kvhn, splitn, nn, c0n, c1n = _unit(gl.minimum(u + nprog, n_units - 1), splits, Hkv, lens_ptr, cap, C)
         qn = _load_q(q_ptr, bn, kvhn, G, s_qb, s_qh, D, ld)
@@ -191,12 +194,22 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
         acc = gl.zeros([16, D], gl.float32, mma)
         for j in range(n_slots):
             c = c0 + j * C + W
-            page = _page_of(bt_ptr, b, c, c1, sub, num_blocks, s_bb, s_bj)
+            # this warp's block id was read a slot ahead (the next unit's first one at the unit's
+            # last slot), so its latency never sits between a landed slot and its arithmetic
+            page = page_nx
+            last = j + 1 == n_slots
+            page_nx = _page_of(bt_ptr, gl.where(last, bn, b), gl.where(last, c0n + W, c + C),
+                               gl.where(last, c1n, c1), sub, num_blocks, s_bb, s_bj)
             slot = t % NB
             mbarrier.wait(ready.index(slot), (t // NB) & 1)
+            # S = Q K^T, then V to registers and the slot back to the producer before the softmax
+            # and P V: its refill is issued while this slice is still being worked on (K and V
+            # both held across the arithmetic spill at D = 128)
+            kt = k_smem.index(slot * C + W)._reinterpret(dtype, [16, D], flat).permute((1, 0)).load(b_l)
+            s = mma_v2(qa, kt, gl.zeros([16, 16], gl.float32, mma))       # (16 heads, 16 tokens)
+            vt = v_smem.index(slot * C + W)._reinterpret(dtype, [16, D], flat).load(b_l)
+            mbarrier.arrive(empty.index(slot))
             if c < c1:
-                kt = k_smem.index(slot * C + W)._reinterpret(dtype, [16, D], flat).permute((1, 0)).load(b_l)
-                s = mma_v2(qa, kt, gl.zeros([16, 16], gl.float32, mma))   # (16 heads, 16 tokens)
                 ok = ((c * 16 + cols) < n) & (page >= 0)
                 s = gl.where(ok[None, :], s * qk_scale, -float("inf"))
                 m_new = gl.maximum(m_i, gl.max(s, 1))
@@ -204,11 +217,11 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
                 alpha = gl.exp2(m_i - m_use)
                 p = gl.exp2(s - m_use[:, None])
                 l_i = l_i * alpha + gl.sum(p, 1)
-                vt = v_smem.index(slot * C + W)._reinterpret(dtype, [16, D], flat).load(b_l)
                 acc = mma_v2(gl.convert_layout(p.to(dtype), a_l), vt, acc * alpha[:, None])
                 m_i = m_new
-            mbarrier.arrive(empty.index(slot))
             t += 1
+        if n_slots == 0:                                                # an empty unit: the next one's id now
+            page_nx = _page_of(bt_ptr, bn, c0n + W, c1n, sub, num_blocks, s_bb, s_bj)
         if splits == 1:
             # the whole sequence: the C warps' states -> one, D / C columns a warp, through
             # double-buffered scratch, and the output itself (no partials, no combine pass)
