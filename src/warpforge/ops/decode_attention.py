@@ -72,6 +72,11 @@ from ..runtime.checks import check_device, check_same, check_tensor
 from ..runtime import heuristics
 from ..runtime.heuristics import DECODE_COMBINE_D, DECODE_COMBINE_STEP, decode_config
 from ..runtime.launch import LaunchCache, aligned
+
+try:                                           # griddepcontrol (sm_90+): programmatic dependent launch
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:                            # pragma: no cover - a Triton without it
+    gdc_launch_dependents = gdc_wait = None
 from ..runtime.registry import Op
 
 LOG2E = 1.4426950408889634
@@ -138,8 +143,10 @@ def _decode_attention_split_kernel(
     s_ob, s_oh,                # out strides
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr, GRANULE: tl.constexpr, SPLIT: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:                                    # the combine kernel may launch now (it waits for our writes)
+        gdc_launch_dependents()
     pid = tl.program_id(0)                     # b * Hkv + kv head
     split = tl.program_id(1)
     b = pid // Hkv
@@ -204,10 +211,15 @@ def _decode_attention_combine_kernel(
     out_ptr,                   # (B, Hq, D) output
     Hq, num_splits, s_ob, s_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STEP: tl.constexpr, ONE_PASS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Merge the S partials of one (sequence, head) over a BLOCK_D slice of D. ONE_PASS (S <= STEP):
     every partial's max, sum and accumulator slice loaded at once, so the merge costs one round
-    trip to L2, not one per STEP partials (H200, batch 1 x 4K, 64 partials: 6.0 us a merge before)."""
+    trip to L2, not one per STEP partials (H200, batch 1 x 4K, 64 partials: 6.0 us a merge before).
+    PDL: launched as a programmatic dependent of the split kernel, it waits here for that grid's
+    writes (griddepcontrol.wait) instead of at the kernel boundary."""
+    if PDL:
+        gdc_wait()
     pid = tl.program_id(0)                     # b * Hq + head
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     base = pid.to(tl.int64) * num_splits
@@ -310,16 +322,30 @@ def _sm90_kernel():
     return _SM90[0]
 
 
-def _combine(m, l, acc, out, parts: int) -> None:
+def _combine(m, l, acc, out, parts: int, pdl: bool = False) -> None:
     """out = the merge of ``parts`` (max, sum, acc) partials of each (sequence, head): a program a
-    (sequence, head, DECODE_COMBINE_D slice of D), in one pass up to DECODE_COMBINE_STEP partials."""
+    (sequence, head, DECODE_COMBINE_D slice of D), in one pass up to DECODE_COMBINE_STEP partials.
+    ``pdl``: launched as a programmatic dependent of the Triton split kernel, which lets it launch
+    from its first instruction (H200, batch 1: 4-6% off the call; after the Gluon kernel it measured
+    slower, so that path does not use it; benchmarks/NOTES.md item 65)."""
     bsz, hq, d = out.shape
     one = parts <= DECODE_COMBINE_STEP
     block_d = min(triton.next_power_of_2(d), DECODE_COMBINE_D) if one else triton.next_power_of_2(d)
     step = triton.next_power_of_2(parts) if one else 16
-    key = (out.shape, out.stride(), out.dtype, parts, aligned(m, l, acc, out))
+    key = (out.shape, out.stride(), out.dtype, parts, aligned(m, l, acc, out), pdl)
     _COMBINE_LAUNCH(key, (bsz * hq, triton.cdiv(d, block_d)), (m, l, acc, out, hq, parts, out.stride(0), out.stride(1)),
-                    dict(HEAD_DIM=d, BLOCK_D=block_d, STEP=step, ONE_PASS=one), num_warps=4, num_stages=1)
+                    dict(HEAD_DIM=d, BLOCK_D=block_d, STEP=step, ONE_PASS=one, PDL=pdl), num_warps=4, num_stages=1,
+                    **({"launch_pdl": True} if pdl else {}))
+
+
+_PDL_ON = os.environ.get("WARPFORGE_DECODE_PDL", "1") != "0"
+
+
+def _pdl(t: torch.Tensor) -> bool:
+    """Whether the Triton split kernel and its combine use programmatic dependent launch (sm_90+
+    GPU, not the interpreter; WARPFORGE_DECODE_PDL=0 turns it off)."""
+    return (_PDL_ON and gdc_wait is not None and not interpreting() and t.is_cuda
+            and torch.cuda.get_device_capability(t.device)[0] >= 9)
 
 
 def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int) -> torch.Tensor:
@@ -353,10 +379,10 @@ def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num
     const = dict(HEAD_DIM=d, BLOCK_D=cfg.block_d, BLOCK_G=cfg.block_g, BLOCK_N=cfg.block_n,
                  PAGE=page, GRANULE=cfg.granule, SPLIT=splits > 1,
                  PRECISION="ieee" if q.dtype == torch.float32 else "tf32",      # "tf32" is ignored for 16-bit
-                 UPCAST=interpreting() and q.dtype == torch.bfloat16)
+                 UPCAST=interpreting() and q.dtype == torch.bfloat16, PDL=splits > 1 and _pdl(q))
     key = (q.shape, q.stride(), q.dtype, k_cache.shape, k_cache.stride(), v_cache.stride(), block_table.shape,
            block_table.stride(), block_table.dtype, seq_lens.dtype, cfg, out.stride(),
-           aligned(q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc))
+           aligned(q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc), const["PDL"])
     _SPLIT_LAUNCH(key, (bsz * hkv, splits), (
         q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc,
         scale * LOG2E, hkv, group, nblocks, max_blocks, splits,
@@ -366,7 +392,7 @@ def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num
         block_table.stride(0), block_table.stride(1),
         out.stride(0), out.stride(1)), const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if splits > 1:
-        _combine(m, l, acc, out, splits)
+        _combine(m, l, acc, out, splits, pdl=const["PDL"])
     return out
 
 

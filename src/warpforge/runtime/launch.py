@@ -31,10 +31,13 @@ class LaunchCache:
         self.kernel = kernel
         self.plans: dict = {}
 
-    def __call__(self, key, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int, num_stages: int | None):
+    def __call__(self, key, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int, num_stages: int | None,
+                 **options):
         """Launch ``kernel[grid](*args, **constexprs)`` and return the compiled kernel. ``args`` are
-        the runtime arguments in signature order; the constexprs are the parameters after them."""
+        the runtime arguments in signature order; the constexprs are the parameters after them.
+        ``options``: further compile options (e.g. ``launch_pdl``), which the key must pin."""
         opts = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
+        opts.update(options)
         if _BYPASS or interpreting() or key is None:
             return self.kernel[grid](*args, **constexprs, **opts)
         plan = self.plans.get(key)
