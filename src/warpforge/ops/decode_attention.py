@@ -72,12 +72,12 @@ from ..runtime.checks import check_device, check_same, check_tensor
 from ..runtime import heuristics
 from ..runtime.heuristics import DECODE_COMBINE_D, DECODE_COMBINE_STEP, decode_config
 from ..runtime.launch import LaunchCache, aligned
+from ..runtime.registry import Op
 
 try:                                           # griddepcontrol (sm_90+): programmatic dependent launch
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:                            # pragma: no cover - a Triton without it
     gdc_launch_dependents = gdc_wait = None
-from ..runtime.registry import Op
 
 LOG2E = 1.4426950408889634
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
