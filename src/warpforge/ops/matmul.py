@@ -299,6 +299,12 @@ def _tma_k_range(a_desc, b_desc, om, on, k_lo, k_hi, A_T: tl.constexpr, B_T: tl.
 
 
 @triton.jit
+def _column_halves(t, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """(left, right): the two column halves of a (ROWS, COLS) tile (a register relabelling)."""
+    return tl.split(tl.permute(tl.reshape(t, (ROWS, 2, COLS // 2)), (0, 2, 1)))
+
+
+@triton.jit
 def _tma_tile_out(acc, om, on, M, N, c_desc, c_ptr, s_cm, s_cn, bias_ptr, res_ptr, s_rm, s_rn, z_ptr, sa_ptr, sb_ptr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr, STORE_Z: tl.constexpr,
@@ -317,8 +323,7 @@ def _tma_tile_out(acc, om, on, M, N, c_desc, c_ptr, s_cm, s_cn, bias_ptr, res_pt
         if STORE_SPLIT == 1:
             c_desc.store([om, on], out)
         else:
-            halves = tl.permute(tl.reshape(out, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-            left, right = tl.split(halves)
+            left, right = _column_halves(out, BLOCK_M, BLOCK_N)
             c_desc.store([om, on], left)
             c_desc.store([om, on + BLOCK_N // 2], right)
 

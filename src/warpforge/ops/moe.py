@@ -84,7 +84,7 @@ from ..runtime.device import sm_count
 from ..runtime.heuristics import MOE_ALIGN_CHUNK, MoEConfig, moe_block_m, moe_config, moe_tma_config
 from ..runtime.launch import LaunchCache
 from ..runtime.registry import Op
-from .matmul import _dot, _precision, _tile_coords, _tma_view, _upcast
+from .matmul import _column_halves, _dot, _precision, _tile_coords, _tma_view, _upcast
 
 MOE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_EXPERTS = 4096
@@ -428,7 +428,7 @@ def _moe_epilogue_tma(acc, acc_u, om, on, c_desc, z_desc, w_ptr, slot, EPI: tl.c
         if SPLIT == 1:
             c_desc.store([om, on], out)
         else:
-            left, right = tl.split(tl.permute(tl.reshape(out, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+            left, right = _column_halves(out, BLOCK_M, BLOCK_N)
             c_desc.store([om, on], left)
             c_desc.store([om, on + BLOCK_N // 2], right)
     else:
@@ -482,7 +482,7 @@ def _moe_gemm_tma_kernel(
                 a = a_desc.load([om, ok])
                 b = b_desc.load([e, 0, on, ok]).reshape([2 * BLOCK_N, BLOCK_K]).T
                 both = _dot(a, b, both, PRECISION, False)
-            acc, acc_u = tl.split(tl.permute(tl.reshape(both, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
+            acc, acc_u = _column_halves(both, BLOCK_M, 2 * BLOCK_N)
         else:
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -551,7 +551,7 @@ def _moe_wgrad_tma_kernel(
             if STORE_SPLIT == 1:
                 c_desc.store([e, om, on], tl.reshape(out, (1, BLOCK_M, BLOCK_N)))
             else:
-                left, right = tl.split(tl.permute(tl.reshape(out, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+                left, right = _column_halves(out, BLOCK_M, BLOCK_N)
                 c_desc.store([e, om, on], tl.reshape(left, (1, BLOCK_M, BLOCK_N // 2)))
                 c_desc.store([e, om, on + BLOCK_N // 2], tl.reshape(right, (1, BLOCK_M, BLOCK_N // 2)))
 
