@@ -69,6 +69,7 @@ import triton.language as tl
 
 from ..runtime import interpreting, new_empty, unit_last_dim
 from ..runtime.checks import check_device, check_same, check_tensor
+from ..runtime.device import device_info
 from ..runtime import heuristics
 from ..runtime.heuristics import DECODE_COMBINE_D, DECODE_COMBINE_STEP, decode_config
 from ..runtime.launch import LaunchCache, aligned
@@ -345,7 +346,7 @@ def _pdl(t: torch.Tensor) -> bool:
     """Whether the Triton split kernel and its combine use programmatic dependent launch (sm_90+
     GPU, not the interpreter; WARPFORGE_DECODE_PDL=0 turns it off)."""
     return (_PDL_ON and gdc_wait is not None and not interpreting() and t.is_cuda
-            and torch.cuda.get_device_capability(t.device)[0] >= 9)
+            and device_info(t.device.index).capability[0] >= 9)
 
 
 def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int) -> torch.Tensor:
