@@ -7,8 +7,8 @@ from warpforge.ops.norms import (add_rms_norm, add_rms_norm_backward_op, add_rms
                                  rms_norm, rms_norm_backward_op, rms_norm_op, rms_norm_reference)
 from conftest import DTYPES, ON_GPU, DEVICE, assert_close, gpu_only, noncontig, randn
 
-SHAPES = [(1,), (3, 7), (2, 3, 123), (7, 256), (5, 4097), (2, 20000)]   # block path (7 x 256: N == BLOCK_N, rows past M
-# in a 16-row program), and the loop path past 16,384
+SHAPES = [(1,), (3, 7), (2, 3, 123), (7, 256), (5, 4097), (2, 20000), (2, 20480)]   # block path (7 x 256: N ==
+# BLOCK_N, rows past M in a 16-row program), and the loop path past 16,384 (20,480: whole steps, EVEN_N)
 if ON_GPU:
     # wide blocks, the split and pipe paths (bwd split from 4,097 for LayerNorm, 8,193 for RMSNorm;
     # pipe past 32K); 300 x 65,536 and 100 x 262,144 give each pipe program many rows (its
@@ -77,7 +77,7 @@ def test_layer_norm_optional_affine(shape, affine):
             assert_close(g, gr, torch.float32, scale=2.0)
 
 
-@pytest.mark.parametrize("n", [300, 20000])                      # block and loop statistics
+@pytest.mark.parametrize("n", [300, 20000, 20480])               # block and loop statistics
 def test_layer_norm_large_mean_does_not_cancel(n):
     """x = 1000 + randn: E[x^2] - E[x]^2 would lose ~1e-2 of the variance in fp32; the two-pass /
     Chan statistics keep the error at the rounding of x - mean itself (~3e-5)."""
@@ -472,3 +472,25 @@ def test_exchange_paths_single_chunk(monkeypatch, op, bwd_mode, reload):
     assert_close(w.grad, wr.grad, torch.float32, scale=5.0, what="dw")
     if op == "layer":
         assert_close(b.grad, br.grad, torch.float32, scale=5.0, what="db")
+
+
+@pytest.mark.parametrize("n", [37, 64, 150, 192])   # one step (masked, whole), three steps (masked), whole steps
+@pytest.mark.parametrize("op,rows", [("layer", 1), ("layer", 2), ("rms", 1)])
+def test_loop_forward_steps(monkeypatch, op, rows, n):
+    """The two-pass loop forward with 64-element steps, forced: its per-lane statistics (LayerNorm:
+    each 8-column group's mean and M2 merged across steps by Chan's formula, then across groups)
+    for one step and for several, with and without a masked last step, on rows with a large mean
+    and one outlier; LayerNorm with two rows a program too (5 rows: the last program's second row
+    is past M)."""
+    from warpforge.ops import norms as mod
+    from warpforge.runtime.heuristics import RowConfig
+
+    monkeypatch.setattr(mod, "norm_fwd_config", lambda n, layer, **_: RowConfig("loop", 64, rows, 4))
+    x = randn(5, n) + 300.0
+    x[1, n // 2] = 3e4
+    w, b = _param(n, torch.float32), _param(n, torch.float32, shift=0.0)
+    if op == "layer":
+        y, yr = layer_norm(x, (n,), w, b), F.layer_norm(x.double(), (n,), w.double(), b.double())
+    else:
+        y, yr = rms_norm(x, (n,), w, 1e-6), F.rms_norm(x.double(), (n,), w.double(), 1e-6)
+    assert_close(y, yr, torch.float32, scale=5.0, what="forward")

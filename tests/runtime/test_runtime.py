@@ -95,7 +95,7 @@ def test_norm_fwd_h200_routes(monkeypatch):
     for n in (16385, 20000, 32768):
         assert f(n, False, True, h200) == RowConfig("loop", 8192, 1, 32), n
         assert f(n, False, False, h200) == f(n, False, True, h100) == RowConfig("block", 32768, 1, 32), n
-        assert f(n, True, True, h200) == RowConfig("loop", 16384, 1, 16), n
+        assert f(n, True, True, h200) == RowConfig("loop", 16384, 1, 32), n
         assert f(n, True, False, h200) == f(n, True, True, h100) == RowConfig("block", 32768, 1, 32), n
     assert f(16384, False, True, h200).mode == f(16384, True, True, h200).mode == "block"
     for n in (32769, 65536):

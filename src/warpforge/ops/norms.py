@@ -297,14 +297,15 @@ def _norm_fwd_loop_kernel(
     RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_RES: tl.constexpr,
     LLAMA: tl.constexpr, BLOCK_N: tl.constexpr, HAS_OFFSET: tl.constexpr = True,
 ):
+    """RMSNorm (and add+RMSNorm) in two passes over a row too long to hold: pass 1 sums squares
+    per lane, pass 2 re-reads the row (from L2) and normalises. LayerNorm has its own loop kernel
+    (_layer_norm_fwd_loop_kernel)."""
+    tl.static_assert(RMS, "the loop kernel is RMSNorm's; LayerNorm takes _layer_norm_fwd_loop_kernel")
     row = tl.program_id(0)
     r = row.to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
-    # pass 1: statistics. RMSNorm: per-lane sum of squares. LayerNorm: (count, mean, M2) merged
-    # chunk by chunk with Chan's formula. With a residual, h is written here and re-read in pass 2.
+    # pass 1: per-lane sum of squares. With a residual, h is written here and re-read in pass 2.
     acc = tl.zeros((BLOCK_N,), tl.float32)
-    mean = 0.0
-    m2 = 0.0
     for start in range(0, N, BLOCK_N):
         mask = start + cols < N
         # pass 2 re-reads the row: keep x in L2 (evict-last) until then; with a residual it
@@ -320,22 +321,8 @@ def _norm_fwd_loop_kernel(
         else:
             x = tl.load(x_ptr + r * stride_x + start + cols, mask=mask, other=0.0,
                         eviction_policy="evict_last").to(tl.float32)
-        if RMS:
-            acc += x * x
-        else:
-            n_c = tl.minimum(N - start, BLOCK_N).to(tl.float32)
-            mean_c = tl.sum(x, axis=0) / n_c
-            d = tl.where(mask, x - mean_c, 0.0)
-            n_old = start * 1.0                        # elements merged so far, as fp32
-            n_new = n_old + n_c
-            delta = mean_c - mean
-            mean = mean + delta * (n_c / n_new)
-            m2 = m2 + tl.sum(d * d, axis=0) + delta * delta * (n_old * n_c / n_new)
-    if RMS:
-        rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
-    else:
-        rstd = tl.rsqrt(m2 / N + eps)
-        tl.store(mean_ptr + row, mean)
+        acc += x * x
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
     tl.store(rstd_ptr + row, rstd)
     if HAS_RES:
         tl.debug_barrier()                            # pass 1's h stores before pass 2's loads
@@ -347,10 +334,7 @@ def _norm_fwd_loop_kernel(
         else:
             x = tl.load(x_ptr + r * stride_x + start + cols, mask=mask, other=0.0,
                         eviction_policy="evict_first").to(tl.float32)
-        if RMS:
-            x_hat = x * rstd
-        else:
-            x_hat = (x - mean) * rstd
+        x_hat = x * rstd
         if LLAMA:
             x_hat = x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
         y = x_hat
@@ -359,9 +343,90 @@ def _norm_fwd_loop_kernel(
             if HAS_OFFSET:
                 w += offset
             y = y * w
-        if HAS_B:
-            y += tl.load(b_ptr + start + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         tl.store(y_ptr + r * stride_y + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+LN_GROUP = tl.constexpr(8)   # the LayerNorm loop's in-thread group: one 16-byte load of bf16 a thread
+
+
+@triton.jit
+def _layer_norm_fwd_loop_kernel(
+    x_ptr, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr,   # as the block kernel (no residual)
+    M, N, stride_x, stride_y, eps,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,        # rows a program (pass 2 loads each weight and bias step once for all)
+    EVEN_N: tl.constexpr,      # BLOCK_N divides N: no step masks a column
+):
+    """LayerNorm in two passes over rows too long to hold (pass 2 re-reads them from L2).
+
+    Pass 1 keeps no reduction across threads inside its loop, so a step's loads never wait on
+    one: each row's step is viewed as (BLOCK_N / 8, 8) groups of 8 adjacent columns, one group a
+    thread's 16-byte load; a group's mean and M2 are reduced in the thread and merged into that
+    group position's running (count, mean, M2) by Chan's formula. After the loop the group
+    positions are merged across the program, once a row. Only means are subtracted, so a row with
+    a large mean loses no variance to cancellation (as the block kernel's two passes).
+    What still separates it from RMSNorm at 32K is pass 2's weight and bias, a 64 KB stream each
+    a row through an L2 already near its limit (H200, benchmarks/NOTES.md item 66). ROWS > 1
+    (rows held in the thread) shares those loads between rows, but measured 1.3-2x slower there;
+    the heuristics take 1 and ROWS stays for the probes."""
+    G: tl.constexpr = BLOCK_N // LN_GROUP
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    live = (rows < M)[:, None, None]
+    base_x = rows.to(tl.int64)[:, None, None] * stride_x
+    offs = (tl.arange(0, G)[:, None] * LN_GROUP + tl.arange(0, LN_GROUP)[None, :])[None, :, :]
+    g_mean = tl.zeros((ROWS, G), tl.float32)
+    g_m2 = tl.zeros((ROWS, G), tl.float32)
+    g_n = tl.zeros((ROWS, G), tl.float32)      # columns merged so far at each group position
+    for start in range(0, N, BLOCK_N):
+        # pass 2 re-reads the rows: keep x in L2 (evict-last) until then
+        if EVEN_N:
+            x = tl.load(x_ptr + base_x + start + offs, mask=live, other=0.0,
+                        eviction_policy="evict_last").to(tl.float32)
+            m_c = tl.sum(x, axis=2) * (1.0 / LN_GROUP)
+            d = x - m_c[:, :, None]
+            n_old = start / G                                    # a position's columns before this step
+            frac = LN_GROUP / (n_old + LN_GROUP)                 # this step's share of them after
+        else:
+            mask = live & (start + offs < N)
+            x = tl.load(x_ptr + base_x + start + offs, mask=mask, other=0.0,
+                        eviction_policy="evict_last").to(tl.float32)
+            # the group's count, tied to x (masked columns load 0) so that it is computed in x's
+            # layout: from the mask alone the compiler reduces it in another and converts (a barrier)
+            c = tl.sum(tl.where(mask, 1.0, x * 0.0), axis=2)
+            m_c = tl.sum(x, axis=2) / tl.maximum(c, 1.0)
+            d = tl.where(mask, x - m_c[:, :, None], 0.0)
+            n_old = g_n
+            g_n += c
+            frac = c / tl.maximum(g_n, 1.0)
+        delta = m_c - g_mean
+        g_mean += delta * frac
+        g_m2 += tl.sum(d * d, axis=2) + delta * delta * (n_old * frac)
+    if EVEN_N:
+        mean = tl.sum(g_mean, axis=1) / G
+        dm = g_mean - mean[:, None]
+        m2 = tl.sum(g_m2 + dm * dm * (N / G), axis=1)
+    else:
+        mean = tl.sum(g_mean * g_n, axis=1) / N
+        dm = tl.where(g_n > 0, g_mean - mean[:, None], 0.0)
+        m2 = tl.sum(g_m2 + dm * dm * g_n, axis=1)
+    rstd = tl.rsqrt(m2 / N + eps)
+    tl.store(mean_ptr + rows, mean, mask=rows < M)
+    tl.store(rstd_ptr + rows, rstd, mask=rows < M)
+    mean = mean[:, None, None]
+    rstd = rstd[:, None, None]
+    base_y = rows.to(tl.int64)[:, None, None] * stride_y
+    # pass 2: normalise
+    for start in range(0, N, BLOCK_N):
+        cmask = start + offs < N
+        mask = live & cmask
+        x = tl.load(x_ptr + base_x + start + offs, mask=mask, other=0.0,
+                    eviction_policy="evict_first").to(tl.float32)
+        y = (x - mean) * rstd
+        if HAS_W:
+            y = y * tl.load(w_ptr + start + offs, mask=cmask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        if HAS_B:
+            y += tl.load(b_ptr + start + offs, mask=cmask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        tl.store(y_ptr + base_y + start + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -703,8 +768,14 @@ def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, l
         elif cfg.mode == "pipe":
             split_launch(_norm_fwd_pipe_kernel, m, cfg, x.device, args, **flags, RELOAD=cfg.reload,
                          BLOCK_N=cfg.block_n)
-        else:
+        elif rms:
             run(_norm_fwd_loop_kernel, (m,), args, **flags, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+        else:   # LayerNorm never has a residual, and LLAMA casting is RMSNorm's
+            run(_layer_norm_fwd_loop_kernel, (triton.cdiv(m, cfg.rows),),
+                (x2, y, x2 if weight is None else weight, x2 if bias is None else bias, mean, rstd,
+                 m, n, x2.stride(0), y.stride(0), float(eps)),
+                HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_N=cfg.block_n, ROWS=cfg.rows,
+                EVEN_N=n % cfg.block_n == 0, num_warps=cfg.num_warps)
     return y.view(x.shape), (None if h is None else h.view(x.shape)), mean, rstd
 
 

@@ -140,7 +140,10 @@ NORM_LOOP_NO_LAYER = ("H200",)
 # 32K < N <= 64K with rows enough the pipe kernel in 2,048-column chunks of 4 warps without the
 # weight re-read (65K: 137.5 us, 91.8%, against 8,192 x 4 re-read 148.6, 85.0%; 2,048 x 2 and
 # 1,024 x 1 138.3-138.9).
-NORM_WIDE_LOOP = {"H200": {False: (16385, 32768, 8192, 32), True: (16385, 32768, 16384, 16)}}
+# Session 26 (NOTES item 66): LayerNorm's own loop kernel (statistics a thread group, no reduction
+# across the program inside the loop) takes 16,384 x 32 warps at 32K: 147.0-149.0 us, 85-86% of
+# copy, against the previous loop's 154.6-155.9 at 16,384 x 16 (the new kernel at 16 warps: 166).
+NORM_WIDE_LOOP = {"H200": {False: (16385, 32768, 8192, 32), True: (16385, 32768, 16384, 32)}}
 # device: {LayerNorm?: (min N, max N, elements a step, warps)}
 NORM_LAYER_BLOCK = {"H200": {1024: (2, 2), 4096: (1, 4)}}  # device: {block_n: (rows, warps)}
 NORM_RMS_PIPE = {"H200": (2048, 4)}   # device: (chunk, warps) of RMSNorm's pipe at 32K < N <= 64K, many rows
