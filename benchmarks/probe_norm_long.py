@@ -84,6 +84,8 @@ def main():
     ap.add_argument("--only", default="rms,ln,add", help="which norms (rms, ln, add)")
     ap.add_argument("--fwd-variants", default="", help="mode:chunk:warps[:rows],... instead of the built-in lists")
     ap.add_argument("--bwd-variants", default="", help="mode:chunk:warps[:rows],... instead of the built-in lists")
+    ap.add_argument("--affine", default="wb", choices=("wb", "w", "none"),
+                    help="LayerNorm's parameters: weight and bias, weight only, or neither")
     ap.add_argument("--per-sm", default="", help="block backward: programs an SM of the weight-gradient grid")
     args = ap.parse_args()
     copy = dev.ceilings()["copy_gbps"]
@@ -98,16 +100,18 @@ def main():
         w = torch.rand(n, device="cuda", dtype=BF16) + 0.5
         b = torch.randn(n, device="cuda", dtype=BF16)
         res = torch.randn_like(x)
+        lw = None if args.affine == "none" else w      # LayerNorm's weight and bias (--affine)
+        lb = b if args.affine == "wb" else None
         refs = {"rms": norms.rms_norm_reference(x[:8], w, 1e-6),
-                "ln": norms.layer_norm_reference(x[:8], w, b, 1e-5),
+                "ln": norms.layer_norm_reference(x[:8], lw, lb, 1e-5),
                 "add": norms.add_rms_norm_reference(x[:8], res[:8], w, 1e-6)[0]}
         calls = {"rms": lambda: wf.rms_norm(x, (n,), w, eps=1e-6),
-                 "ln": lambda: wf.layer_norm(x, (n,), w, b, eps=1e-5),
+                 "ln": lambda: wf.layer_norm(x, (n,), lw, lb, eps=1e-5),
                  "add": lambda: wf.add_rms_norm(x, res, w, eps=1e-6)[0]}
         for name in [v for v in ("rms", "ln", "add") if v in args.only.split(",")]:
             nbytes = (4 if name == "add" else 2) * m * n * 2
             comp = torch.compile({"rms": lambda t: torch.nn.functional.rms_norm(t, (n,), w, 1e-6),
-                                  "ln": lambda t: torch.nn.functional.layer_norm(t, (n,), w, b, 1e-5),
+                                  "ln": lambda t: torch.nn.functional.layer_norm(t, (n,), lw, lb, 1e-5),
                                   "add": lambda t: torch.nn.functional.rms_norm(t + res, (n,), w, 1e-6)}[name],
                                  dynamic=False)   # as the bench: one static kernel a shape, not a dynamic one after the 2nd N
             comp(x)
