@@ -43,8 +43,10 @@ class LaunchCache:
         plan = self.plans.get(key)
         if plan is None:
             compiled = self.kernel[grid](*args, **constexprs, **opts)
-            names = self.kernel.arg_names[len(args):]
-            plan = (compiled, tuple(constexprs[n] for n in names))
+            # the parameters after the runtime arguments, as the JIT bound them: a constexpr the
+            # caller left out takes its default
+            params = self.kernel.params[len(args):]
+            plan = (compiled, tuple(constexprs[p.name] if p.name in constexprs else p.default for p in params))
             self.plans[key] = plan
             return compiled
         compiled, tail = plan
