@@ -305,6 +305,18 @@ def _column_halves(t, ROWS: tl.constexpr, COLS: tl.constexpr):
 
 
 @triton.jit
+def _tma_store_tile(c_desc, om, on, out, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Store the (BLOCK_M, BLOCK_N) tile ``out`` at (om, on) by TMA: whole (SPLIT 1) or as its two
+    column halves (SPLIT 2, a descriptor box half as wide)."""
+    if SPLIT == 1:
+        c_desc.store([om, on], out)
+    else:
+        left, right = _column_halves(out, BLOCK_M, BLOCK_N)
+        c_desc.store([om, on], left)
+        c_desc.store([om, on + BLOCK_N // 2], right)
+
+
+@triton.jit
 def _tma_tile_out(acc, om, on, M, N, c_desc, c_ptr, s_cm, s_cn, bias_ptr, res_ptr, s_rm, s_rn, z_ptr, sa_ptr, sb_ptr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr, STORE_Z: tl.constexpr,
@@ -319,13 +331,7 @@ def _tma_tile_out(acc, om, on, M, N, c_desc, c_ptr, s_cm, s_cn, bias_ptr, res_pt
     else:
         acc = _epilogue_math(acc, offs_m, offs_n, M, N, bias_ptr, res_ptr, s_rm, s_rn, z_ptr, sa_ptr, sb_ptr,
                              HAS_BIAS, ACT, HAS_RES, STORE_Z, A_SCALE, B_SCALE)
-        out = acc.to(c_desc.dtype)
-        if STORE_SPLIT == 1:
-            c_desc.store([om, on], out)
-        else:
-            left, right = _column_halves(out, BLOCK_M, BLOCK_N)
-            c_desc.store([om, on], left)
-            c_desc.store([om, on + BLOCK_N // 2], right)
+        _tma_store_tile(c_desc, om, on, acc.to(c_desc.dtype), STORE_SPLIT, BLOCK_M, BLOCK_N)
 
 
 @triton.jit

@@ -84,7 +84,7 @@ from ..runtime.device import sm_count
 from ..runtime.heuristics import MOE_ALIGN_CHUNK, MoEConfig, moe_block_m, moe_config, moe_tma_config
 from ..runtime.launch import LaunchCache
 from ..runtime.registry import Op
-from .matmul import _column_halves, _dot, _precision, _tile_coords, _tma_view, _upcast
+from .matmul import _column_halves, _dot, _precision, _tile_coords, _tma_store_tile, _tma_view, _upcast
 
 MOE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_EXPERTS = 4096
@@ -424,13 +424,7 @@ def _moe_epilogue_tma(acc, acc_u, om, on, c_desc, z_desc, w_ptr, slot, EPI: tl.c
     if EPI == 0:
         if SCALE_ROWS:
             acc = acc * tl.load(w_ptr + slot, mask=slot >= 0, other=0.0)[:, None]
-        out = acc.to(c_desc.dtype)
-        if SPLIT == 1:
-            c_desc.store([om, on], out)
-        else:
-            left, right = _column_halves(out, BLOCK_M, BLOCK_N)
-            c_desc.store([om, on], left)
-            c_desc.store([om, on + BLOCK_N // 2], right)
+        _tma_store_tile(c_desc, om, on, acc.to(c_desc.dtype), SPLIT, BLOCK_M, BLOCK_N)
     else:
         h = acc * tl.sigmoid(acc) * acc_u
         if STORE_Z:
