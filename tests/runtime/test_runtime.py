@@ -83,7 +83,7 @@ def test_norm_fwd_loop_rows(monkeypatch):
 def test_norm_fwd_h200_routes(monkeypatch):
     """H200 only (NORM_WIDE_LOOP, NORM_LAYER_BLOCK, NORM_RMS_PIPE): rows of 16K < N <= 32K with rows
     enough take the loop, RMSNorm in 8,192-element steps of 32 warps and LayerNorm in 16,384-element
-    steps of 16; LayerNorm rows of 2K < N <= 4K the block kernel at 4 warps, of 512 < N <= 1K two
+    steps of 32; LayerNorm rows of 2K < N <= 4K the block kernel at 4 warps, of 512 < N <= 1K two
     rows a program at 2 warps; RMSNorm rows of 32K < N <= 64K with rows enough the pipe in 2,048-column
     chunks of 4 warps without the re-read. Other devices, few rows and the interpreter keep theirs.
     The fast path is told to leave norm rows up to 32K with many rows to Python there."""
