@@ -8,7 +8,10 @@ row shows), and times it with the bench's own timer (`bench/timing.py`).
     python benchmarks/probe_norm_long.py [--ns 32768,65536,262144] [--bwd] [--pipe] [--softmax]
         [--only ln] [--fwd-variants pipeL:2048:4,...] [--bwd-variants block:1024:4:2,...] [--per-sm 2,3]
 
-A variant is ``mode:chunk:warps[:rows]`` (mode pipeL: the pipe kernels with reload). ``--per-sm``
+A variant is ``mode:chunk:warps[:rows[:stages[:per_sm]]]`` (mode pipeL: the pipe kernels with
+reload; stages: the block backward stages that many tiles through shared memory,
+``RowConfig.stages``; per_sm: the block backward's weight-gradient grid, programs an SM, as
+``--per-sm`` but for that variant alone). ``--per-sm``
 sweeps the block backward's weight-gradient grid (programs an SM, ``grad_grid``). Run it with
 WARPFORGE_FASTPATH=0: the fast path would replay the first config it was offered for a shape.
 """
@@ -40,11 +43,11 @@ PIPE_BWD = [("pipe", 2048, 4), ("pipe", 4096, 4), ("pipe", 8192, 8), ("pipeL", 2
 
 
 def parse_variants(text):
-    """``mode:chunk:warps[:rows],...`` -> [(mode, chunk, warps, rows)]."""
+    """``mode:chunk:warps[:rows[:stages[:per_sm]]],...`` -> [(mode, chunk, warps, rows, stages, per_sm)]."""
     out = []
     for item in filter(None, text.split(",")):
-        f = item.split(":")
-        out.append((f[0], int(f[1]), int(f[2]), int(f[3]) if len(f) > 3 else 1))
+        f = [int(v) for v in item.split(":")[1:]] + [1, 0, 0][len(item.split(":")) - 3:]
+        out.append((item.split(":")[0], *f[:5]))
     return out
 
 
@@ -122,13 +125,13 @@ def main():
                          device_name=dev.device_info().name)       # the route the op takes on this device
             print(f"  default config: {route}", flush=True)
             base = calls[name]().clone()
-            variants = [("default", 0, 0, 1)] + ([] if args.defaults_only else parse_variants(args.fwd_variants)
-                                                 or [v + (1,) for v in (PIPE_FWD if args.pipe else FWD_VARIANTS)])
-            for mode, chunk, warps, rows in variants:
+            variants = [("default", 0, 0, 1, 0, 0)] + ([] if args.defaults_only else parse_variants(args.fwd_variants)
+                                                       or [v + (1, 0, 0) for v in (PIPE_FWD if args.pipe else FWD_VARIANTS)])
+            for mode, chunk, warps, rows, stages, _per_sm in variants:
                 if chunk > n or (mode == "block" and chunk != n):
                     continue
                 c = (route if mode == "default"
-                     else RowConfig(mode.rstrip("L"), chunk, rows, warps, -(-n // chunk), mode == "pipeL"))
+                     else RowConfig(mode.rstrip("L"), chunk, rows, warps, -(-n // chunk), mode == "pipeL", stages=stages))
                 norms.norm_fwd_config = lambda _n, layer=False, _c=c, **_kw: _c
 
                 def run(name=name, c=c, mode=mode, nbytes=nbytes):
@@ -140,6 +143,7 @@ def main():
                     ms = timing.device_ms(calls[name], cfg_t, nbytes)
                     label = f"{mode}{' ' + c.mode if mode == 'default' else ''} {c.block_n}x{c.num_warps}w"
                     label += f" r{c.rows}" if c.rows > 1 else ""
+                    label += f" s{c.stages}" if c.stages else ""
                     return [(label, ms, 100 * nbytes / ms / 1e6 / copy, err)]
                 try:
                     attempt(table, n, name, f"{mode} {chunk}x{warps}w", run)
@@ -158,20 +162,24 @@ def main():
                      wf.layer_norm(xg, (n,), wg, bg, eps=1e-5))
                 ins = (xg, wg) if name == "rms" else (xg, wg, bg)
                 ref = torch.autograd.grad(y, ins, dy, retain_graph=True)
-                print(f"  bwd default: {realb(n, name == 'ln')}", flush=True)
-                bwd_variants = [("default", 0, 0, 1, 0)] + [
-                    v + (p,) for v in (parse_variants(args.bwd_variants)
-                                       or [v + (1,) for v in (PIPE_BWD if args.pipe else BWD_VARIANTS)])
-                    for p in ([int(t) for t in args.per_sm.split(",")] if args.per_sm and v[0] == "block" else [0])]
-                for mode, chunk, warps, rows, per_sm in bwd_variants:
+                dname = dev.device_info().name
+                print(f"  bwd default: {realb(n, name == 'ln', device_name=dname)}", flush=True)
+                bwd_variants = [("default", 0, 0, 1, 0, 0)] + [
+                    v[:5] + (p,) for v in (parse_variants(args.bwd_variants)
+                                           or [v + (1, 0, 0) for v in (PIPE_BWD if args.pipe else BWD_VARIANTS)])
+                    for p in ([v[5]] if v[5] else
+                              [int(t) for t in args.per_sm.split(",")] if args.per_sm and v[0] == "block" else [0])]
+                for mode, chunk, warps, rows, stages, per_sm in bwd_variants:
                     if chunk > n or (mode == "block" and chunk != triton.next_power_of_2(n)):
                         continue
-                    c = (realb(n, name == "ln") if mode == "default"
-                         else RowConfig(mode.rstrip("L"), chunk, rows, warps, -(-n // chunk), mode == "pipeL"))
+                    c = (realb(n, name == "ln", device_name=dname) if mode == "default"
+                         else RowConfig(mode.rstrip("L"), chunk, rows, warps, -(-n // chunk), mode == "pipeL",
+                                        stages=stages))
                     norms.norm_bwd_config = lambda _n, layer=False, _c=c, **_kw: _c
                     if per_sm:
                         norms.grad_grid = functools.partial(grid_per_sm, per_sm)
-                    what = f"bwd {mode} {chunk}x{warps}w r{rows}" + (f" {per_sm}/SM" if per_sm else "")
+                    what = (f"bwd {mode} {chunk}x{warps}w r{rows}" + (f" s{stages}" if stages else "")
+                            + (f" {per_sm}/SM" if per_sm else ""))
 
                     def run(y=y, ins=ins, ref=ref, what=what):
                         got = torch.autograd.grad(y, ins, dy, retain_graph=True)

@@ -474,6 +474,53 @@ def test_exchange_paths_single_chunk(monkeypatch, op, bwd_mode, reload):
         assert_close(b.grad, br.grad, torch.float32, scale=5.0, what="db")
 
 
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("op", ["layer", "rms", "add"])
+def test_block_backward_staged(monkeypatch, op, rows):
+    """The block backward with its row tiles staged through shared memory by the compiler's
+    software pipeline (RowConfig.stages; LayerNorm 4K < N <= 8K on the H200), forced on a 37-wide
+    row: against float64, and against the hand-pipelined loop it replaces (the same arithmetic: the
+    same bits under the interpreter; compiled apart on a GPU, close). 11 rows in 3 row groups of 4: the last group is short, and with two rows a tile
+    its last tile is half past M."""
+    from warpforge.ops import norms as mod
+    from warpforge.runtime.heuristics import RowConfig
+
+    n = 37
+    x = randn(11, n) + 30.0
+    w, b = _param(n, torch.float32), _param(n, torch.float32, shift=0.0)
+    res = randn(11, n)
+    dy, dsum = randn(11, n), randn(11, n)
+    monkeypatch.setattr(mod, "grad_grid", lambda m, rows_, col_tiles, per_sm=0: (3, 4))
+
+    def grads(stages):
+        monkeypatch.setattr(mod, "norm_bwd_config", lambda n, layer, **_: RowConfig("block", 64, rows, 4, stages=stages))
+        leaves = [t.detach().clone().requires_grad_() for t in (x, w, b, res)]
+        if op == "layer":
+            outs, ins = (layer_norm(leaves[0], (n,), leaves[1], leaves[2]),), leaves[:3]
+        elif op == "rms":
+            outs, ins = (rms_norm(leaves[0], (n,), leaves[1], 1e-6),), leaves[:2]
+        else:
+            outs, ins = add_rms_norm(leaves[0], leaves[3], leaves[1], 1e-6), [leaves[0], leaves[3], leaves[1]]
+        return torch.autograd.grad(outs, ins, (dy, dsum)[:len(outs)])
+
+    staged, plain = grads(3), grads(0)
+    xr, wr, br, rr = _leaf(x), _leaf(w), _leaf(b), _leaf(res)
+    if op == "layer":
+        outs, ins = (F.layer_norm(xr, (n,), wr, br),), [xr, wr, br]
+    elif op == "rms":
+        outs, ins = (F.rms_norm(xr, (n,), wr, 1e-6),), [xr, wr]
+    else:
+        h = xr + rr
+        outs, ins = (F.rms_norm(h, (n,), wr, 1e-6), h), [xr, rr, wr]
+    ref = torch.autograd.grad(outs, ins, (dy.double(), dsum.double())[:len(outs)])
+    for got, want, base in zip(staged, ref, plain):
+        assert_close(got, want, torch.float32, scale=5.0)
+        if ON_GPU:     # compiled apart, the two loops may order a reduction differently
+            assert_close(got, base, torch.float32, scale=2.0)
+        else:
+            assert torch.equal(got, base)
+
+
 @pytest.mark.parametrize("n", [37, 64, 150, 192])   # one step (masked, whole), three steps (masked), whole steps
 @pytest.mark.parametrize("op,rows", [("layer", 1), ("layer", 2), ("rms", 1)])
 def test_loop_forward_steps(monkeypatch, op, rows, n):

@@ -108,7 +108,9 @@ def test_layer_norm_same_bits(fast, shape, dtype, params):
     x = randn(*shape, dtype=dtype, scale=2.0).requires_grad_()
     w = (randn(n) * 0.5 + 1).to(dtype).requires_grad_() if "w" in params else None
     b = randn(n, dtype=dtype).requires_grad_() if "b" in params else None
-    split = heuristics.norm_bwd_config(n, True).mode != "block"     # 8,192: the split backward
+    from warpforge.runtime.device import device_info
+    split = heuristics.norm_bwd_config(n, True, device_name=device_info().name,   # 8,192: split (H200, 2-byte: block)
+                                       itemsize=x.element_size()).mode != "block"
     _same_bits(lambda t, w, b: wf.layer_norm(t, n, w, b), lambda: _leaves(x, w, b), fast, python_backward=split)
 
 

@@ -145,6 +145,30 @@ def test_norm_bwd_config_paths():
         assert (c.mode, c.rows, c.num_warps, c.grad_per_sm) == ("block", rows, warps, per_sm), n
 
 
+def test_norm_bwd_config_h200(monkeypatch):
+    """On the H200 LayerNorm rows of 4K < N <= 8K in a 2-byte dtype take one 8,192-column, 16-warp
+    block program an SM with its tiles staged four deep (NORM_LAYER_BWD_STAGED); fp32, other
+    devices, RMSNorm, other lengths and the interpreter keep their paths."""
+    from warpforge.runtime.heuristics import RowConfig
+
+    monkeypatch.setattr(heuristics, "interpreting", lambda: False)
+    heuristics.norm_bwd_config.cache_clear()
+    try:
+        h200, h100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
+        f = heuristics.norm_bwd_config
+        for n in (4097, 5000, 8192):
+            assert f(n, True, h200) == RowConfig("block", 8192, 1, 16, grad_per_sm=1, stages=4), n
+            assert f(n, True, h200, 4) == f(n, True, h100) == f(n, True) and f(n, True, h100).stages == 0, n
+            assert f(n, False, h200) == f(n, False, h100), n
+        for n in (4096, 8193, 32768):
+            assert f(n, True, h200) == f(n, True, h100), n
+        monkeypatch.setattr(heuristics, "interpreting", lambda: True)
+        heuristics.norm_bwd_config.cache_clear()
+        assert f(8192, True, h200) == RowConfig("loop", 4096, 1, 16)
+    finally:
+        heuristics.norm_bwd_config.cache_clear()
+
+
 def test_softmax_config_paths():
     """One 32-warp program a row to 32K on a GPU, forward and backward; 262K rows in the pipe mode
     (backward with more warps); the interpreter keeps the plain row config. The amax backward

@@ -45,7 +45,10 @@ Why the kernels look the way they do:
   row group stores the sums itself. No atomics, so two runs give the same bits. The buffer costs
   2*G*N*4 bytes: 4.3 MB against 805 MB for a 32768x4096 bf16 backward.
   Each program loads its next tile of (x, dy) before computing the current one, so with only
-  one program per SM the memory pipe still has a tile in flight.
+  one program per SM the memory pipe still has a tile in flight. With ``stages`` set
+  (RowConfig.stages; on the H200, LayerNorm rows of 4K < N <= 8K in a 2-byte dtype, one
+  8,192-column program an SM) the compiler's software pipeline stages the next tiles through
+  shared memory instead (cp.async): three tiles in flight, none held in registers.
 - Backward for longer rows, ``split`` (to 32K) and ``pipe`` (past it, the wait a row behind)
   paths (GPU): C co-resident programs share a row as in the forward and exchange the chunk sums
   of g * x_hat (and g); each program owns one column chunk for all of its row group's rows, so
@@ -630,6 +633,42 @@ def _norm_bwd_pipe_kernel(
 
 
 @triton.jit
+def _norm_bwd_tile(x, dy, rows, rmask, mask, r, cols, cmask, w_ptr, mean_ptr, rstd_ptr, c_ptr, dx_ptr, dsum_ptr,
+                   dw_acc, db_acc, x_ptr, N, stride_ds, stride_dx, offset,
+                   RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_DSUM: tl.constexpr,
+                   LLAMA: tl.constexpr, FULL_ROW: tl.constexpr):
+    """One (ROWS, BLOCK_N) tile of ``_norm_bwd_kernel`` from its fp32 x and dy: dx stored, the
+    tile's dw/db added to the accumulators (returned)."""
+    rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+    if RMS:
+        x_hat = x * rstd[:, None]
+    else:
+        mean = tl.load(mean_ptr + rows, mask=rmask, other=0.0)
+        x_hat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+    if HAS_W:
+        # re-read per tile (an L1 hit) rather than pinned in registers: at 8,192 columns that
+        # frees 16 registers a thread, the difference between spilling and not
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32) + offset
+        g = dy * w[None, :]
+    else:
+        g = dy
+    if FULL_ROW:
+        c1 = tl.sum(g * x_hat, axis=1) / N
+    else:
+        c1 = tl.load(c_ptr + rows * 2, mask=rmask, other=0.0)
+    c2 = c1                                         # RMSNorm has no mean(g) term
+    if not RMS:
+        if FULL_ROW:
+            c2 = tl.sum(g, axis=1) / N
+        else:
+            c2 = tl.load(c_ptr + rows * 2 + 1, mask=rmask, other=0.0)
+    return _norm_bwd_finish(
+        g, x_hat, dy, c1[:, None], c2[:, None], rstd[:, None],
+        dx_ptr + r * stride_dx + cols[None, :], dsum_ptr + r * stride_ds + cols[None, :], mask,
+        dw_acc, db_acc, x_ptr, RMS, HAS_W, HAS_B, HAS_DSUM, LLAMA)
+
+
+@triton.jit
 def _norm_bwd_kernel(
     dy_ptr, x_ptr,             # (M, N) incoming gradient and saved input (h for add+RMSNorm)
     dsum_ptr,                  # (M, N) gradient of the x + residual output (HAS_DSUM)
@@ -640,7 +679,7 @@ def _norm_bwd_kernel(
     M, N, stride_dy, stride_x, stride_ds, stride_dx, rows_per_prog, offset,
     RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_DSUM: tl.constexpr,
     LLAMA: tl.constexpr, FULL_ROW: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-    GRID_PER_SM: tl.constexpr,
+    GRID_PER_SM: tl.constexpr, STAGES: tl.constexpr = 0,
 ):
     """dx and deterministic dw/db partials. Program (g, c) owns rows [g*rows_per_prog, +rows_per_prog)
     and columns [c*BLOCK_N, +BLOCK_N). FULL_ROW (block path, one column tile): the row statistics
@@ -654,52 +693,43 @@ def _norm_bwd_kernel(
     db_acc = tl.zeros((ROWS, BLOCK_N), tl.float32)
     row_start = g_id * rows_per_prog
     row_end = tl.minimum(row_start + rows_per_prog, M)
-    # software pipeline: the next tile's x and dy are in flight while this one is computed, so a
-    # program keeps the memory pipe busy on its own (one or two programs fit an SM here)
-    rows = row_start + tl.arange(0, ROWS)
-    mask = (rows < row_end)[:, None] & cmask[None, :]
-    r = rows.to(tl.int64)[:, None]
-    x_next = tl.load(x_ptr + r * stride_x + cols[None, :], mask=mask, other=0.0)
-    dy_next = tl.load(dy_ptr + r * stride_dy + cols[None, :], mask=mask, other=0.0)
-    for r0 in range(row_start, row_end, ROWS):
-        rows = r0 + tl.arange(0, ROWS)
-        rmask = rows < row_end
-        mask = rmask[:, None] & cmask[None, :]
+    if STAGES > 0:
+        # the compiler's software pipeline stages the next STAGES - 1 tiles of x and dy through
+        # shared memory (cp.async): more bytes in flight than registers hold, and none of them
+        # costs a register while this tile is computed
+        for r0 in tl.range(row_start, row_end, ROWS, num_stages=STAGES):
+            rows = r0 + tl.arange(0, ROWS)
+            rmask = rows < row_end
+            mask = rmask[:, None] & cmask[None, :]
+            r = rows.to(tl.int64)[:, None]
+            x = tl.load(x_ptr + r * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + r * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dw_acc, db_acc = _norm_bwd_tile(x, dy, rows, rmask, mask, r, cols, cmask, w_ptr, mean_ptr, rstd_ptr,
+                                            c_ptr, dx_ptr, dsum_ptr, dw_acc, db_acc, x_ptr, N, stride_ds,
+                                            stride_dx, offset, RMS, HAS_W, HAS_B, HAS_DSUM, LLAMA, FULL_ROW)
+    else:
+        # software pipeline by hand: the next tile's x and dy are in flight (in registers) while
+        # this one is computed, so a program keeps the memory pipe busy on its own
+        rows = row_start + tl.arange(0, ROWS)
+        mask = (rows < row_end)[:, None] & cmask[None, :]
         r = rows.to(tl.int64)[:, None]
-        x = x_next.to(tl.float32)
-        dy = dy_next.to(tl.float32)
-        nrows = rows + ROWS
-        nmask = (nrows < row_end)[:, None] & cmask[None, :]
-        nr = nrows.to(tl.int64)[:, None]
-        x_next = tl.load(x_ptr + nr * stride_x + cols[None, :], mask=nmask, other=0.0)
-        dy_next = tl.load(dy_ptr + nr * stride_dy + cols[None, :], mask=nmask, other=0.0)
-        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
-        if RMS:
-            x_hat = x * rstd[:, None]
-        else:
-            mean = tl.load(mean_ptr + rows, mask=rmask, other=0.0)
-            x_hat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-        if HAS_W:
-            # re-read per tile (an L1 hit) rather than pinned in registers: at 8,192 columns that
-            # frees 16 registers a thread, the difference between spilling and not
-            w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32) + offset
-            g = dy * w[None, :]
-        else:
-            g = dy
-        if FULL_ROW:
-            c1 = tl.sum(g * x_hat, axis=1) / N
-        else:
-            c1 = tl.load(c_ptr + rows * 2, mask=rmask, other=0.0)
-        c2 = c1                                         # RMSNorm has no mean(g) term
-        if not RMS:
-            if FULL_ROW:
-                c2 = tl.sum(g, axis=1) / N
-            else:
-                c2 = tl.load(c_ptr + rows * 2 + 1, mask=rmask, other=0.0)
-        dw_acc, db_acc = _norm_bwd_finish(
-            g, x_hat, dy, c1[:, None], c2[:, None], rstd[:, None],
-            dx_ptr + r * stride_dx + cols[None, :], dsum_ptr + r * stride_ds + cols[None, :], mask,
-            dw_acc, db_acc, x_ptr, RMS, HAS_W, HAS_B, HAS_DSUM, LLAMA)
+        x_next = tl.load(x_ptr + r * stride_x + cols[None, :], mask=mask, other=0.0)
+        dy_next = tl.load(dy_ptr + r * stride_dy + cols[None, :], mask=mask, other=0.0)
+        for r0 in range(row_start, row_end, ROWS):
+            rows = r0 + tl.arange(0, ROWS)
+            rmask = rows < row_end
+            mask = rmask[:, None] & cmask[None, :]
+            r = rows.to(tl.int64)[:, None]
+            x = x_next.to(tl.float32)
+            dy = dy_next.to(tl.float32)
+            nrows = rows + ROWS
+            nmask = (nrows < row_end)[:, None] & cmask[None, :]
+            nr = nrows.to(tl.int64)[:, None]
+            x_next = tl.load(x_ptr + nr * stride_x + cols[None, :], mask=nmask, other=0.0)
+            dy_next = tl.load(dy_ptr + nr * stride_dy + cols[None, :], mask=nmask, other=0.0)
+            dw_acc, db_acc = _norm_bwd_tile(x, dy, rows, rmask, mask, r, cols, cmask, w_ptr, mean_ptr, rstd_ptr,
+                                            c_ptr, dx_ptr, dsum_ptr, dw_acc, db_acc, x_ptr, N, stride_ds,
+                                            stride_dx, offset, RMS, HAS_W, HAS_B, HAS_DSUM, LLAMA, FULL_ROW)
     # every program writes its whole partial row (zeros if it had no rows): the buffer is complete
     part = g_id.to(tl.int64) * N + cols
     if HAS_W:
@@ -792,7 +822,8 @@ def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: 
         return dx.view(x.shape), (zeros if has_w else None), (zeros.clone() if has_bias else None)
     ds2 = None if dsum is None else as_rows(dsum)
     flags = dict(RMS=rms, HAS_W=has_w, HAS_B=has_bias, HAS_DSUM=ds2 is not None, LLAMA=llama)
-    cfg = norm_bwd_config(n, layer=not rms)
+    cfg = norm_bwd_config(n, layer=not rms, device_name=device_info(x.device.index).name if x.is_cuda else "",
+                          itemsize=max(x.element_size(), dy.element_size()))
     if cfg.mode in ("split", "pipe"):
         parts = {}
 
@@ -833,7 +864,7 @@ def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: 
          n, dy2.stride(0), x2.stride(0), 0 if ds2 is None else ds2.stride(0), dx.stride(0), rows_per_prog,
          float(offset)),
         **flags, FULL_ROW=full_row, ROWS=cfg.rows, BLOCK_N=cfg.block_n, GRID_PER_SM=cfg.grad_per_sm,
-        num_warps=cfg.num_warps)
+        STAGES=cfg.stages, num_warps=cfg.num_warps)
     return dx.view(x.shape), *((dw, db) if direct else _grad_sums(dw, db, pdtype))
 
 

@@ -45,6 +45,8 @@ class RowConfig:
     chunks: int = 1    # programs per row (split and pipe modes)
     reload: bool = False   # pipe mode: re-read the per-column weight (and bias) every row
     grad_per_sm: int = GRAD_PROGRAMS_PER_SM   # block-mode norm backward: weight-gradient grid (grad_grid)
+    stages: int = 0    # norm backward (block): row tiles staged through shared memory by the
+                       # compiler's software pipeline this many deep; 0: one tile prefetched in registers
 
 
 def warps_for(elems: int) -> int:
@@ -485,13 +487,28 @@ NORM_BWD_ELEMS_PER_THREAD = 16
 # loop; with the wait deferred a row, 262K runs at 75-84% of copy against the loop's 53-57%).
 
 
+# H200, LayerNorm rows of 4K < N <= 8K (benchmarks/NOTES.md item 67): one 8,192-column program of
+# 16 warps an SM (123 registers, so one fits) whose row tiles the compiler's software pipeline
+# stages four deep through shared memory (cp.async, ~147 KB): 16384 x 8192 bf16 224.8 us, 84.3% of
+# copy, against the split exchange's 276 (69%) and the same program with one row prefetched in
+# registers 237.8 (80.1%). On the H100 that path is unmeasured and the split stays; so does fp32
+# (four 64 KB stages are more shared memory than an SM has, and fewer were not measured).
+NORM_LAYER_BWD_STAGED = {"H200": (8192, 16, 4)}   # device: (columns, warps, stages), 2-byte dtypes
+
+
 @functools.lru_cache(maxsize=4096)
-def norm_bwd_config(n: int, layer: bool) -> RowConfig:
+def norm_bwd_config(n: int, layer: bool, device_name: str = "", itemsize: int = 2) -> RowConfig:
     """The norm backward's path for rows of ``n`` (LayerNorm if ``layer``, else RMSNorm):
     ``block`` (whole rows, one pass over x and dy), ``split``/``pipe`` (longer rows on a GPU: C
     programs a row exchange the row sums, still one pass) or ``loop`` (row statistics first, then
-    4,096-column tiles: two passes; the interpreter's path, and rows past the pipe's reach)."""
+    4,096-column tiles: two passes; the interpreter's path, and rows past the pipe's reach).
+    ``device_name``: the GPU's name and ``itemsize`` the bytes of an element of x and dy
+    (NORM_LAYER_BWD_STAGED)."""
     block = triton.next_power_of_2(n)
+    staged = (_by_device(NORM_LAYER_BWD_STAGED, device_name)
+              if layer and itemsize <= 2 and not interpreting() else None)
+    if staged and NORM_BWD_BLOCK_MAX // 2 < block <= staged[0]:
+        return RowConfig("block", block, 1, staged[1], grad_per_sm=1, stages=staged[2])
     if block <= (NORM_BWD_BLOCK_MAX // 2 if layer else NORM_BWD_BLOCK_MAX):
         short = layer and block <= LN_BWD_SHORT_TILE
         tile = LN_BWD_SHORT_TILE if short else NORM_BWD_TILE[layer]
