@@ -145,23 +145,25 @@ def test_norm_bwd_config_paths():
         assert (c.mode, c.rows, c.num_warps, c.grad_per_sm) == ("block", rows, warps, per_sm), n
 
 
-def test_norm_bwd_config_h200(monkeypatch):
-    """On the H200 LayerNorm rows of 4K < N <= 8K in a 2-byte dtype take one 8,192-column, 16-warp
-    block program an SM with its tiles staged four deep (NORM_LAYER_BWD_STAGED); fp32, other
-    devices, RMSNorm, other lengths and the interpreter keep their paths."""
+def test_norm_bwd_config_wide_layer_norm(monkeypatch):
+    """LayerNorm rows of 4K < N <= 8K in a 2-byte dtype take one 8,192-column, 16-warp block
+    program an SM (NORM_LAYER_BWD_WIDE): on the H200 with its tiles staged four deep, on the H100
+    unstaged; fp32, other devices, RMSNorm, other lengths and the interpreter keep their paths."""
     from warpforge.runtime.heuristics import RowConfig
 
     monkeypatch.setattr(heuristics, "interpreting", lambda: False)
     heuristics.norm_bwd_config.cache_clear()
     try:
-        h200, h100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
+        h200, h100, other = "NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
         f = heuristics.norm_bwd_config
         for n in (4097, 5000, 8192):
             assert f(n, True, h200) == RowConfig("block", 8192, 1, 16, grad_per_sm=1, stages=4), n
-            assert f(n, True, h200, 4) == f(n, True, h100) == f(n, True) and f(n, True, h100).stages == 0, n
-            assert f(n, False, h200) == f(n, False, h100), n
+            assert f(n, True, h100) == RowConfig("block", 8192, 1, 16, grad_per_sm=1, stages=0), n
+            assert f(n, True, h200, 4) == f(n, True, h100, 4) == f(n, True, other) == f(n, True), n
+            assert f(n, True, other).mode == "split", n
+            assert f(n, False, h200) == f(n, False, h100) == f(n, False, other), n
         for n in (4096, 8193, 32768):
-            assert f(n, True, h200) == f(n, True, h100), n
+            assert f(n, True, h200) == f(n, True, h100) == f(n, True, other), n
         monkeypatch.setattr(heuristics, "interpreting", lambda: True)
         heuristics.norm_bwd_config.cache_clear()
         assert f(8192, True, h200) == RowConfig("loop", 4096, 1, 16)

@@ -47,8 +47,9 @@ Why the kernels look the way they do:
   Each program loads its next tile of (x, dy) before computing the current one, so with only
   one program per SM the memory pipe still has a tile in flight. With ``stages`` set
   (RowConfig.stages; on the H200, LayerNorm rows of 4K < N <= 8K in a 2-byte dtype, one
-  8,192-column program an SM) the compiler's software pipeline stages the next tiles through
-  shared memory instead (cp.async): three tiles in flight, none held in registers.
+  8,192-column program an SM: heuristics.NORM_LAYER_BWD_WIDE) the compiler's software pipeline
+  stages the next tiles through shared memory instead (cp.async): three tiles in flight, none
+  held in registers.
 - Backward for longer rows, ``split`` (to 32K) and ``pipe`` (past it, the wait a row behind)
   paths (GPU): C co-resident programs share a row as in the forward and exchange the chunk sums
   of g * x_hat (and g); each program owns one column chunk for all of its row group's rows, so

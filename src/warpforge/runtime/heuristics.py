@@ -487,13 +487,15 @@ NORM_BWD_ELEMS_PER_THREAD = 16
 # loop; with the wait deferred a row, 262K runs at 75-84% of copy against the loop's 53-57%).
 
 
-# H200, LayerNorm rows of 4K < N <= 8K (benchmarks/NOTES.md item 67): one 8,192-column program of
-# 16 warps an SM (123 registers, so one fits) whose row tiles the compiler's software pipeline
-# stages four deep through shared memory (cp.async, ~147 KB): 16384 x 8192 bf16 224.8 us, 84.3% of
-# copy, against the split exchange's 276 (69%) and the same program with one row prefetched in
-# registers 237.8 (80.1%). On the H100 that path is unmeasured and the split stays; so does fp32
-# (four 64 KB stages are more shared memory than an SM has, and fewer were not measured).
-NORM_LAYER_BWD_STAGED = {"H200": (8192, 16, 4)}   # device: (columns, warps, stages), 2-byte dtypes
+# LayerNorm rows of 4K < N <= 8K in a 2-byte dtype (benchmarks/NOTES.md item 67): one 8,192-column
+# program of 16 warps an SM (123 registers, so one fits) instead of the split exchange, whose
+# one-warp programs hold the next row in 255 registers a thread. 16384 x 8192 bf16:
+#   H200: the row tiles staged four deep through shared memory by the compiler's software pipeline
+#         (cp.async, ~147 KB) 224.8 us, 84.3% of copy; unstaged 237.8 (80.1%); split 276 (69%).
+#   H100: unstaged 310.3 us, 86.4%; staged 3-5 deep 319.5-340.5; split 324.8 (82.5%).
+# fp32 keeps the split (four 64 KB stages are more shared memory than an SM has; its next-row
+# registers were not measured).
+NORM_LAYER_BWD_WIDE = {"H200": (8192, 16, 4), "H100": (8192, 16, 0)}   # device: (columns, warps, stages)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -503,12 +505,12 @@ def norm_bwd_config(n: int, layer: bool, device_name: str = "", itemsize: int = 
     programs a row exchange the row sums, still one pass) or ``loop`` (row statistics first, then
     4,096-column tiles: two passes; the interpreter's path, and rows past the pipe's reach).
     ``device_name``: the GPU's name and ``itemsize`` the bytes of an element of x and dy
-    (NORM_LAYER_BWD_STAGED)."""
+    (NORM_LAYER_BWD_WIDE)."""
     block = triton.next_power_of_2(n)
-    staged = (_by_device(NORM_LAYER_BWD_STAGED, device_name)
-              if layer and itemsize <= 2 and not interpreting() else None)
-    if staged and NORM_BWD_BLOCK_MAX // 2 < block <= staged[0]:
-        return RowConfig("block", block, 1, staged[1], grad_per_sm=1, stages=staged[2])
+    wide = (_by_device(NORM_LAYER_BWD_WIDE, device_name)
+            if layer and itemsize <= 2 and not interpreting() else None)
+    if wide and NORM_BWD_BLOCK_MAX // 2 < block <= wide[0]:
+        return RowConfig("block", block, 1, wide[1], grad_per_sm=1, stages=wide[2])
     if block <= (NORM_BWD_BLOCK_MAX // 2 if layer else NORM_BWD_BLOCK_MAX):
         short = layer and block <= LN_BWD_SHORT_TILE
         tile = LN_BWD_SHORT_TILE if short else NORM_BWD_TILE[layer]
