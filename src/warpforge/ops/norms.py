@@ -31,7 +31,8 @@ Why the kernels look the way they do:
 - Forward, ``loop`` path (fallback, and the interpreter past 16,384): one program per row, two
   passes (statistics with a running Chan merge per chunk, then normalise): 1.5x the bytes.
 - Backward: x_hat is recomputed from x and the saved fp32 (mean, rstd) -- never saved, which
-  would cost another M*N*s write and read. For rows up to 8,192 (RMSNorm) or 4,096 (LayerNorm)
+  would cost another M*N*s write and read. For rows up to 8,192 (RMSNorm; LayerNorm in a 2-byte
+  dtype on the H100 and H200, heuristics.NORM_LAYER_BWD_WIDE) or 4,096 (LayerNorm otherwise)
   one pass over (x, dy) computes the row statistics in registers and writes dx: the byte floor
   3*M*N*s. The limit is registers, not bytes: x, dy, x_hat, g, the dw (and db) accumulators and
   the prefetched next tile are ~15 registers per element a thread holds, and ptxas for sm_90
@@ -46,10 +47,9 @@ Why the kernels look the way they do:
   2*G*N*4 bytes: 4.3 MB against 805 MB for a 32768x4096 bf16 backward.
   Each program loads its next tile of (x, dy) before computing the current one, so with only
   one program per SM the memory pipe still has a tile in flight. With ``stages`` set
-  (RowConfig.stages; on the H200, LayerNorm rows of 4K < N <= 8K in a 2-byte dtype, one
-  8,192-column program an SM: heuristics.NORM_LAYER_BWD_WIDE) the compiler's software pipeline
-  stages the next tiles through shared memory instead (cp.async): three tiles in flight, none
-  held in registers.
+  (RowConfig.stages; on the H200, LayerNorm's 8,192-column programs) the compiler's software
+  pipeline stages the next tiles through shared memory instead (cp.async): three tiles in
+  flight, none held in registers.
 - Backward for longer rows, ``split`` (to 32K) and ``pipe`` (past it, the wait a row behind)
   paths (GPU): C co-resident programs share a row as in the forward and exchange the chunk sums
   of g * x_hat (and g); each program owns one column chunk for all of its row group's rows, so
