@@ -145,10 +145,12 @@ def test_norm_bwd_config_paths():
         assert (c.mode, c.rows, c.num_warps, c.grad_per_sm) == ("block", rows, warps, per_sm), n
 
 
-def test_norm_bwd_config_wide_layer_norm(monkeypatch):
+def test_norm_bwd_config_device_routes(monkeypatch):
     """LayerNorm rows of 4K < N <= 8K in a 2-byte dtype take one 8,192-column, 16-warp block
     program an SM (NORM_LAYER_BWD_WIDE): on the H200 with its tiles staged four deep, on the H100
-    unstaged; fp32, other devices, RMSNorm, other lengths and the interpreter keep their paths."""
+    unstaged; fp32, other devices, RMSNorm, other lengths and the interpreter keep their paths.
+    On the H200 RMSNorm rows of 16K < N <= 64K without a residual gradient take the one-warp
+    pipe (NORM_RMS_BWD_PIPE)."""
     from warpforge.runtime.heuristics import RowConfig
 
     monkeypatch.setattr(heuristics, "interpreting", lambda: False)
@@ -164,6 +166,13 @@ def test_norm_bwd_config_wide_layer_norm(monkeypatch):
             assert f(n, False, h200) == f(n, False, h100) == f(n, False, other), n
         for n in (4096, 8193, 32768):
             assert f(n, True, h200) == f(n, True, h100) == f(n, True, other), n
+        # H200, RMSNorm past 16K to 64K without a residual gradient: the one-warp 1,024-column pipe
+        for n in (16385, 32768, 65536):
+            assert f(n, False, h200) == RowConfig("pipe", 1024, 1, 1, -(-n // 1024)), n
+            assert f(n, False, h200, dsum=True) == f(n, False, h100) == f(n, False, other), n
+            assert f(n, False, h100).block_n != 1024, n
+        for n in (16384, 65537):
+            assert f(n, False, h200) == f(n, False, h100), n
         monkeypatch.setattr(heuristics, "interpreting", lambda: True)
         heuristics.norm_bwd_config.cache_clear()
         assert f(8192, True, h200) == RowConfig("loop", 4096, 1, 16)

@@ -824,7 +824,7 @@ def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: 
     ds2 = None if dsum is None else as_rows(dsum)
     flags = dict(RMS=rms, HAS_W=has_w, HAS_B=has_bias, HAS_DSUM=ds2 is not None, LLAMA=llama)
     cfg = norm_bwd_config(n, layer=not rms, device_name=device_info(x.device.index).name if x.is_cuda else "",
-                          itemsize=max(x.element_size(), dy.element_size()))
+                          itemsize=max(x.element_size(), dy.element_size()), dsum=ds2 is not None)
     if cfg.mode in ("split", "pipe"):
         parts = {}
 

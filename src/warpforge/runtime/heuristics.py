@@ -496,16 +496,22 @@ NORM_BWD_ELEMS_PER_THREAD = 16
 # fp32 keeps the split (four 64 KB stages are more shared memory than an SM has; its next-row
 # registers were not measured).
 NORM_LAYER_BWD_WIDE = {"H200": (8192, 16, 4), "H100": (8192, 16, 0)}   # device: (columns, warps, stages)
+# H200, RMSNorm without a residual gradient, rows of 16K < N <= 64K (NOTES item 67): the pipe in
+# LayerNorm's one-warp 1,024-column programs. Backward alone, bf16, M*N = 2^27: 32K 257.0 us
+# against the split 4,096 x 4's 267.5; 65K 257.2 against the pipe 2,048 x 4's 275.5 (add+RMSNorm
+# keeps its path: it meets the bars there, and its extra gradient stream was not measured).
+NORM_RMS_BWD_PIPE = {"H200": (1024, 1)}   # device: (chunk, warps)
 
 
 @functools.lru_cache(maxsize=4096)
-def norm_bwd_config(n: int, layer: bool, device_name: str = "", itemsize: int = 2) -> RowConfig:
+def norm_bwd_config(n: int, layer: bool, device_name: str = "", itemsize: int = 2, dsum: bool = False) -> RowConfig:
     """The norm backward's path for rows of ``n`` (LayerNorm if ``layer``, else RMSNorm):
     ``block`` (whole rows, one pass over x and dy), ``split``/``pipe`` (longer rows on a GPU: C
     programs a row exchange the row sums, still one pass) or ``loop`` (row statistics first, then
     4,096-column tiles: two passes; the interpreter's path, and rows past the pipe's reach).
-    ``device_name``: the GPU's name and ``itemsize`` the bytes of an element of x and dy
-    (NORM_LAYER_BWD_WIDE)."""
+    ``device_name``: the GPU's name, ``itemsize`` the bytes of an element of x and dy, ``dsum``:
+    add+RMSNorm's backward (a gradient of x + residual to add) (NORM_LAYER_BWD_WIDE,
+    NORM_RMS_BWD_PIPE)."""
     block = triton.next_power_of_2(n)
     wide = (_by_device(NORM_LAYER_BWD_WIDE, device_name)
             if layer and itemsize <= 2 and not interpreting() else None)
@@ -524,6 +530,9 @@ def norm_bwd_config(n: int, layer: bool, device_name: str = "", itemsize: int = 
         # one-warp programs of 1,024 columns (32 a thread), many resident an SM: 82.8% of copy at
         # 8K (split), 82.2 at 32K and 81.0 at 65K (pipe), against 72.9 / 68.6 / 77.7 before
         return _exchange_or_row("split" if n <= 4 * CHUNK else "pipe", n, CHUNK // 4, 1)
+    rms_pipe = None if layer or dsum else _by_device(NORM_RMS_BWD_PIPE, device_name)
+    if rms_pipe and 4 * CHUNK < n <= 16 * CHUNK:
+        return _exchange_or_row("pipe", n, *rms_pipe)
     if n <= 8 * CHUNK:
         return _exchange_or_row("split", n, CHUNK, SPLIT_WARPS)
     if n <= 32 * CHUNK:
