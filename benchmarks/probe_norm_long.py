@@ -46,8 +46,9 @@ def parse_variants(text):
     """``mode:chunk:warps[:rows[:stages[:per_sm]]],...`` -> [(mode, chunk, warps, rows, stages, per_sm)]."""
     out = []
     for item in filter(None, text.split(",")):
-        f = [int(v) for v in item.split(":")[1:]] + [1, 0, 0][len(item.split(":")) - 3:]
-        out.append((item.split(":")[0], *f[:5]))
+        mode, *nums = item.split(":")                  # chunk, warps, then the optional fields
+        defaults = [1, 0, 0][len(nums) - 2:]            # rows, stages, per_sm not given
+        out.append((mode, *(int(v) for v in nums), *defaults))
     return out
 
 

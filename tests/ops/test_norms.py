@@ -479,9 +479,9 @@ def test_exchange_paths_single_chunk(monkeypatch, op, bwd_mode, reload):
 def test_block_backward_staged(monkeypatch, op, rows):
     """The block backward with its row tiles staged through shared memory by the compiler's
     software pipeline (RowConfig.stages; LayerNorm 4K < N <= 8K on the H200), forced on a 37-wide
-    row: against float64, and against the hand-pipelined loop it replaces (the same arithmetic: the
-    same bits under the interpreter; compiled apart on a GPU, close). 11 rows in 3 row groups of 4: the last group is short, and with two rows a tile
-    its last tile is half past M."""
+    row: against float64, and against the hand-pipelined loop it replaces (the same arithmetic:
+    the same bits under the interpreter; compiled apart on a GPU, close). 11 rows in 3 row groups
+    of 4: the last group is short, and with two rows a tile its last tile is half past M."""
     from warpforge.ops import norms as mod
     from warpforge.runtime.heuristics import RowConfig
 

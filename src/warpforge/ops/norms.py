@@ -785,7 +785,7 @@ def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, l
         h = new_empty((m, n), device=x.device, dtype=x.dtype)
     if m > 0:
         cfg = norm_fwd_config(n, layer=not rms, many=residual is None and m >= NORM_LOOP_ROWS_PER_SM * sm_count(),
-                              device_name=device_info(x.device.index).name if x.is_cuda else "")
+                              device_name=_device_name(x))
         args = (x2, x2 if r2 is None else r2, y, y if h is None else h,
                 x2 if weight is None else weight, x2 if bias is None else bias,
                 rstd if mean is None else mean, rstd,
@@ -823,7 +823,7 @@ def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: 
         return dx.view(x.shape), (zeros if has_w else None), (zeros.clone() if has_bias else None)
     ds2 = None if dsum is None else as_rows(dsum)
     flags = dict(RMS=rms, HAS_W=has_w, HAS_B=has_bias, HAS_DSUM=ds2 is not None, LLAMA=llama)
-    cfg = norm_bwd_config(n, layer=not rms, device_name=device_info(x.device.index).name if x.is_cuda else "",
+    cfg = norm_bwd_config(n, layer=not rms, device_name=_device_name(x),
                           itemsize=max(x.element_size(), dy.element_size()), dsum=ds2 is not None)
     if cfg.mode in ("split", "pipe"):
         parts = {}
@@ -898,6 +898,11 @@ def _grad_sums(dw: torch.Tensor | None, db: torch.Tensor | None, dtype: torch.dt
          other if dw_out is None else dw_out, other if db_out is None else db_out, g, n),
         HAS_W=dw is not None, HAS_B=db is not None, GR=rows, BLOCK=block, num_warps=4)
     return dw_out, db_out
+
+
+def _device_name(t: torch.Tensor) -> str:
+    """The name of t's GPU, which picks device-specific launch routes; "" off the GPU."""
+    return device_info(t.device.index).name if t.is_cuda else ""
 
 
 def _absent(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

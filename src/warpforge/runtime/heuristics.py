@@ -496,7 +496,7 @@ NORM_BWD_ELEMS_PER_THREAD = 16
 # fp32 keeps the split (four 64 KB stages are more shared memory than an SM has; its next-row
 # registers were not measured).
 NORM_LAYER_BWD_WIDE = {"H200": (8192, 16, 4), "H100": (8192, 16, 0)}   # device: (columns, warps, stages)
-# H200, RMSNorm without a residual gradient, rows of 16K < N <= 64K (NOTES item 67): the pipe in
+# H200, RMSNorm without a residual gradient, rows of 16K < N <= 64K (NOTES item 68): the pipe in
 # LayerNorm's one-warp 1,024-column programs. Backward alone, bf16, M*N = 2^27: 32K 257.0 us
 # against the split 4,096 x 4's 267.5; 65K 257.2 against the pipe 2,048 x 4's 275.5 (add+RMSNorm
 # keeps its path: it meets the bars there, and its extra gradient stream was not measured).
