@@ -216,6 +216,20 @@ def test_bad_input():
         wf.attention_varlen(qp[None], kp, vp, cu_q, cu_k, 4, 4)
 
 
+def test_varlen_strided_offsets():
+    """cu_seqlens as strided views (every other entry of a wider tensor): the same result as the
+    contiguous offsets (the kernels read them densely, so the function copies them)."""
+    lens = [5, 9, 3]
+    q, k, v, cu, _ = _packed(lens, lens, 2, 2, 16, torch.float32)
+    wide = torch.stack([cu, cu * 0 + 99], 1).reshape(-1)[::2]
+    assert not wide.is_contiguous() and torch.equal(wide, cu)
+    with torch.no_grad():
+        want = wf.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+        for validate in (True, False):
+            got = wf.attention_varlen(q, k, v, wide, wide, max(lens), max(lens), causal=True, validate=validate)
+            assert torch.equal(got, want), f"validate={validate}"
+
+
 def test_varlen_unvalidated_bad_offsets_stay_in_bounds():
     """validate=False with offsets past the packed tensors: programs clamp to them (an
     out-of-bounds read would raise under the interpreter); the sequences before are right."""

@@ -78,6 +78,30 @@ def test_layouts_and_scale():
     assert_close(wf.decode_attention(q, kc, vc, bt, lens, scale=0.3), ref, torch.float32)
 
 
+def test_strided_lengths():
+    """seq_lens and cache_seqlens as strided views (a column of a (B, 2) metadata tensor): the kernels
+    index them densely, so the launchers copy them (a strided view once read other rows' values)."""
+    hq, hkv, d, page, mb = 4, 2, 16, 8, 4
+    meta = torch.tensor([[20, 999], [5, -7], [31, 10**6]], device=DEVICE, dtype=torch.int32)
+    lens = meta[:, 0]
+    assert not lens.is_contiguous()
+    kc, vc, bt, _ = paged(3, mb, page, hkv, d, torch.float32)
+    q = randn(3, hq, d)
+    ref = reference(q, kc, vc, bt, lens.contiguous())
+    for splits in (None, 2):
+        assert_close(decode_attention(q, kc, vc, bt, lens, num_splits=splits), ref, torch.float32,
+                     what=f"strided seq_lens, num_splits={splits}")
+        assert_close(decode_attention(q, kc, vc, bt, lens, num_splits=splits, validate=False), ref, torch.float32,
+                     what="strided seq_lens, unvalidated")
+    key, value = randn(3, 1, hkv, d), randn(3, 1, hkv, d)
+    k0 = kc.clone()
+    append_paged_kv(key, value, kc, vc, bt, lens)
+    for b, n in enumerate(lens.tolist()):
+        blk = int(bt[b, n // page])
+        assert torch.equal(kc[blk, n % page], key[b, 0]), f"sequence {b}'s token went to position {n}"
+    assert int((kc != k0).any(-1).any(-1).sum()) == 3
+
+
 def test_reference_matches_sdpa():
     """The reference on a cache laid out in order equals dense attention (GQA by repetition)."""
     b, hq, hkv, d, page, n = 2, 4, 2, 16, 8, 24

@@ -870,6 +870,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         raise ValueError(f"warpforge: 'cu_seqlens_q' has {cu_seqlens_q.shape[0]} offsets but 'cu_seqlens_k' "
                          f"{cu_seqlens_k.shape[0]}; expected one per sequence plus one for both")
     _check_heads(q.shape[1], k.shape[1], True)
+    # the kernels read the offsets densely (cu[b], cu[b + 1]): a strided view is copied
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     if validate:
         _validate_cu(cu_seqlens_q, q.shape[0], max_seqlen_q, "q")
         _validate_cu(cu_seqlens_k, k.shape[0], max_seqlen_k, "k")

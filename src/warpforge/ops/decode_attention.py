@@ -356,6 +356,7 @@ def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num
     if bsz == 0:
         return out
     q = unit_last_dim(q)
+    seq_lens = seq_lens.contiguous()           # the kernels index it densely (a strided view read wrong lengths)
     sm90 = _sm90_kernel()
     if sm90 is not None and bsz * hkv * block_table.shape[1] * page >= heuristics.DECODE_SM90_MIN_TOKENS \
             and sm90.covers(q, k_cache, v_cache):
@@ -402,6 +403,7 @@ def _append_launch(key, value, k_cache, v_cache, block_table, cache_seqlens) -> 
     if bsz * t == 0:
         return
     key, value = unit_last_dim(key), unit_last_dim(value)
+    cache_seqlens = cache_seqlens.contiguous()     # indexed densely: a strided view wrote at wrong positions
     block_d = triton.next_power_of_2(d)
     block_h = min(triton.next_power_of_2(hkv), max(1, 4096 // block_d))
     _append_paged_kv_kernel[(bsz * t,)](
