@@ -364,6 +364,8 @@ def test_sm90_decode(case, dtype, monkeypatch):
     that ran, at its own split plan and at forced counts."""
     hq, hkv, d, page, lens, interleave, bt_dtype = case
     mod = _sm90()
+    import warpforge.ops.decode_attention as DA
+    monkeypatch.setattr(DA, "_PLANS", {})                     # no replay of another test's plan
     monkeypatch.setattr(heur, "DECODE_SM90_MIN_TOKENS", 0)    # small cases too
     calls = []
     real = mod.decode_sm90
@@ -399,3 +401,39 @@ def test_sm90_bad_metadata_stays_in_bounds(monkeypatch):
         out = decode_attention(q, kc, vc, bt, lens, num_splits=splits, validate=False)
         assert torch.isfinite(out).all()
         assert_close(out[0], reference(q, kc, vc, good, lens)[0], torch.bfloat16)
+
+
+@gpu_only
+@pytest.mark.parametrize("heads", [(32, 8), (6, 2)])
+@pytest.mark.parametrize("bsz", [4, 17])
+@pytest.mark.parametrize("route", ["triton", "sm90"])
+def test_plan_replay(route, bsz, heads, monkeypatch):
+    """Calls after the first of a shape replay its recorded launches (decode_attention's plans,
+    no JIT): new cache contents, block table, lengths and scale each call, every result against
+    float64; only the first call takes the launchers. Batch 4 splits the context (a combine pass),
+    batch 17 x 8 kv heads fills the Hopper kernel's grid with one split; 6 query heads make the
+    partials' row count odd (their pieces of one allocation stay 16-byte aligned)."""
+    import warpforge.ops.decode_attention as DA
+    if route == "sm90":
+        if _sm90() is None:
+            pytest.skip("needs a Hopper GPU and Gluon (the sm_90 decode kernel)")
+        monkeypatch.setattr(heur, "DECODE_SM90_MIN_TOKENS", 0)
+    else:
+        monkeypatch.setattr(DA, "_SM90", [None])
+    monkeypatch.setattr(DA, "_PLANS", {})
+    firsts = []
+    real = DA._decode_first
+    monkeypatch.setattr(DA, "_decode_first", lambda *a: firsts.append(1) or real(*a))
+    (hq, hkv), d, page, mb = heads, 128, 16, 20
+    kc, vc, bt, _ = paged(bsz, mb, page, hkv, d, torch.bfloat16)
+    for i in range(3):
+        kc.normal_()
+        vc.normal_()
+        bt = bt[torch.randperm(bsz, device=DEVICE)]
+        lens = torch.randint(0, mb * page + 1, (bsz,), device=DEVICE, dtype=torch.int32)
+        lens[0] = mb * page
+        q = randn(bsz, hq, d, dtype=torch.bfloat16)
+        scale = 0.05 * (i + 1)
+        out = decode_attention(q, kc, vc, bt, lens, scale=scale, validate=False)
+        assert_close(out, reference(q, kc, vc, bt, lens, scale=scale), torch.bfloat16, what=f"call {i}")
+    assert len(firsts) == 1 and len(DA._PLANS) == 1, "calls after the first replay the plan"

@@ -72,7 +72,7 @@ from ..runtime.checks import check_device, check_same, check_tensor
 from ..runtime.device import device_info
 from ..runtime import heuristics
 from ..runtime.heuristics import DECODE_COMBINE_D, DECODE_COMBINE_STEP, decode_config
-from ..runtime.launch import LaunchCache, aligned
+from ..runtime.launch import LaunchCache, Ptr, aligned, launch
 from ..runtime.registry import Op
 
 try:                                           # griddepcontrol (sm_90+): programmatic dependent launch
@@ -323,20 +323,38 @@ def _sm90_kernel():
     return _SM90[0]
 
 
+def _combine_plan(out, parts: int, pdl: bool):
+    """(plan key, grid, constexprs) of the combine launch for ``out`` (a fresh contiguous tensor)."""
+    bsz, hq, d = out.shape
+    one = parts <= DECODE_COMBINE_STEP
+    block_d = min(triton.next_power_of_2(d), DECODE_COMBINE_D) if one else triton.next_power_of_2(d)
+    step = triton.next_power_of_2(parts) if one else 16
+    key = (out.device.index, out.shape, out.stride(), out.dtype, parts, pdl)
+    return key, (bsz * hq, triton.cdiv(d, block_d)), dict(HEAD_DIM=d, BLOCK_D=block_d, STEP=step, ONE_PASS=one, PDL=pdl)
+
+
 def _combine(m, l, acc, out, parts: int, pdl: bool = False) -> None:
     """out = the merge of ``parts`` (max, sum, acc) partials of each (sequence, head): a program a
     (sequence, head, DECODE_COMBINE_D slice of D), in one pass up to DECODE_COMBINE_STEP partials.
     ``pdl``: launched as a programmatic dependent of the Triton split kernel, which lets it launch
     from its first instruction (H200, batch 1: 4-6% off the call; after the Gluon kernel it measured
-    slower, so that path does not use it; benchmarks/NOTES.md item 65)."""
-    bsz, hq, d = out.shape
-    one = parts <= DECODE_COMBINE_STEP
-    block_d = min(triton.next_power_of_2(d), DECODE_COMBINE_D) if one else triton.next_power_of_2(d)
-    step = triton.next_power_of_2(parts) if one else 16
-    key = (out.shape, out.stride(), out.dtype, parts, aligned(m, l, acc, out), pdl)
-    _COMBINE_LAUNCH(key, (bsz * hq, triton.cdiv(d, block_d)), (m, l, acc, out, hq, parts, out.stride(0), out.stride(1)),
-                    dict(HEAD_DIM=d, BLOCK_D=block_d, STEP=step, ONE_PASS=one, PDL=pdl), num_warps=4, num_stages=1,
-                    **({"launch_pdl": True} if pdl else {}))
+    slower, so that path does not use it; benchmarks/NOTES.md item 65). ``m``, ``l``, ``acc`` and
+    ``out`` are fresh (aligned, contiguous) allocations."""
+    key, grid, const = _combine_plan(out, parts, pdl)
+    _COMBINE_LAUNCH(key, grid, (m, l, acc, out, out.shape[1], parts, out.stride(0), out.stride(1)), const,
+                    num_warps=4, num_stages=1, **({"launch_pdl": True} if pdl else {}))
+
+
+def _combine_replay(out, parts: int, pdl: bool):
+    """After a :func:`_combine` like this one: ``fire(m, l, acc, out)`` launching its compiled
+    kernel directly (None under the JIT)."""
+    key, grid, _ = _combine_plan(out, parts, pdl)
+    recorded = _COMBINE_LAUNCH.get(key)
+    if recorded is None:
+        return None
+    compiled, tail = recorded
+    ints = (out.shape[1], parts, out.stride(0), out.stride(1))
+    return lambda m, l, acc, out: launch(compiled, grid, (m, l, acc, out, *ints, *tail))
 
 
 _PDL_ON = os.environ.get("WARPFORGE_DECODE_PDL", "1") != "0"
@@ -349,32 +367,81 @@ def _pdl(t: torch.Tensor) -> bool:
             and device_info(t.device.index).capability[0] >= 9)
 
 
+# Decode plans: everything a call's launches depend on except the data pointers and the scale,
+# keyed by the shapes, strides, dtypes, alignments and routing switches. The first call of a key
+# goes through the launchers (and the JIT); later ones replay the recorded kernels through
+# ``fire``, which allocates the output (and partials) and launches: a decode step issues its work in
+# ~20-30 us of host time instead of ~85-190 us (benchmarks/NOTES.md item 69).
+_PLANS: dict = {}
+_MAX_PLANS = 4096
+
+
 def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int) -> torch.Tensor:
     bsz, hq, d = q.shape
-    nblocks, page, hkv, _ = k_cache.shape
-    out = new_empty((bsz, hq, d), dtype=q.dtype, device=q.device)
     if bsz == 0:
-        return out
+        return new_empty((bsz, hq, d), dtype=q.dtype, device=q.device)
     q = unit_last_dim(q)
     seq_lens = seq_lens.contiguous()           # the kernels index it densely (a strided view read wrong lengths)
     sm90 = _sm90_kernel()
+    key = None if interpreting() else (
+        q.device.index, q.dtype, q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(),
+        block_table.shape, block_table.stride(), block_table.dtype, seq_lens.dtype, num_splits,
+        aligned(q, k_cache, v_cache, block_table, seq_lens), sm90 is None, heuristics.DECODE_SM90_MIN_TOKENS)
+    fire = _PLANS.get(key) if key is not None else None
+    if fire is not None:
+        return fire(q, k_cache, v_cache, block_table, seq_lens, scale)
+    out, fire = _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, sm90, key)
+    if fire is not None:
+        if len(_PLANS) >= _MAX_PLANS:          # many distinct shapes (a serving loop's varying batch): start over
+            _PLANS.clear()
+        _PLANS[key] = fire
+    return out
+
+
+def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int, sm90, key):
+    """A call through the launchers (recording the compiled kernels under ``key``): (out, a
+    ``fire(q, k_cache, v_cache, block_table, seq_lens, scale)`` replaying the same launches, or
+    None under the interpreter)."""
+    bsz, hq, d = q.shape
+    nblocks, page, hkv, _ = k_cache.shape
+    out = new_empty((bsz, hq, d), dtype=q.dtype, device=q.device)
     if sm90 is not None and bsz * hkv * block_table.shape[1] * page >= heuristics.DECODE_SM90_MIN_TOKENS \
             and sm90.covers(q, k_cache, v_cache):
-        parts = sm90.decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale * LOG2E, num_splits or None)
+        parts = sm90.decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale * LOG2E, num_splits or None,
+                                 key=key if not num_splits else None)
         if parts is not None:
             _combine(*parts, out, parts[0].shape[2])
-        return out
+        if key is None or num_splits:          # a forced split count is a probe's or a test's: no plan
+            return out, None
+        sfire = sm90.replay(key, q, k_cache, v_cache, block_table)
+        cfire = _combine_replay(out, parts[0].shape[2], False) if parts is not None else None
+        if sfire is None or (parts is not None and cfire is None):
+            return out, None
+        shape, dtype, device = out.shape, out.dtype, out.device
+
+        def fire(q, k_cache, v_cache, block_table, seq_lens, scale):
+            out = new_empty(shape, dtype=dtype, device=device)
+            parts = sfire(q, k_cache, v_cache, block_table, seq_lens, out, scale * LOG2E)
+            if parts is not None:
+                cfire(*parts[:3], out)
+            return out
+
+        return out, fire
     group = hq // hkv
     max_blocks = block_table.shape[1]
     cfg = decode_config(bsz, hkv, group, max_blocks * page, d, page, q.element_size(),
                         num_splits if num_splits > 0 else None)
     splits = cfg.num_splits
-    if splits > 1:
-        m = new_empty((bsz, hq, splits), dtype=torch.float32, device=q.device)
-        l = new_empty((bsz, hq, splits), dtype=torch.float32, device=q.device)
-        acc = new_empty((bsz, hq, splits, d), dtype=torch.float32, device=q.device)
-    else:
-        m = l = acc = out                      # unused pointers
+
+    def partials():
+        if splits == 1:
+            return None
+        return (new_empty((bsz, hq, splits), dtype=torch.float32, device=q.device),
+                new_empty((bsz, hq, splits), dtype=torch.float32, device=q.device),
+                new_empty((bsz, hq, splits, d), dtype=torch.float32, device=q.device))
+
+    parts = partials()
+    m, l, acc = parts if parts is not None else (out, out, out)      # unused pointers at one split
     # A decode step's kernels run for microseconds; the JIT's per-launch binding would cost more
     # than that, so the compiled kernels are launched directly (runtime/launch.py), keyed by
     # everything the JIT specialises on.
@@ -382,20 +449,43 @@ def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num
                  PAGE=page, GRANULE=cfg.granule, SPLIT=splits > 1,
                  PRECISION="ieee" if q.dtype == torch.float32 else "tf32",      # "tf32" is ignored for 16-bit
                  UPCAST=interpreting() and q.dtype == torch.bfloat16, PDL=splits > 1 and _pdl(q))
-    key = (q.shape, q.stride(), q.dtype, k_cache.shape, k_cache.stride(), v_cache.stride(), block_table.shape,
-           block_table.stride(), block_table.dtype, seq_lens.dtype, cfg, out.stride(),
-           aligned(q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc), const["PDL"])
-    _SPLIT_LAUNCH(key, (bsz * hkv, splits), (
-        q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc,
-        scale * LOG2E, hkv, group, nblocks, max_blocks, splits,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_table.stride(0), block_table.stride(1),
-        out.stride(0), out.stride(1)), const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if splits > 1:
+    split_key = (q.device.index, q.shape, q.stride(), q.dtype, k_cache.shape, k_cache.stride(), v_cache.stride(),
+                 block_table.shape, block_table.stride(), block_table.dtype, seq_lens.dtype, cfg, out.stride(),
+                 aligned(q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc), const["PDL"])
+    grid = (bsz * hkv, splits)
+    ints = (hkv, group, nblocks, max_blocks, splits,
+            q.stride(0), q.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            block_table.stride(0), block_table.stride(1),
+            out.stride(0), out.stride(1))
+    _SPLIT_LAUNCH(split_key, grid, (q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc, scale * LOG2E, *ints),
+                  const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if parts is not None:
         _combine(m, l, acc, out, splits, pdl=const["PDL"])
-    return out
+    recorded = _SPLIT_LAUNCH.get(split_key)
+    cfire = _combine_replay(out, splits, const["PDL"]) if parts is not None else None
+    if key is None or recorded is None or (parts is not None and cfire is None):
+        return out, None
+    compiled, tail = recorded
+    shape, dtype, device = out.shape, out.dtype, out.device
+    rows = bsz * hq * splits                   # (m, l, acc) in one allocation: rows, rows, rows x D,
+    rows16 = -(-rows // 4) * 4                 # each part 16-byte aligned (as the kernels were compiled)
+
+    def fire(q, k_cache, v_cache, block_table, seq_lens, scale):
+        out = new_empty(shape, dtype=dtype, device=device)
+        if splits > 1:
+            buf = new_empty((2 * rows16 + rows * d,), dtype=torch.float32, device=device)
+            base = buf.data_ptr()
+            m, l, acc = Ptr(base), Ptr(base + 4 * rows16), Ptr(base + 8 * rows16)
+        else:
+            m = l = acc = out
+        launch(compiled, grid, (q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc, scale * LOG2E, *ints, *tail))
+        if splits > 1:
+            cfire(m, l, acc, out)
+        return out
+
+    return out, fire
 
 
 def _append_launch(key, value, k_cache, v_cache, block_table, cache_seqlens) -> None:
@@ -541,6 +631,24 @@ def _validate_metadata(block_table: torch.Tensor, lens: torch.Tensor, extra: int
 # ----------------------------------------------------------------------------------------------
 # Public functions
 # ----------------------------------------------------------------------------------------------
+# Argument signatures (types, dtypes, devices, shapes, the caches' head-dim strides) that passed
+# decode_attention's checks: a decode loop's later calls skip them (~15 us of host time).
+_CHECKED: set = set()
+
+
+def _signature(q, k_cache, v_cache, block_table, seq_lens):
+    """What decode_attention's argument checks depend on, for plain CUDA tensors outside tracing;
+    None otherwise (the checks then run every call)."""
+    if torch.compiler.is_compiling() or not all(type(t) is torch.Tensor for t in (q, k_cache, v_cache, block_table,
+                                                                                  seq_lens)):
+        return None
+    if not q.is_cuda:
+        return None
+    return (q.dtype, q.device, q.shape, k_cache.dtype, k_cache.device, k_cache.shape, k_cache.stride(-1),
+            v_cache.dtype, v_cache.device, v_cache.shape, v_cache.stride(-1), block_table.dtype, block_table.device,
+            block_table.shape, seq_lens.dtype, seq_lens.device, seq_lens.shape)
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, *, scale: float | None = None, num_splits: int | None = None,
                      validate: bool = True) -> torch.Tensor:
@@ -571,17 +679,24 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     Returns:
         (B, Hq, D) in q's dtype. Forward only: decode needs no gradient and none is registered.
     """
-    check_tensor("q", q, min_dim=1)
-    _check_rank("q", q, 3, "(B, Hq, D)")
-    nblocks, page, hkv, d = _check_caches(k_cache, v_cache, "q", q)
-    bsz, hq, dq = q.shape
-    if dq != d:
-        raise ValueError(f"warpforge: 'q' has head dim D={dq} but 'k_cache' has D={d}; expected the same head dim")
-    if hq == 0 or hq % hkv:
-        raise ValueError(f"warpforge: 'q' has {hq} heads and 'k_cache' has {hkv} kv heads; "
-                         f"expected Hq to be a multiple of Hkv")
-    _check_index("block_table", block_table, "q", q, 2, "(B, max_blocks_per_seq)", bsz)
-    _check_index("seq_lens", seq_lens, "q", q, 1, "(B,)", bsz)
+    sig = _signature(q, k_cache, v_cache, block_table, seq_lens)
+    if sig is None or sig not in _CHECKED:
+        check_tensor("q", q, min_dim=1)
+        _check_rank("q", q, 3, "(B, Hq, D)")
+        nblocks, page, hkv, d = _check_caches(k_cache, v_cache, "q", q)
+        bsz, hq, dq = q.shape
+        if dq != d:
+            raise ValueError(f"warpforge: 'q' has head dim D={dq} but 'k_cache' has D={d}; expected the same head dim")
+        if hq == 0 or hq % hkv:
+            raise ValueError(f"warpforge: 'q' has {hq} heads and 'k_cache' has {hkv} kv heads; "
+                             f"expected Hq to be a multiple of Hkv")
+        _check_index("block_table", block_table, "q", q, 2, "(B, max_blocks_per_seq)", bsz)
+        _check_index("seq_lens", seq_lens, "q", q, 1, "(B,)", bsz)
+        if sig is not None:
+            if len(_CHECKED) >= 4096:
+                _CHECKED.clear()
+            _CHECKED.add(sig)
+    nblocks, page, hkv, d = k_cache.shape
     if scale is None:
         scale = 1.0 / math.sqrt(d)
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)):

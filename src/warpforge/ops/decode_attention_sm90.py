@@ -16,8 +16,8 @@ matters is keeping enough bytes in flight on every SM for the whole call. The Tr
   ring of 96 KB (3 slots of 4 K and 4 V slices at D = 128) that runs on across units; a 4-D
   descriptor over the cache (block, row, kv head, D) with a [1, 16, 1, D] box gathers one
   (page, head) slice, and a block id outside [0, num_blocks) is sent as -1, a box TMA fills
-  with zeros without reading memory (those tokens are masked out). The next slot's block ids
-  are read before the wait on this one, the next unit's length and queries when a unit starts.
+  with zeros without reading memory (those tokens are masked out). The next slot's block ids (at a
+  unit's last slot, the next unit's length and ids) are read right after this slot's copies issue.
 - Four consumer warps take one slice of each slot apiece, each with its own online softmax (no
   cross-warp reduction a slot): S = Q K^T and O += P V with mma.sync (m16n8k16), the GQA group's
   query heads padded to 16 rows. A warp reads its next slice's block id one slot ahead, and hands
@@ -47,6 +47,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..runtime.device import sm_count
+from ..runtime.launch import Desc, LaunchCache, Ptr, launch
 from .attention_sm90 import tma_ok
 
 SLICE = 16          # tokens one TMA box (and one consumer warp's share of a slot) holds
@@ -102,9 +103,12 @@ def _dec_produce(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
                  sc, scm, scl, done, free,
                  qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh):
     """The producer: unit after unit, slot after slot, C (K, V) slice pairs by TMA into the ring
-    once its consumers released the slot. Reads run one step ahead: the next slot's block ids
-    (across a unit boundary too) are loaded before the wait on this one, and the next unit's
-    length when a unit starts, so no metadata read sits between a freed slot and its refill."""
+    once its consumers released the slot. A slot's copies are issued first and the next slot's
+    block ids (the next unit's length and ids at a unit's last slot) read after them: in steady
+    state that read overlaps the wait for the next free slot, and at the kernel's start the first
+    copies wait for one length and one block-id read, not for the next unit's length and the next
+    slot's ids too (the first slot lands 1.4 us sooner at batch 1 on an H200; the call is 0-2 us
+    shorter, NOTES item 69)."""
     NB: gl.constexpr = ready.type.shape[0]
     C: gl.constexpr = k_smem.type.shape[0] // NB
     gl.static_assert(C == 4)
@@ -113,13 +117,10 @@ def _dec_produce(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
     b, kvh, split, n, c0, c1 = _unit(gl.program_id(0), splits, Hkv, lens_ptr, cap, C)
     p0, p1, p2, p3 = _pages(bt_ptr, b, c0, c1, sub, num_blocks, s_bb, s_bj)
     for u in range(gl.program_id(0), n_units, nprog):
-        bn, kvhn, splitn, nn, c0n, c1n = _unit(gl.minimum(u + nprog, n_units - 1), splits, Hkv, lens_ptr, cap, C)
         n_slots = gl.cdiv(gl.maximum(c1 - c0, 0), C)
+        bn, kvhn, splitn, nn, c0n, c1n = b, kvh, split, n, c0, c1
         for j in range(n_slots):
             c = c0 + j * C
-            last = j + 1 == n_slots
-            q0, q1, q2, q3 = _pages(bt_ptr, gl.where(last, bn, b), gl.where(last, c0n, c + C),
-                                    gl.where(last, c1n, c1), sub, num_blocks, s_bb, s_bj)
             slot = t % NB
             mbarrier.wait(empty.index(slot), ((t // NB) & 1) ^ 1)      # a fresh barrier counts as phase 1 done
             bar = ready.index(slot)
@@ -132,9 +133,15 @@ def _dec_produce(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
             tma.async_copy_global_to_shared(v_desc, [p2, ((c + 2) % sub) * 16, kvh, 0], bar, v_smem.index(slot * C + 2))
             tma.async_copy_global_to_shared(k_desc, [p3, ((c + 3) % sub) * 16, kvh, 0], bar, k_smem.index(slot * C + 3))
             tma.async_copy_global_to_shared(v_desc, [p3, ((c + 3) % sub) * 16, kvh, 0], bar, v_smem.index(slot * C + 3))
-            p0, p1, p2, p3 = q0, q1, q2, q3
+            if j + 1 == n_slots:                                        # the unit's last slot: the next unit
+                bn, kvhn, splitn, nn, c0n, c1n = _unit(gl.minimum(u + nprog, n_units - 1), splits, Hkv, lens_ptr,
+                                                       cap, C)
+                p0, p1, p2, p3 = _pages(bt_ptr, bn, c0n, c1n, sub, num_blocks, s_bb, s_bj)
+            else:
+                p0, p1, p2, p3 = _pages(bt_ptr, b, c + C, c1, sub, num_blocks, s_bb, s_bj)
             t += 1
-        if n_slots == 0:                                                # an empty unit: the next one's ids now
+        if n_slots == 0:                                                # an empty unit: the next one now
+            bn, kvhn, splitn, nn, c0n, c1n = _unit(gl.minimum(u + nprog, n_units - 1), splits, Hkv, lens_ptr, cap, C)
             p0, p1, p2, p3 = _pages(bt_ptr, bn, c0n, c1n, sub, num_blocks, s_bb, s_bj)
         b, kvh, split, n, c0, c1 = bn, kvhn, splitn, nn, c0n, c1n
 
@@ -369,12 +376,12 @@ def plan(pairs: int, capacity: int, slots: int) -> tuple[int, int]:
     return best, min(pairs * best, slots)
 
 
-def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: float, splits: int | None = None,
-                slots: int | None = None, nb: int | None = None, regs: int | None = None):
-    """The kernel's pass. With one split a sequence it writes ``out`` and returns None; otherwise
-    it returns the (m, l, acc) partials (B, Hq, P), (B, Hq, P), (B, Hq, P, D) fp32, P = S x C, for
-    ops/decode_attention.py's combine kernel. ``splits``, ``slots`` (programs), ``nb`` (ring
-    depth) and ``regs`` (registers a thread) override the plan, for the probes."""
+_LAUNCH = LaunchCache(_decode_sm90_kernel)
+
+
+def _geometry(q, k_cache, block_table, splits, slots, nb, regs):
+    """(splits, grid, ring depth, registers, the kernel's integer arguments from ``Hkv`` to the
+    block table's strides, TMA box) of a call: fixed by the shapes and strides."""
     bsz, hq, d = q.shape
     nblocks, page, hkv, _ = k_cache.shape
     capacity = block_table.shape[1] * page
@@ -383,22 +390,69 @@ def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: flo
     if splits is not None:                     # forced: clamped to the capacity's slots
         s = max(1, min(splits, triton.cdiv(triton.cdiv(capacity, SLICE), CONSUMERS)))
         grid = min(bsz * hkv * s, grid_slots)
-    if s > 1:                                  # a partial a consumer warp a split
-        m = torch.empty((bsz, hq, s * CONSUMERS), dtype=torch.float32, device=q.device)
-        l = torch.empty((bsz, hq, s * CONSUMERS), dtype=torch.float32, device=q.device)
-        acc = torch.empty((bsz, hq, s * CONSUMERS, d), dtype=torch.float32, device=q.device)
-    else:
-        m = l = acc = out                      # unused pointers
-    layout = _smem_layout(d, q.dtype)
-    box = [1, SLICE, 1, d]
+    ring = nb or max(2, RING_BYTES // (2 * CONSUMERS * SLICE * d * q.element_size()))
+    ints = (hkv, hq // hkv, nblocks, capacity, page // SLICE, s, bsz * hkv * s,
+            q.stride(0), q.stride(1), block_table.stride(0), block_table.stride(1))
+    return s, grid, ring, regs or REGS_DEFAULT, ints, [1, SLICE, 1, d]
+
+
+def _partials(q, s):
+    """The (m, l, acc) fp32 partials of ``s`` splits (B, Hq, P), (B, Hq, P), (B, Hq, P, D), P = S x C."""
+    bsz, hq, d = q.shape
+    m = torch.empty((bsz, hq, s * CONSUMERS), dtype=torch.float32, device=q.device)
+    l = torch.empty((bsz, hq, s * CONSUMERS), dtype=torch.float32, device=q.device)
+    acc = torch.empty((bsz, hq, s * CONSUMERS, d), dtype=torch.float32, device=q.device)
+    return m, l, acc
+
+
+def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: float, splits: int | None = None,
+                slots: int | None = None, nb: int | None = None, regs: int | None = None, key=None):
+    """The kernel's pass. With one split a sequence it writes ``out`` (contiguous) and returns None;
+    otherwise it returns the (m, l, acc) partials (B, Hq, P), (B, Hq, P), (B, Hq, P, D) fp32,
+    P = S x C, for ops/decode_attention.py's combine kernel. ``splits``, ``slots`` (programs),
+    ``nb`` (ring depth) and ``regs`` (registers a thread) override the plan, for the probes.
+    ``key``: the caller's plan key (everything the launch depends on but the data pointers); the
+    compiled kernel is recorded under it, and :func:`replay` then launches it directly."""
+    s, grid, ring, nreg, ints, box = _geometry(q, k_cache, block_table, splits, slots, nb, regs)
+    parts = _partials(q, s) if s > 1 else (out, out, out)       # unused pointers at one split
+    layout = _smem_layout(q.shape[2], q.dtype)
     k_desc = TensorDescriptor(k_cache, list(k_cache.shape), list(k_cache.stride()), box, layout)
     v_desc = TensorDescriptor(v_cache, list(v_cache.shape), list(v_cache.stride()), box, layout)
-    ring = nb or max(2, RING_BYTES // (2 * CONSUMERS * SLICE * d * q.element_size()))
-    _decode_sm90_kernel[(grid,)](
-        q, k_desc, v_desc, block_table, seq_lens, out, m, l, acc,
-        scale_log2, hkv, hq // hkv, nblocks, capacity, page // SLICE, s, bsz * hkv * s,
-        q.stride(0), q.stride(1), block_table.stride(0), block_table.stride(1), out.stride(0), out.stride(1),
-        NB=ring, C=CONSUMERS, REGS=regs or REGS_DEFAULT, num_warps=4,
-        **({"maxnreg": regs} if regs else {}))
-    return (m, l, acc) if s > 1 else None
+    _LAUNCH(None if key is None else (key, splits, slots, nb, regs), (grid,),
+            (q, k_desc, v_desc, block_table, seq_lens, out, *parts, scale_log2, *ints, out.stride(0), out.stride(1)),
+            dict(NB=ring, C=CONSUMERS, REGS=nreg), num_warps=4, num_stages=None,
+            **({"maxnreg": regs} if regs else {}))
+    return parts if s > 1 else None
 
+
+def replay(key, q, k_cache, v_cache, block_table):
+    """After ``decode_sm90(..., key=key)`` ran once on a call like this one: a function
+    ``fire(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2)`` that launches the
+    recorded kernel with no JIT work (the descriptors are rebuilt around the new base pointers;
+    shape, strides and box are the key's) and returns None at one split, else (m, l, acc, buffer):
+    the partials as pointers into one fp32 buffer, which the caller keeps until the combine is
+    launched. None under the JIT."""
+    recorded = _LAUNCH.get((key, None, None, None, None))
+    if recorded is None:
+        return None
+    compiled, tail = recorded
+    s, grid, _, _, ints, box = _geometry(q, k_cache, block_table, None, None, None, None)
+    shape, kstride, vstride = list(k_cache.shape), list(k_cache.stride()), list(v_cache.stride())
+    grid = (grid,)
+
+    bsz, hq, d = q.shape
+    rows = bsz * hq * s * CONSUMERS                    # (m, l, acc) in one allocation: rows, rows, rows x D,
+    rows16 = -(-rows // 4) * 4                         # each part 16-byte aligned (as the kernel was compiled)
+
+    def fire(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2):
+        if s > 1:
+            buf = torch.empty(2 * rows16 + rows * d, dtype=torch.float32, device=out.device)
+            base = buf.data_ptr()
+            parts = (Ptr(base), Ptr(base + 4 * rows16), Ptr(base + 8 * rows16), buf)
+        else:
+            parts = (out, out, out)
+        launch(compiled, grid, (q, Desc(k_cache, shape, kstride, box), Desc(v_cache, shape, vstride, box), block_table,
+                                seq_lens, out, *parts[:3], scale_log2, *ints, out.stride(0), out.stride(1), *tail))
+        return parts if s > 1 else None
+
+    return fire

@@ -105,6 +105,20 @@ class Desc:
         self.base, self.shape, self.strides, self.block_shape, self.padding = base, shape, strides, block_shape, "zero"
 
 
+class Ptr:
+    """A device address as a launch reads a pointer argument (``data_ptr()``): a piece of a larger
+    allocation passed without building a tensor view for it (~1 us of host time each). The
+    allocation must be referenced until the launches that use it are enqueued; the caching
+    allocator then reuses it in stream order, after them."""
+    __slots__ = ("addr",)
+
+    def __init__(self, addr: int) -> None:
+        self.addr = addr
+
+    def data_ptr(self) -> int:
+        return self.addr
+
+
 def aligned(*tensors) -> tuple[bool, ...]:
     """Each tensor's 16-byte alignment (part of every plan key: Triton specialises on it)."""
     return tuple(t.data_ptr() % 16 == 0 for t in tensors)
