@@ -218,6 +218,23 @@ def test_scaled_matmul_variants_bias(variant, out_dtype):
     assert rel_err(out, ref) <= _tol(out_dtype, k), f"{variant} {out_dtype}"
 
 
+def test_strided_bias():
+    """A bias that is a strided view (a column of an (N, 2) table) or expanded: the GEMM epilogue
+    reads it densely, so it is copied; the same as the contiguous bias, for scaled_matmul and
+    linear_fp8."""
+    m, n, k = 19, 47, 64
+    a, b, sa, sb = _operands(m, n, k)
+    table = randn(n, 2)
+    for bias in (table[:, 0], table[:1, 0].expand(n)):
+        assert not bias.is_contiguous()
+        want = scaled_matmul(a, b, sa, sb, out_dtype=torch.float32, bias=bias.contiguous())
+        assert torch.equal(scaled_matmul(a, b, sa, sb, out_dtype=torch.float32, bias=bias), want)
+        x, w = randn(m, k), randn(n, k)
+        wq, sw = quantize_fp8(w)
+        want = linear_fp8(x, wq, sw, bias.contiguous(), out_dtype=torch.float32)
+        assert torch.equal(linear_fp8(x, wq, sw, bias, out_dtype=torch.float32), want)
+
+
 def test_dot_converts_every_e4m3_code():
     """Every finite e4m3 code (subnormals, +-0, 448) through tl.dot: the interpreter widens fp8
     operands via fp16 (exact); checked against float64 with the fp32 output. (On a GPU the fast

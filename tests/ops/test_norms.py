@@ -307,6 +307,35 @@ def test_noncontiguous_inputs_and_expanded_gradients():
     assert_close(rms_norm(t, 6, None, 1e-6), F.rms_norm(t.double(), (6,), None, 1e-6), torch.float32)
 
 
+@pytest.mark.parametrize("n", [50, 20000])
+def test_strided_parameters(n):
+    """Weight and bias as strided views (a column of an (N, 2) parameter table) and expanded (stride
+    0): the kernels read them densely, so the launchers copy them; outputs and every gradient
+    against the contiguous parameters. N = 20,000 takes the long-row paths."""
+    x, dy, res = randn(3, n), randn(3, n), randn(3, n)
+    table = _param(2 * n, torch.float32, requires_grad=False).view(n, 2)
+    w, b = table[:, 0], table[:, 1]
+    assert w.stride() == (2,)
+    for wv, bv in ((w, b), (w[:1].expand(n), b[:1].expand(n))):
+        cases = [("layer_norm", lambda x_, w_, b_: layer_norm(x_, (n,), w_, b_)),
+                 ("rms_norm", lambda x_, w_, b_: rms_norm(x_, (n,), w_, 1e-6)),
+                 ("add_rms_norm", lambda x_, w_, b_: add_rms_norm(x_, res, w_, 1e-6)[0])]
+        for name, f in cases:
+            outs = []
+            for wt, bt in ((wv, bv), (wv.contiguous(), bv.contiguous())):
+                assert wt.stride() == wv.stride() or wt.is_contiguous()
+                xl = x.detach().clone().requires_grad_()
+                wl, bl = wt.detach().requires_grad_(), bt.detach().requires_grad_()     # strides kept
+                y = f(xl, wl, bl)
+                y.backward(dy)
+                outs.append((y.detach(), xl.grad, wl.grad, bl.grad))
+            for got, want, what in zip(outs[0], outs[1], ("y", "dx", "dw", "db")):
+                if want is None:
+                    assert got is None
+                    continue
+                assert_close(got, want.double(), torch.float32, what=f"{name} {what} stride {wv.stride()}")
+
+
 def test_weight_gradients_are_deterministic():
     """Two backward runs give bit-identical dweight/dbias (fixed-order reduction, no atomics);
     M = 203 spreads the rows over several programs of the persistent grid."""

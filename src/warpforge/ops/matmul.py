@@ -494,7 +494,9 @@ class _Epilogue:
     """Epilogue operands of one launch (absent ones point at the output and are never read)."""
 
     def __init__(self, out, bias=None, residual=None, z=None, act=0, a_scale=None, b_scale=None):
-        self.bias, self.res, self.z = bias, residual, z
+        # the epilogue reads the bias densely (bias_ptr + offs_n): a strided view is copied
+        self.bias = None if bias is None else bias.contiguous()
+        self.res, self.z = residual, z
         self.act = act
         self.a_scale, self.b_scale = a_scale, b_scale
 

@@ -774,6 +774,9 @@ def _grad_sum_kernel(dw_part_ptr, db_part_ptr,   # (G, N) fp32 partial sums (HAS
 # ----------------------------------------------------------------------------------------------
 def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, llama: bool):
     """Normalise the last dim of x (+ residual). Returns (y, h or None, mean or None, rstd)."""
+    # the kernels read the parameters densely (w_ptr + cols): a strided view is copied
+    weight = None if weight is None else weight.contiguous()
+    bias = None if bias is None else bias.contiguous()
     x2 = as_rows(x)
     m, n = x2.shape
     y = new_empty((m, n), device=x.device, dtype=x.dtype)
@@ -813,6 +816,7 @@ def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, l
 def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: bool, has_bias: bool):
     """Returns (dx, dw, db): dw/db are (N,) sums over rows in the weight's dtype (x's without a
     weight: see ``_param_dtype``), or None when absent."""
+    weight = None if weight is None else weight.contiguous()     # read densely, as in _norm_fwd
     dy2, x2 = as_rows(dy), as_rows(x)
     m, n = x2.shape
     dx = new_empty((m, n), device=x.device, dtype=x.dtype)
