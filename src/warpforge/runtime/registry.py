@@ -82,6 +82,17 @@ class Op:
         return getattr(getattr(torch.ops, NAMESPACE), self.name).default
 
     def __call__(self, *args):
+        t = args[0]
+        if not torch.compiler.is_compiling() and type(t) is torch.Tensor and t.is_cuda \
+                and t.get_device() != torch._C._cuda_getDevice():
+            # the launchers compile, look up plans and launch on the current device's stream: run
+            # with the tensors' device current, as PyTorch's own CUDA ops do (a cuda:1 call while
+            # cuda:0 is current failed inside the launch, tests/ops/test_two_gpus.py)
+            with torch.cuda.device(t.device):
+                return self._call(*args)
+        return self._call(*args)
+
+    def _call(self, *args):
         if eager_door(args[0]):
             if self._function is not None and torch.is_grad_enabled() and any(
                 isinstance(a, torch.Tensor) and a.requires_grad for a in args
