@@ -230,6 +230,55 @@ def test_varlen_strided_offsets():
             assert torch.equal(got, want), f"validate={validate}"
 
 
+def test_batch_past_the_grid_limit_runs_in_slices(monkeypatch):
+    """A batch x heads count past the launch grid's y extent (65,535) runs as launches over batch
+    slices (dense: views; packed: slices of cu_seqlens). The limit lowered to 5 here: outputs, lse
+    and every gradient equal to the unsliced run, dense (a bool mask, GQA, causal) and packed."""
+    import warpforge.ops.attention as A
+
+    def run(limit):
+        monkeypatch.setattr(A, "GRID_Y_MAX", limit)
+        torch.manual_seed(3)
+        q, k, v = _inputs(3, 4, 2, 9, 11, 16, torch.float32)
+        mask = torch.rand(3, 1, 9, 11, device=DEVICE) > 0.3
+        mask[..., 0] = True
+        o, lse = wf.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True, return_lse=True)
+        do = torch.randn_like(o)
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        lens = [5, 0, 7, 3]
+        qp, kp, vp, cu, _ = _packed(lens, lens, 4, 2, 16, torch.float32)
+        op = wf.attention_varlen(qp, kp, vp, cu, cu, max(lens), max(lens), causal=True)
+        gp = torch.autograd.grad(op, (qp, kp, vp), torch.randn_like(op))
+        return (o, lse, *grads, op, *gp)
+
+    calls = []
+    real = A._attention_fwd_into
+    monkeypatch.setattr(A, "_attention_fwd_into", lambda *a: calls.append(1) or real(*a))
+    sliced = run(5)
+    assert len(calls) == 3 + 4, "one forward launch set a slice: 3 dense (one batch each), 4 packed"
+    for got, want in zip(sliced, run(65535)):
+        assert torch.equal(got, want)
+
+
+@gpu_only
+@pytest.mark.parametrize("window", [None, (4, 0)])
+def test_batch_heads_past_the_grid_limit(window):
+    """B x H = 2,049 x 32 > 65,535 for real (the Hopper kernels without a window, the Triton ones
+    with it): forward and gradients of the last sequences against float64."""
+    B, H, L, D = 2049, 32, 16, 64
+    q, k, v = _inputs(B, H, H, L, L, D, torch.bfloat16)
+    kw = dict(is_causal=True) if window is None else dict(window_size=window)
+    o = wf.scaled_dot_product_attention(q, k, v, **kw)
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    tail = slice(B - 3, B)
+    qr, kr, vr = (t[tail].detach().double().requires_grad_() for t in (q, k, v))
+    orf, _ = attention_reference(qr, kr, vr, is_causal=True, window_size=window or (-1, -1))
+    assert_close(o[tail], orf, torch.bfloat16, what="out")
+    for g, r in zip(grads, torch.autograd.grad(orf, (qr, kr, vr), do[tail].double())):
+        assert_close(g[tail], r, torch.bfloat16, scale=2.0, what="grad")
+
+
 def test_varlen_unvalidated_bad_offsets_stay_in_bounds():
     """validate=False with offsets past the packed tensors: programs clamp to them (an
     out-of-bounds read would raise under the interpreter); the sequences before are right."""

@@ -826,3 +826,10 @@ def test_relaunch_passes_the_first_launch_arguments(kind, monkeypatch):
         assert again["values"][i].numel() == first["args"][i].numel()
         got[i] = want[i] = "ws"
     assert got == want
+
+
+@gpu_only
+def test_batched_past_the_grid_limit():
+    """70,000 batch entries (more than a grid's 65,535 y/z extent: the batch is folded into axis 0)."""
+    a, b = randn(70000, 5, 8), randn(70000, 8, 3)
+    assert_close(matmul(a, b), a.double() @ b.double(), torch.float32)

@@ -166,25 +166,27 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
     dmask = offs_d < D
     for n0 in range(lo, hi, BLOCK_N):
         n = n0 + offs_n
+        nw = n.to(tl.int64)                   # offsets in 64 bits: n * stride passes 2^31 on long rows
         if MASKED:
-            kt = tl.load(k_base + n[None, :] * skn + offs_d[:, None], mask=(n[None, :] < len_k) & dmask[:, None], other=0.0)
-            v = tl.load(v_base + n[:, None] * svn + offs_d[None, :], mask=(n[:, None] < len_k) & dmask[None, :], other=0.0)
+            kt = tl.load(k_base + nw[None, :] * skn + offs_d[:, None], mask=(n[None, :] < len_k) & dmask[:, None], other=0.0)
+            v = tl.load(v_base + nw[:, None] * svn + offs_d[None, :], mask=(n[:, None] < len_k) & dmask[None, :], other=0.0)
         elif BLOCK_D == D:
-            kt = tl.load(k_base + n[None, :] * skn + offs_d[:, None])
-            v = tl.load(v_base + n[:, None] * svn + offs_d[None, :])
+            kt = tl.load(k_base + nw[None, :] * skn + offs_d[:, None])
+            v = tl.load(v_base + nw[:, None] * svn + offs_d[None, :])
         else:
-            kt = tl.load(k_base + n[None, :] * skn + offs_d[:, None], mask=dmask[:, None], other=0.0)
-            v = tl.load(v_base + n[:, None] * svn + offs_d[None, :], mask=dmask[None, :], other=0.0)
+            kt = tl.load(k_base + nw[None, :] * skn + offs_d[:, None], mask=dmask[:, None], other=0.0)
+            v = tl.load(v_base + nw[:, None] * svn + offs_d[None, :], mask=dmask[None, :], other=0.0)
         qk = _mm(q, kt, None, DOT_PREC)                           # (BLOCK_M, BLOCK_N) fp32
         if MASKED:
             i = m0 + offs_m
+            iw = i.to(tl.int64)
             ok = _visible(i[:, None], n[None, :], len_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
             s = qk * scale_log2
             if MASK_KIND == 1:
-                keep = tl.load(mask_base + i[:, None] * smm + n[None, :] * smn, mask=ok, other=0)
+                keep = tl.load(mask_base + iw[:, None] * smm + nw[None, :] * smn, mask=ok, other=0)
                 ok = ok & (keep != 0)
             elif MASK_KIND == 2:
-                s += tl.load(mask_base + i[:, None] * smm + n[None, :] * smn, mask=ok, other=0.0).to(tl.float32) * 1.4426950408889634
+                s += tl.load(mask_base + iw[:, None] * smm + nw[None, :] * smn, mask=ok, other=0.0).to(tl.float32) * 1.4426950408889634
             s = tl.where(ok, s, -float("inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_use = tl.where(m_new == -float("inf"), 0.0, m_new)               # a row with nothing visible yet
@@ -257,7 +259,8 @@ def _attn_fwd_kernel(
         offs_d = tl.arange(0, BLOCK_D)
         rows = m0 + offs_m
         qmask = (rows[:, None] < len_q) & (offs_d[None, :] < D)
-        q = tl.load(q_base + rows[:, None] * sqm + offs_d[None, :], mask=qmask, other=0.0)
+        rw = rows.to(tl.int64)                  # 64-bit offsets: rows * stride passes 2^31 on long sequences
+        q = tl.load(q_base + rw[:, None] * sqm + offs_d[None, :], mask=qmask, other=0.0)
         acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
         l_i = tl.zeros((BLOCK_M,), tl.float32)
         m_i = tl.full((BLOCK_M,), -float("inf"), tl.float32)
@@ -276,10 +279,10 @@ def _attn_fwd_kernel(
                                    True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC)
         empty = l_i == 0.0
         out = acc / tl.where(empty, 1.0, l_i)[:, None]
-        tl.store(o_base + rows[:, None] * som + offs_d[None, :], out.to(o_ptr.dtype.element_ty), mask=qmask)
+        tl.store(o_base + rw[:, None] * som + offs_d[None, :], out.to(o_ptr.dtype.element_ty), mask=qmask)
         lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
         lse_base = lse_ptr + b64 * slb + h.to(tl.int64) * slh + q_start.to(tl.int64) * slm
-        tl.store(lse_base + rows * slm, lse, mask=rows < len_q)
+        tl.store(lse_base + rw * slm, lse, mask=rows < len_q)
 
 
 @triton.jit
@@ -318,32 +321,34 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sdm, s
     rows are keys, columns queries)."""
     dmask = offs_d < D
     n = n0 + offs_n
+    nw = n.to(tl.int64)                       # offsets in 64 bits: i * stride passes 2^31 on long rows
     for m0 in range(lo, hi, BLOCK_M):
         i = m0 + offs_m
+        iw = i.to(tl.int64)
         if MASKED:
             rmask = i < len_q
-            q = tl.load(q_base + i[:, None] * sqm + offs_d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
-            do = tl.load(do_base + i[:, None] * sdm + offs_d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
-            lse = tl.load(lse_base + i * slm, mask=rmask, other=float("inf"))
-            delta = tl.load(delta_base + i * slm, mask=rmask, other=0.0)
+            q = tl.load(q_base + iw[:, None] * sqm + offs_d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
+            do = tl.load(do_base + iw[:, None] * sdm + offs_d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
+            lse = tl.load(lse_base + iw * slm, mask=rmask, other=float("inf"))
+            delta = tl.load(delta_base + iw * slm, mask=rmask, other=0.0)
         else:
             if BLOCK_D == D:
-                q = tl.load(q_base + i[:, None] * sqm + offs_d[None, :])
-                do = tl.load(do_base + i[:, None] * sdm + offs_d[None, :])
+                q = tl.load(q_base + iw[:, None] * sqm + offs_d[None, :])
+                do = tl.load(do_base + iw[:, None] * sdm + offs_d[None, :])
             else:
-                q = tl.load(q_base + i[:, None] * sqm + offs_d[None, :], mask=dmask[None, :], other=0.0)
-                do = tl.load(do_base + i[:, None] * sdm + offs_d[None, :], mask=dmask[None, :], other=0.0)
-            lse = tl.load(lse_base + i * slm)
-            delta = tl.load(delta_base + i * slm)
+                q = tl.load(q_base + iw[:, None] * sqm + offs_d[None, :], mask=dmask[None, :], other=0.0)
+                do = tl.load(do_base + iw[:, None] * sdm + offs_d[None, :], mask=dmask[None, :], other=0.0)
+            lse = tl.load(lse_base + iw * slm)
+            delta = tl.load(delta_base + iw * slm)
         st = _mm(k, tl.trans(q), None, DOT_PREC) * scale_log2   # (BLOCK_N, BLOCK_M)
         if MASKED:
             ok = _visible(i[None, :], n[:, None], len_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
             ok = ok & (i[None, :] < len_q)
             if MASK_KIND == 1:
-                keep = tl.load(mask_base + i[None, :] * smm + n[:, None] * smn, mask=ok, other=0)
+                keep = tl.load(mask_base + iw[None, :] * smm + nw[:, None] * smn, mask=ok, other=0)
                 ok = ok & (keep != 0)
             elif MASK_KIND == 2:
-                st += tl.load(mask_base + i[None, :] * smm + n[:, None] * smn, mask=ok, other=0.0).to(tl.float32) * 1.4426950408889634
+                st += tl.load(mask_base + iw[None, :] * smm + nw[:, None] * smn, mask=ok, other=0.0).to(tl.float32) * 1.4426950408889634
             st = tl.where(ok, st, -float("inf"))
         pt = tl.math.exp2(st - lse[None, :] * 1.4426950408889634)
         dv = _mm(pt.to(do.dtype), do, dv, DOT_PREC)
@@ -425,26 +430,28 @@ def _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, s
     """Key tiles [lo, hi) into the dQ of one query tile."""
     dmask = offs_d < D
     i = m0 + offs_m
+    iw = i.to(tl.int64)                       # offsets in 64 bits: n * stride passes 2^31 on long rows
     for n0 in range(lo, hi, BLOCK_N):
         n = n0 + offs_n
+        nw = n.to(tl.int64)
         if MASKED:
             kv_mask = (n[:, None] < len_k) & dmask[None, :]
-            k = tl.load(k_base + n[:, None] * skn + offs_d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(v_base + n[:, None] * svn + offs_d[None, :], mask=kv_mask, other=0.0)
+            k = tl.load(k_base + nw[:, None] * skn + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_base + nw[:, None] * svn + offs_d[None, :], mask=kv_mask, other=0.0)
         elif BLOCK_D == D:
-            k = tl.load(k_base + n[:, None] * skn + offs_d[None, :])
-            v = tl.load(v_base + n[:, None] * svn + offs_d[None, :])
+            k = tl.load(k_base + nw[:, None] * skn + offs_d[None, :])
+            v = tl.load(v_base + nw[:, None] * svn + offs_d[None, :])
         else:
-            k = tl.load(k_base + n[:, None] * skn + offs_d[None, :], mask=dmask[None, :], other=0.0)
-            v = tl.load(v_base + n[:, None] * svn + offs_d[None, :], mask=dmask[None, :], other=0.0)
+            k = tl.load(k_base + nw[:, None] * skn + offs_d[None, :], mask=dmask[None, :], other=0.0)
+            v = tl.load(v_base + nw[:, None] * svn + offs_d[None, :], mask=dmask[None, :], other=0.0)
         s = _mm(q, tl.trans(k), None, DOT_PREC) * scale_log2      # (BLOCK_M, BLOCK_N)
         if MASKED:
             ok = _visible(i[:, None], n[None, :], len_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
             if MASK_KIND == 1:
-                keep = tl.load(mask_base + i[:, None] * smm + n[None, :] * smn, mask=ok, other=0)
+                keep = tl.load(mask_base + iw[:, None] * smm + nw[None, :] * smn, mask=ok, other=0)
                 ok = ok & (keep != 0)
             elif MASK_KIND == 2:
-                s += tl.load(mask_base + i[:, None] * smm + n[None, :] * smn, mask=ok, other=0.0).to(tl.float32) * 1.4426950408889634
+                s += tl.load(mask_base + iw[:, None] * smm + nw[None, :] * smn, mask=ok, other=0.0).to(tl.float32) * 1.4426950408889634
             s = tl.where(ok, s, -float("inf"))
         p = tl.math.exp2(s - lse[:, None])
         dp = _mm(do, tl.trans(v), None, DOT_PREC)
@@ -609,6 +616,25 @@ def _sm90_kernels():
     return _SM90[0]
 
 
+GRID_Y_MAX = 65535    # CUDA's limit on a launch grid's y extent, which holds (batch x heads)
+
+
+def _batch_slices(batch: int, heads: int):
+    """Batch ranges whose batch x heads programs fit a grid's y extent, or None when the whole
+    batch does (every common call). Attention is independent across the batch, so a larger one
+    runs as one launch set a slice: dense tensors as views of their batch dim, packed ones whole
+    with a slice of cu_seqlens (its offsets are absolute into the packed tensors)."""
+    if batch * heads <= GRID_Y_MAX:
+        return None
+    per = max(1, GRID_Y_MAX // heads)
+    return [(b0, min(b0 + per, batch)) for b0 in range(0, batch, per)]
+
+
+def _sliced(b0: int, b1: int, varlen: bool, *tensors):
+    """The batch slice [b0, b1) of dense (B, ...) tensors (None stays None); packed tensors whole."""
+    return tuple(t if t is None or varlen else t[b0:b1] for t in tensors)
+
+
 def _attention_fwd(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
                    win_left: int, win_right: int, bottom_right: bool):
     q, k, v = unit_last_dim(q), unit_last_dim(k), unit_last_dim(v)
@@ -617,10 +643,22 @@ def _attention_fwd(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale: flo
     lse = runtime.new_empty(p.lse_shape(), dtype=torch.float32, device=q.device)
     if p.len_q == 0 or p.B == 0 or p.H == 0:
         return o, lse
+    slices = _batch_slices(p.B, p.H)
+    for b0, b1 in slices or [(0, p.B)]:
+        cq, ck = (cu_q, cu_k) if cu_q is None or slices is None else (cu_q[b0:b1 + 1], cu_k[b0:b1 + 1])
+        qs, ks, vs, ms, os_, ls = _sliced(b0, b1, p.varlen or slices is None, q, k, v, mask, o, lse)
+        _attention_fwd_into(qs, ks, vs, ms, cq, ck, max_q, max_k, scale, win_left, win_right, bottom_right,
+                            os_, ls)
+    return o, lse
+
+
+def _attention_fwd_into(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
+                        win_left: int, win_right: int, bottom_right: bool, o, lse):
+    p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
     sm90 = _sm90_kernels()
     if sm90 is not None and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) and sm90.tma_ok(o):
         sm90.attention_fwd_sm90(q, k, v, o, lse, scale, causal=win_right == 0)
-        return o, lse
+        return
     cfg = attention_config("fwd", p.block_d, q.element_size())
     grid = (triton.cdiv(p.len_q, cfg.block_m), p.B * p.H)
     _launch(_FWD, grid, (
@@ -630,7 +668,6 @@ def _attention_fwd(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale: flo
         p.H, p.group, p.len_q, p.len_k, p.total_q, p.total_k,
         scale * LOG2E, win_left, win_right), cfg,
         **_flags(p, q, mask, win_left, win_right, bottom_right), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
-    return o, lse
 
 
 def _attention_bwd(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
@@ -640,6 +677,17 @@ def _attention_bwd(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_
     dq, dk, dv = _out_like(q), _out_like(k), _out_like(v)
     if p.B == 0 or p.H == 0 or p.len_q == 0 or p.len_k == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
+    slices = _batch_slices(p.B, p.H)
+    for b0, b1 in slices or [(0, p.B)]:
+        cq, ck = (cu_q, cu_k) if cu_q is None or slices is None else (cu_q[b0:b1 + 1], cu_k[b0:b1 + 1])
+        part = _sliced(b0, b1, p.varlen or slices is None, do, q, k, v, o, lse, dlse, mask, dq, dk, dv)
+        _attention_bwd_into(*part[:8], cq, ck, max_q, max_k, scale, win_left, win_right, bottom_right, *part[8:])
+    return dq, dk, dv
+
+
+def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
+                        win_left: int, win_right: int, bottom_right: bool, dq, dk, dv):
+    p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
     flags = _flags(p, q, mask, win_left, win_right, bottom_right)
     delta = torch.empty_like(lse)
     if dlse is not None:
@@ -662,7 +710,7 @@ def _attention_bwd(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_
         dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         sm90.attention_bwd_fused_sm90(do, q, k, v, lse, delta, dq_acc, dk, dv, scale, causal=win_right == 0)
         dq.copy_(dq_acc)
-        return dq, dk, dv
+        return
     cfg = attention_config("dkdv", p.block_d, q.element_size())
     _launch(_DKDV, (triton.cdiv(p.len_k, cfg.block_n), p.B * p.HK), (
         q, k, v, do, lse, delta, dk, dv, mptr, *cu,
@@ -671,14 +719,13 @@ def _attention_bwd(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_
         **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
     if hopper:
         sm90.attention_bwd_dq_sm90(do, q, k, v, lse, delta, dq, scale, causal=win_right == 0)
-        return dq, dk, dv
+        return
     cfg = attention_config("dq", p.block_d, q.element_size())
     _launch(_DQ, (triton.cdiv(p.len_q, cfg.block_m), p.B * p.H), (
         q, k, v, do, lse, delta, dq, mptr, *cu,
         *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(do), *p.strides(dq), *common,
         p.H, p.group, p.len_q, p.len_k, p.total_q, p.total_k, scale, scale * LOG2E, win_left, win_right), cfg,
         **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
-    return dq, dk, dv
 
 
 # ----------------------------------------------------------------------------------------------

@@ -530,8 +530,9 @@ def _scale_kernel(x_ptr, g_ptr, n, BLOCK: tl.constexpr):
     g = tl.load(g_ptr).to(tl.float32)
     if g != 1.0:
         offs = tl.arange(0, BLOCK)
-        for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
-            i = tl.cast(start, tl.int64) + offs
+        # a 64-bit induction variable: in 32 bits start + step wraps past 2^31 when n is just under it
+        for start in range(tl.program_id(0).to(tl.int64) * BLOCK, n, tl.num_programs(0) * BLOCK):
+            i = start + offs
             x = tl.load(x_ptr + i, mask=i < n)
             tl.store(x_ptr + i, (x.to(tl.float32) * g).to(x_ptr.dtype.element_ty), mask=i < n)
 

@@ -191,7 +191,7 @@ def _epilogue_math(acc, offs_m, offs_n, M, N, bias_ptr, res_ptr, s_rm, s_rn, z_p
     elif ACT >= 2:
         acc = _act(acc, ACT - 2)          # 0 silu, 1 gelu (erf), 2 gelu (tanh)
     if HAS_RES:
-        acc = acc + tl.load(res_ptr + rows[:, None] * s_rm + offs_n[None, :] * s_rn, mask=mask).to(tl.float32)
+        acc = acc + tl.load(res_ptr + rows[:, None] * s_rm + offs_n.to(tl.int64)[None, :] * s_rn, mask=mask).to(tl.float32)
     return acc
 
 
@@ -229,14 +229,16 @@ def _matmul_kernel(
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr, STORE_Z: tl.constexpr,
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr,
 ):
-    """One output tile per program (grid: tiles, SPLIT_K, batch); pointer loads with any strides,
+    """One output tile per program (grid: tiles x batch, SPLIT_K; the batch folded into axis 0,
+    whose extent is 2^31 - 1, not the 65,535 of axes 1-2); pointer loads with any strides,
     pipelined by ``num_stages`` at launch. Naive, pipelined, grouped, autotuned and split-K are
     all this kernel under different configurations."""
-    tile = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    batch = tl.cast(tl.program_id(2), tl.int64)
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
+    pid = tl.program_id(0)
+    tile = pid % (tiles_m * tiles_n)
+    batch = tl.cast(pid // (tiles_m * tiles_n), tl.int64)
+    pid_k = tl.program_id(1)
     pid_m, pid_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -248,10 +250,9 @@ def _matmul_kernel(
     per_split = tl.cdiv(k_steps, SPLIT_K)
     k_lo = pid_k * per_split
     k_hi = min(k_lo + per_split, k_steps)
-    a_ptrs = (a_ptr + batch * s_ab + offs_m.to(tl.int64)[:, None] * s_am
-              + (k_lo * BLOCK_K + offs_k)[None, :] * s_ak)
-    b_ptrs = (b_ptr + batch * s_bb + (k_lo * BLOCK_K + offs_k)[:, None] * s_bk
-              + offs_n.to(tl.int64)[None, :] * s_bn)
+    kk = k_lo.to(tl.int64) * BLOCK_K + offs_k          # 64-bit: a split's start times the K stride passes 2^31
+    a_ptrs = (a_ptr + batch * s_ab + offs_m.to(tl.int64)[:, None] * s_am + kk[None, :] * s_ak)
+    b_ptrs = (b_ptr + batch * s_bb + kk[:, None] * s_bk + offs_n.to(tl.int64)[None, :] * s_bn)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for ks in range(k_lo, k_hi):
         if EVEN_K:
@@ -547,7 +548,7 @@ def _tiled_geometry(a, b, out, ep: _Epilogue, cfg: MatmulConfig):
     ints = (m, n, k, s_ab, a3.stride(1), a3.stride(2), s_bb, b3.stride(1), b3.stride(2),
             s_cb, c3.stride(1), c3.stride(2), *ep.strides())
     shared = (tiles, tiles * split * cfg.block_m * cfg.block_n) if split > 1 else (0, 0)
-    return (tiles, split, batch), ints, shared
+    return (tiles * batch, split), ints, shared
 
 
 def _partials(out, tiles: int, ws_numel: int):

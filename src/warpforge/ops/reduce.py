@@ -130,7 +130,7 @@ def _reduce_fwd_partial_kernel(
     pid = tl.program_id(0)
     row = pid // C
     chunk = pid % C
-    cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = chunk.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)     # 64-bit: one row may pass 2^31
     mask = (cols < N)[None, :]
     other = -float("inf") if MAX else 0.0
     x = tl.load(x_ptr + row.to(tl.int64) * stride_x + cols[None, :], mask=mask, other=other).to(tl.float32)
@@ -279,7 +279,7 @@ def _amax_bwd_count_kernel(
     pid = tl.program_id(0)
     row = pid // C
     chunk = pid % C
-    cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = chunk.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)     # 64-bit: one row may pass 2^31
     mask = cols < N
     x = tl.load(x_ptr + row.to(tl.int64) * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     m = tl.load(y_ptr + row).to(tl.float32)
@@ -297,7 +297,7 @@ def _amax_bwd_scatter_kernel(
     row = pid // C
     chunk = pid % C
     r = row.to(tl.int64)
-    cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = chunk.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)     # 64-bit: one row may pass 2^31
     mask = cols < N
     x = tl.load(x_ptr + r * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     m = tl.load(y_ptr + row).to(tl.float32)
@@ -318,7 +318,7 @@ def _amax_bwd_split_kernel(
     read once. The next row's chunk is loaded before this row's count is published and awaited."""
     pid = tl.program_id(0)
     chunk = pid % C
-    cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = chunk.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)     # 64-bit: one row may pass 2^31
     mask = cols < N
     row = pid // C
     x = tl.load(x_ptr + tl.cast(row, tl.int64) * stride_x + cols, mask=mask & (row < M), other=0.0)
