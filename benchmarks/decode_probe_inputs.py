@@ -1,4 +1,10 @@
-"""The decode-attention probes' problem (imported by benchmarks/probe_decode*.py; not a probe itself)."""
+"""The decode-attention probes' problem and module loader (imported by benchmarks/probe_decode*.py;
+not a probe itself)."""
+import importlib.util
+import os
+import sys
+import tempfile
+
 import torch
 
 
@@ -18,3 +24,19 @@ def paged_problem(bsz, ctx, hq=32, hk=8, d=128, page=16):
 def unpaged(cache, bt, ctx):
     """The keys (or values) of a paged cache as SDPA reads them: (B, Hkv, ctx, D), contiguous."""
     return cache[bt.long()].view(bt.shape[0], ctx, cache.shape[2], cache.shape[3]).transpose(1, 2).contiguous()
+
+
+def load_sm90_copy(src: str, name: str):
+    """A (possibly edited) source text of ops/decode_attention_sm90.py imported as module ``name``
+    (its relative imports made absolute; Triton reads kernel sources from a file, so it is one)."""
+    src = src.replace("from ..runtime.device import sm_count", "from warpforge.runtime.device import sm_count")
+    src = src.replace("from ..runtime.launch import", "from warpforge.runtime.launch import")
+    src = src.replace("from .attention_sm90 import tma_ok", "from warpforge.ops.attention_sm90 import tma_ok")
+    path = os.path.join(tempfile.mkdtemp(), f"{name}.py")
+    with open(path, "w") as fh:
+        fh.write(src)
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import warpforge as wf
-from decode_probe_inputs import paged_problem, unpaged
+from decode_probe_inputs import load_sm90_copy, paged_problem, unpaged
 from probe_page_read import read_pages
 from warpforge.bench.timing import TimingConfig, device_ms, host_us
 from warpforge.ops import decode_attention as DA
@@ -41,21 +41,8 @@ def rel(a, b):
 
 
 def load_base(path):
-    """An older copy of ops/decode_attention_sm90.py as its own module (its relative imports made absolute)."""
-    import importlib.util
-    import sys
-    import tempfile
-    src = open(path).read()
-    src = src.replace("from ..runtime.device import sm_count", "from warpforge.runtime.device import sm_count")
-    src = src.replace("from .attention_sm90 import tma_ok", "from warpforge.ops.attention_sm90 import tma_ok")
-    out = os.path.join(tempfile.mkdtemp(), "_decode_sm90_base.py")
-    with open(out, "w") as fh:
-        fh.write(src)
-    spec = importlib.util.spec_from_file_location("_decode_sm90_base", out)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["_decode_sm90_base"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    """An older copy of ops/decode_attention_sm90.py (e.g. ``git show REV:...``) as its own module."""
+    return load_sm90_copy(open(path).read(), "_decode_sm90_base")
 
 
 def main():

@@ -12,15 +12,11 @@ under the bench's clean condition (flush first) and warm.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import os
 import statistics
-import sys
-import tempfile
 
 import torch
 
-from decode_probe_inputs import paged_problem
+from decode_probe_inputs import load_sm90_copy, paged_problem
 from warpforge.bench import timing
 from warpforge.ops import decode_attention as DA
 from warpforge.ops import decode_attention_sm90 as G
@@ -45,8 +41,6 @@ NAMES = {0: "kernel entry", 1: "setup done", 2: "producer entry", 3: "producer: 
 
 def patched_module():
     src = open(G.__file__).read()
-    src = src.replace("from ..runtime.device import sm_count", "from warpforge.runtime.device import sm_count")
-    src = src.replace("from .attention_sm90 import tma_ok", "from warpforge.ops.attention_sm90 import tma_ok")
     reps = [
         ("\n\n@gluon.jit\ndef _unit(", "\n" + STAMP + "\n@gluon.jit\ndef _unit("),
         # producer
@@ -60,8 +54,10 @@ def patched_module():
         ("            mbarrier.wait(empty.index(slot), ((t // NB) & 1) ^ 1)      # a fresh barrier counts as phase 1 done\n",
          "            mbarrier.wait(empty.index(slot), ((t // NB) & 1) ^ 1)      # a fresh barrier counts as phase 1 done\n"
          "            if t == 0:\n                _stamp(out_ptr, 5, t)\n"),
-        ("        b, kvh, split, n, c0, c1 = bn, kvhn, splitn, nn, c0n, c1n\n    if PDL:\n",
-         "        b, kvh, split, n, c0, c1 = bn, kvhn, splitn, nn, c0n, c1n\n    _stamp(out_ptr, 6, t)\n    if PDL:\n"),
+        ("            p0, p1, p2, p3 = _pages(bt_ptr, bn, c0n, c1n, sub, num_blocks, s_bb, s_bj)\n"
+         "        b, kvh, split, n, c0, c1 = bn, kvhn, splitn, nn, c0n, c1n\n",
+         "            p0, p1, p2, p3 = _pages(bt_ptr, bn, c0n, c1n, sub, num_blocks, s_bb, s_bj)\n"
+         "        b, kvh, split, n, c0, c1 = bn, kvhn, splitn, nn, c0n, c1n\n    _stamp(out_ptr, 6, t)\n"),
         ("            tma.async_copy_global_to_shared(v_desc, [p3, ((c + 3) % sub) * 16, kvh, 0], bar, v_smem.index(slot * C + 3))\n",
          "            tma.async_copy_global_to_shared(v_desc, [p3, ((c + 3) % sub) * 16, kvh, 0], bar, v_smem.index(slot * C + 3))\n"
          "            if t == 0:\n                _stamp(out_ptr, 14, t)\n"),
@@ -86,20 +82,13 @@ def patched_module():
         ("    k_smem = gl.allocate_shared_memory(k_desc.dtype, [NB * C] + k_desc.block_type.shape, k_desc.layout)\n",
          "    _stamp(out_ptr, 0, gl.program_id(0))\n"
          "    k_smem = gl.allocate_shared_memory(k_desc.dtype, [NB * C] + k_desc.block_type.shape, k_desc.layout)\n"),
-        ("    if PDL:\n        gl.warp_specialize([(_dec_produce_pdl, args)",
-         "    _stamp(out_ptr, 1, gl.program_id(0))\n    if PDL:\n        gl.warp_specialize([(_dec_produce_pdl, args)"),
+        ("    gl.warp_specialize([(_dec_produce, args)",
+         "    _stamp(out_ptr, 1, gl.program_id(0))\n    gl.warp_specialize([(_dec_produce, args)"),
     ]
     for old, new in reps:
         assert src.count(old) == 1, old[:80]
         src = src.replace(old, new)
-    path = os.path.join(tempfile.mkdtemp(), "_decode_sm90_stamped.py")
-    with open(path, "w") as fh:
-        fh.write(src)
-    spec = importlib.util.spec_from_file_location("_decode_sm90_stamped", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["_decode_sm90_stamped"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_sm90_copy(src, "_decode_sm90_stamped")
 
 
 def main():

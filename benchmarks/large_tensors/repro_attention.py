@@ -34,8 +34,7 @@ os.environ.setdefault("WARPFORGE_FASTPATH", "0")
 import torch
 import warpforge as wf
 
-TINY = os.environ.get("AUDIT64_TINY") == "1"
-DEV = "cpu" if TINY else "cuda"
+from common import DEV, TINY, nanmax as _nanmax, run_standalone, sync as _sync
 BF16 = torch.bfloat16
 
 # (B, S, H, D) buffers seen as (B, H, S, D): row stride H * D = 4096; rows >= 2^19 are past 2^31.
@@ -45,14 +44,6 @@ LEFT = 15 if TINY else 127                   # sliding window: query i sees keys
 R = 64 if TINY else 256                      # rows compared at each end
 
 
-def _sync():
-    if DEV == "cuda":
-        torch.cuda.synchronize()
-
-
-def _nanmax(values) -> float:
-    """max that treats NaN as +inf (Python's max() silently skips a NaN that is not first)."""
-    return max((float("inf") if v != v else float(v)) for v in values)
 
 
 def _bshd(g, requires_grad=False):
@@ -174,11 +165,4 @@ SUSPECTS = {
 }
 
 if __name__ == "__main__":
-    for name, fn in SUSPECTS.items():
-        try:
-            status = fn()
-        except Exception as e:  # noqa: BLE001
-            status = f"ERROR {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        print(f"SUSPECT {name}: {status}", flush=True)
-        if DEV == "cuda":
-            torch.cuda.empty_cache()
+    run_standalone(SUSPECTS, "SUSPECT")

@@ -11,20 +11,11 @@ os.environ.setdefault("WARPFORGE_FASTPATH", "0")
 import torch
 import warpforge as wf
 
-TINY = os.environ.get("AUDIT64_TINY") == "1"
-DEV = "cpu" if TINY else "cuda"
+from common import DEV, TINY, nanmax as _nanmax, run_standalone, sync as _sync
 BF16 = torch.bfloat16
 TOL = 3e-2
 
 
-def _sync():
-    if DEV == "cuda":
-        torch.cuda.synchronize()
-
-
-def _nanmax(values) -> float:
-    """max that treats NaN as +inf (Python's max() silently skips a NaN that is not first)."""
-    return max((float("inf") if v != v else float(v)) for v in values)
 
 
 def _gen(seed):
@@ -221,11 +212,4 @@ SUSPECTS = {  # named CONTROL by run_all.py
 }
 
 if __name__ == "__main__":
-    for name, fn in SUSPECTS.items():
-        try:
-            status = fn()
-        except Exception as e:  # noqa: BLE001
-            status = f"ERROR {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        print(f"CONTROL {name}: {status}", flush=True)
-        if DEV == "cuda":
-            torch.cuda.empty_cache()
+    run_standalone(SUSPECTS, "CONTROL")

@@ -26,19 +26,10 @@ os.environ.setdefault("WARPFORGE_FASTPATH", "0")
 import torch
 import warpforge as wf
 
-TINY = os.environ.get("AUDIT64_TINY") == "1"
-DEV = "cpu" if TINY else "cuda"
+from common import DEV, TINY, nanmax as _nanmax, run_standalone, sync as _sync
 BF16 = torch.bfloat16
 
 
-def _sync():
-    if DEV == "cuda":
-        torch.cuda.synchronize()
-
-
-def _nanmax(values) -> float:
-    """max that treats NaN as +inf (Python's max() silently skips a NaN that is not first)."""
-    return max((float("inf") if v != v else float(v)) for v in values)
 
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -86,11 +77,4 @@ SUSPECTS = {
 }
 
 if __name__ == "__main__":
-    for name, fn in SUSPECTS.items():
-        try:
-            status = fn()
-        except Exception as e:  # noqa: BLE001
-            status = f"ERROR {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        print(f"SUSPECT {name}: {status}", flush=True)
-        if DEV == "cuda":
-            torch.cuda.empty_cache()
+    run_standalone(SUSPECTS, "SUSPECT")

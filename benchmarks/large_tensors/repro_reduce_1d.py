@@ -23,21 +23,12 @@ os.environ.setdefault("WARPFORGE_FASTPATH", "0")   # skip the one-time C++ fast-
 import torch
 import warpforge as wf
 
-TINY = os.environ.get("AUDIT64_TINY") == "1"
-DEV = "cpu" if TINY else "cuda"
+from common import DEV, TINY, nanmax as _nanmax, run_standalone, sync as _sync
 TAIL = 1024 if TINY else 2**15
 N = (40_000 if TINY else 2**31) + TAIL          # the tail lies entirely past element 2^31
 PEAK = -7                                        # index (from the end) of the unique maximum
 
 
-def _sync():
-    if DEV == "cuda":
-        torch.cuda.synchronize()
-
-
-def _nanmax(values) -> float:
-    """max that treats NaN as +inf (Python's max() silently skips a NaN that is not first)."""
-    return max((float("inf") if v != v else float(v)) for v in values)
 
 
 def _vector():
@@ -95,11 +86,4 @@ SUSPECTS = {
 }
 
 if __name__ == "__main__":
-    for name, fn in SUSPECTS.items():
-        try:
-            status = fn()
-        except Exception as e:  # noqa: BLE001
-            status = f"ERROR {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        print(f"SUSPECT {name}: {status}", flush=True)
-        if DEV == "cuda":
-            torch.cuda.empty_cache()
+    run_standalone(SUSPECTS, "SUSPECT")
