@@ -370,8 +370,8 @@ def _pdl(t: torch.Tensor) -> bool:
 # Decode plans: everything a call's launches depend on except the data pointers and the scale,
 # keyed by the shapes, strides, dtypes, alignments and routing switches. The first call of a key
 # goes through the launchers (and the JIT); later ones replay the recorded kernels through
-# ``fire``, which allocates the output (and partials) and launches: a decode step issues its work in
-# ~20-30 us of host time instead of ~85-190 us (benchmarks/NOTES.md item 69).
+# ``fire``, which allocates the output (and partials) and launches: at batch 1 on an H200 host a
+# call issues in 49-70 us instead of 147-161 (benchmarks/NOTES.md item 69).
 _PLANS: dict = {}
 _MAX_PLANS = 4096
 
@@ -432,15 +432,9 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
     cfg = decode_config(bsz, hkv, group, max_blocks * page, d, page, q.element_size(),
                         num_splits if num_splits > 0 else None)
     splits = cfg.num_splits
-
-    def partials():
-        if splits == 1:
-            return None
-        return (new_empty((bsz, hq, splits), dtype=torch.float32, device=q.device),
-                new_empty((bsz, hq, splits), dtype=torch.float32, device=q.device),
-                new_empty((bsz, hq, splits, d), dtype=torch.float32, device=q.device))
-
-    parts = partials()
+    parts = None if splits == 1 else (new_empty((bsz, hq, splits), dtype=torch.float32, device=q.device),
+                                      new_empty((bsz, hq, splits), dtype=torch.float32, device=q.device),
+                                      new_empty((bsz, hq, splits, d), dtype=torch.float32, device=q.device))
     m, l, acc = parts if parts is not None else (out, out, out)      # unused pointers at one split
     # A decode step's kernels run for microseconds; the JIT's per-launch binding would cost more
     # than that, so the compiled kernels are launched directly (runtime/launch.py), keyed by
