@@ -867,3 +867,22 @@ def test_cpu_tensor_rejected_on_gpu_machine():
 
 def test_public_names():
     assert wf.cross_entropy is ce.cross_entropy and wf.linear_cross_entropy is ce.linear_cross_entropy
+
+
+@pytest.mark.parametrize("opts", [{}, dict(z_loss=1e-4, softcap=20.0, label_smoothing=0.1)])
+def test_compile_dynamic_shapes(opts):
+    """torch.compile(dynamic=True, fullgraph=True) over two token counts, with the default options
+    and with z-loss and a soft cap: the option checks are comparisons (math.isfinite of a symbolic
+    float broke the graph)."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, t: wf.cross_entropy(x, t, **opts), dynamic=True, fullgraph=True)
+    for tokens in (5, 9):
+        x = randn(tokens, 40, requires_grad=True)
+        t = torch.randint(0, 40, (tokens,), device=DEVICE)
+        xr = x.detach().clone().requires_grad_()
+        loss = f(x, t)
+        want = wf.cross_entropy(xr, t, **opts)
+        assert_close(loss, want.double(), torch.float32)
+        loss.backward()
+        want.backward()
+        assert_close(x.grad, xr.grad.double(), torch.float32)

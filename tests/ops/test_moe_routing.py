@@ -297,3 +297,18 @@ def test_update_bias():
         moe_update_bias_(bias, counts > 2)
     with pytest.raises(ValueError, match="'rate' is -0.1"):
         moe_update_bias_(bias, counts, rate=-0.1)
+
+
+def test_compile_dynamic_shapes():
+    """torch.compile(dynamic=True, fullgraph=True) over two token counts with a scaling factor and
+    the auxiliary loss: the float checks are comparisons (math.isfinite of a symbolic float broke
+    the graph)."""
+    torch._dynamo.reset()
+    kw = dict(routed_scaling_factor=2.5, aux_loss_coef=0.01)
+    f = torch.compile(lambda l: moe_route(l, 2, **kw), dynamic=True, fullgraph=True)
+    for tokens in (5, 9):
+        logits = randn(tokens, 8)
+        got, want = f(logits), moe_route(logits, 2, **kw)
+        assert torch.equal(got.ids, want.ids) and torch.equal(got.counts, want.counts)
+        assert_close(got.weights, want.weights.double(), torch.float32)
+        assert_close(got.aux_loss, want.aux_loss.double(), torch.float32)

@@ -896,10 +896,12 @@ def _check_options(ignore_index, reduction, label_smoothing, z_loss, softcap) ->
     if not 0.0 <= eps <= 1.0:
         raise ValueError(f"warpforge: 'label_smoothing' is {label_smoothing}; expected a value in [0, 1]")
     z = float(z_loss)
-    if not (math.isfinite(z) and z >= 0.0):
+    # comparisons, not math.isfinite: under torch.compile(dynamic=True) these floats are symbolic,
+    # and math.isfinite of a symbolic float broke the graph (fullgraph=True failed)
+    if not (z >= 0.0 and z < math.inf):
         raise ValueError(f"warpforge: 'z_loss' is {z_loss}; expected a finite value >= 0")
     cap = 0.0 if softcap is None else float(softcap)
-    if softcap is not None and not (math.isfinite(cap) and cap > 0.0):
+    if softcap is not None and not (cap > 0.0 and cap < math.inf):
         raise ValueError(f"warpforge: 'softcap' is {softcap}; expected None or a finite value > 0")
     return REDUCTIONS[reduction], eps, z, cap
 

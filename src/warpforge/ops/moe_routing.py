@@ -123,6 +123,12 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _finite(v) -> bool:
+    """Finite, by comparisons (NaN fails both): under torch.compile(dynamic=True) the float
+    arguments are symbolic, and math.isfinite of one broke the graph."""
+    return -math.inf < v < math.inf
+
+
 def _check_args(logits, top_k, score, n_group, topk_group, group_score, renormalize, routed_scaling_factor,
                 correction_bias, aux_loss_coef, *, reference: bool = False) -> _Config:
     """Every argument, before any kernel: a ValueError/TypeError naming the argument and what was
@@ -166,9 +172,9 @@ def _check_args(logits, top_k, score, n_group, topk_group, group_score, renormal
                          f"{', '.join(map(repr, GROUP_SCORES))}")
     if not isinstance(renormalize, bool):
         raise TypeError(f"warpforge: 'renormalize' must be a bool, got {type(renormalize).__name__}")
-    if not _is_number(routed_scaling_factor) or not math.isfinite(routed_scaling_factor):
+    if not _is_number(routed_scaling_factor) or not _finite(routed_scaling_factor):
         raise ValueError(f"warpforge: 'routed_scaling_factor' is {routed_scaling_factor!r}; expected a finite number")
-    if not _is_number(aux_loss_coef) or not (math.isfinite(aux_loss_coef) and aux_loss_coef >= 0):
+    if not _is_number(aux_loss_coef) or not (_finite(aux_loss_coef) and aux_loss_coef >= 0):
         raise ValueError(f"warpforge: 'aux_loss_coef' is {aux_loss_coef!r}; expected a finite number >= 0")
     if correction_bias is not None:
         bias_dtypes = (torch.float32, torch.float64) if reference else (torch.float32,)
@@ -519,7 +525,7 @@ def moe_update_bias_(correction_bias: torch.Tensor, counts: torch.Tensor, rate: 
         raise ValueError(f"warpforge: 'counts' has shape {tuple(counts.shape)} but 'correction_bias' has "
                          f"{tuple(correction_bias.shape)}; expected one count per expert")
     check_same("counts", counts, "correction_bias", correction_bias, shape=False, dtype=False)
-    if not _is_number(rate) or not (math.isfinite(rate) and rate >= 0):
+    if not _is_number(rate) or not (_finite(rate) and rate >= 0):
         raise ValueError(f"warpforge: 'rate' is {rate!r}; expected a finite number >= 0")
     if counts.numel() == 0:
         return correction_bias
