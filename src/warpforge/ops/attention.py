@@ -630,6 +630,12 @@ def _batch_slices(batch: int, heads: int):
     return [(b0, min(b0 + per, batch)) for b0 in range(0, batch, per)]
 
 
+def _dense_offsets(cu):
+    """cu_seqlens as the kernels read it (cu[b], cu[b + 1]: densely): a strided view is copied
+    (it once read other entries' values, benchmarks/NOTES.md item 70)."""
+    return None if cu is None else cu.contiguous()
+
+
 def _sliced(b0: int, b1: int, varlen: bool, *tensors):
     """The batch slice [b0, b1) of dense (B, ...) tensors (None stays None); packed tensors whole."""
     return tuple(t if t is None or varlen else t[b0:b1] for t in tensors)
@@ -638,6 +644,7 @@ def _sliced(b0: int, b1: int, varlen: bool, *tensors):
 def _attention_fwd(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
                    win_left: int, win_right: int, bottom_right: bool):
     q, k, v = unit_last_dim(q), unit_last_dim(k), unit_last_dim(v)
+    cu_q, cu_k = _dense_offsets(cu_q), _dense_offsets(cu_k)
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
     o = _out_like(q)
     lse = runtime.new_empty(p.lse_shape(), dtype=torch.float32, device=q.device)
@@ -673,6 +680,7 @@ def _attention_fwd_into(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale
 def _attention_bwd(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
                    win_left: int, win_right: int, bottom_right: bool):
     do, q, k, v, o = (unit_last_dim(t) for t in (do, q, k, v, o))
+    cu_q, cu_k = _dense_offsets(cu_q), _dense_offsets(cu_k)
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
     dq, dk, dv = _out_like(q), _out_like(k), _out_like(v)
     if p.B == 0 or p.H == 0 or p.len_q == 0 or p.len_k == 0:
@@ -917,8 +925,6 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         raise ValueError(f"warpforge: 'cu_seqlens_q' has {cu_seqlens_q.shape[0]} offsets but 'cu_seqlens_k' "
                          f"{cu_seqlens_k.shape[0]}; expected one per sequence plus one for both")
     _check_heads(q.shape[1], k.shape[1], True)
-    # the kernels read the offsets densely (cu[b], cu[b + 1]): a strided view is copied
-    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     if validate:
         _validate_cu(cu_seqlens_q, q.shape[0], max_seqlen_q, "q")
         _validate_cu(cu_seqlens_k, k.shape[0], max_seqlen_k, "k")
