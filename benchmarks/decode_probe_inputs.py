@@ -40,3 +40,15 @@ def load_sm90_copy(src: str, name: str):
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def cudnn_decode(q, k_cache, v_cache, block_table, ctx, timer):
+    """SDPA's cuDNN backend on the same problem unpaged: (its output (B, Hq, D), ``timer`` of its
+    call). The unpaged copies are freed before returning."""
+    import torch.nn.functional as F
+    kd, vd = unpaged(k_cache, block_table, ctx), unpaged(v_cache, block_table, ctx)
+    q4 = q.unsqueeze(2)
+    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.CUDNN_ATTENTION]):
+        ref = F.scaled_dot_product_attention(q4, kd, vd, enable_gqa=True).squeeze(2)
+        ms = timer(lambda: F.scaled_dot_product_attention(q4, kd, vd, enable_gqa=True))
+    return ref, ms

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import warpforge as wf
-from decode_probe_inputs import load_sm90_copy, paged_problem, unpaged
+from decode_probe_inputs import cudnn_decode, load_sm90_copy, paged_problem, unpaged
 from probe_page_read import read_pages
 from warpforge.bench.timing import TimingConfig, device_ms, host_us
 from warpforge.ops import decode_attention as DA
@@ -66,13 +66,9 @@ def main():
         bsz, ctx = (int(x) for x in sh.split("x"))
         q, kc, vc, bt, sl, kv_bytes = paged_problem(bsz, ctx, hq, hk, d, page)
         sl0 = torch.zeros_like(sl)
-        kd, vd = unpaged(kc, bt, ctx), unpaged(vc, bt, ctx)
         q4 = q.unsqueeze(2)
         res = {}
-        with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.CUDNN_ATTENTION]):
-            ref = F.scaled_dot_product_attention(q4, kd, vd, enable_gqa=True).squeeze(2)
-            res["cudnn"] = device_ms(lambda: F.scaled_dot_product_attention(q4, kd, vd, enable_gqa=True), cfg, kv_bytes)
-        del kd, vd
+        ref, res["cudnn"] = cudnn_decode(q, kc, vc, bt, ctx, lambda fn: device_ms(fn, cfg, kv_bytes))
         res["default"] = device_ms(lambda: wf.decode_attention(q, kc, vc, bt, sl, validate=False), cfg, kv_bytes)
 
         def gluon(lens, nb=None, combine=True, mod=G):

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import warpforge as wf
-from decode_probe_inputs import paged_problem, unpaged
+from decode_probe_inputs import cudnn_decode, paged_problem, unpaged
 from warpforge.bench.timing import TimingConfig, device_ms
 from warpforge.ops import decode_attention as DA
 from warpforge.ops import decode_attention_sm90 as G
@@ -146,13 +146,8 @@ def main():
     sms = dev.sm_count(0)
     for bsz, ctx in shapes:
         q, kc, vc, bt, sl, kv_bytes = paged_problem(bsz, ctx, hq, hk, d, page)
-        kd, vd = unpaged(kc, bt, ctx), unpaged(vc, bt, ctx)
-        q4 = q.unsqueeze(2)
         res = {}
-        with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.CUDNN_ATTENTION]):
-            sd = F.scaled_dot_product_attention(q4, kd, vd, enable_gqa=True).squeeze(2)
-            res["sdpa[cudnn]"] = device_ms(lambda: F.scaled_dot_product_attention(q4, kd, vd, enable_gqa=True), cfg_t, kv_bytes)
-        del kd, vd
+        sd, res["sdpa[cudnn]"] = cudnn_decode(q, kc, vc, bt, ctx, lambda fn: device_ms(fn, cfg_t, kv_bytes))
         s, grid = G.plan(bsz * hk, bt.shape[1] * page, sms)
         out = wf.decode_attention(q, kc, vc, bt, sl, validate=False)
         err = rel(out, sd)
