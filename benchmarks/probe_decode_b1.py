@@ -75,7 +75,7 @@ def main():
             o = torch.empty_like(q)
             parts = mod.decode_sm90(q, kc, vc, bt, lens, o, scale2, nb=nb)
             if parts is not None and combine:
-                DA._combine(*parts, o, parts[0].numel() // (q.shape[0] * q.shape[1]))
+                DA._combine(*parts, o, parts[0].shape[2])
             return o
 
         errs = {"gluon": rel(gluon(sl), ref)}

@@ -175,7 +175,7 @@ def main():
                 o = torch.empty_like(q)
                 parts = G.decode_sm90(q, kc, vc, bt, sl, o, d ** -0.5 * DA.LOG2E, **kw)
                 if parts is not None:
-                    DA._combine(*parts, o, parts[0].numel() // (q.shape[0] * q.shape[1]))
+                    DA._combine(*parts, o, parts[0].shape[2])
                 return o
             e = rel(call(), sd)
             if e > 1e-2:

@@ -109,7 +109,7 @@ def main():
                     if cond == "clean":
                         timing.flush_l2()
                     torch.cuda._sleep(200_000)
-                    parts = S.decode_sm90(q, kc, vc, bt, lens, out, d ** -0.5 * DA.LOG2E, fused=False)
+                    parts = S.decode_sm90(q, kc, vc, bt, lens, out, d ** -0.5 * DA.LOG2E)
                     assert parts is not None, "a split call (the stamps live in the unused output)"
                     torch.cuda.synchronize()
                     if r < 2:

@@ -113,7 +113,7 @@ def main():
             o = torch.empty_like(q)
             parts = G.decode_sm90(q, kc, vc, bt, lens, o, scale2, nb=nb, regs=regs)
             if parts is not None:
-                DA._combine(*parts, o, parts[0].numel() // (q.shape[0] * q.shape[1]))
+                DA._combine(*parts, o, parts[0].shape[2])
             return o
 
         def triton_path(lens):

@@ -25,7 +25,6 @@ from warpforge.ops.matmul import (ACTIVATIONS, VARIANTS, _Epilogue, _launch_tile
                                   linear_op, linear_reference, matmul, matmul_op, matmul_reference)
 from warpforge.runtime import tuning
 from warpforge.runtime.device import DeviceInfo
-from warpforge.runtime.launch import COUNTERS, arrival_counters
 from warpforge.runtime.heuristics import MATMUL_NAIVE, MatmulConfig
 from conftest import DTYPES, ON_GPU, DEVICE, TOL, assert_close, gpu_only, noncontig, randn, rel_err
 
@@ -72,7 +71,7 @@ def launches(monkeypatch):
 
 
 def _lock_counters_zero() -> bool:
-    return all(int(buf.abs().sum()) == 0 for buf in COUNTERS.values())
+    return all(int(buf.abs().sum()) == 0 for buf in mm._LOCKS.values())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -200,7 +199,7 @@ def test_split_k_forced(mnk, split, dtype):
         _launch_tiled(a, b, out, _Epilogue(out), cfg)
         outs.append(out)
         assert _lock_counters_zero(), "split-K arrival counters not reset for the next call"
-    assert COUNTERS, "split-K never allocated its arrival counters"
+    assert mm._LOCKS, "split-K never allocated its arrival counters"
     assert_close(outs[0], _ref(a, b), dtype, what=f"split {split}")
     assert torch.equal(outs[0], outs[1]), "split-K is not deterministic"
 
@@ -292,7 +291,7 @@ def test_stream_k(monkeypatch, programs, split):
         assert_close(out, F.silu(zr) + res.double(), dtype, what="output")
         outs.append(out)
     assert torch.equal(outs[0], outs[1]), "stream-K is not deterministic"
-    assert arrival_counters(a.device, 16)[:16].eq(0).all(), "an arrival counter was left set"
+    assert mm._split_locks(a.device, 16)[:16].eq(0).all(), "an arrival counter was left set"
 
 
 def test_stream_k_split():

@@ -386,8 +386,7 @@ def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num
     key = None if interpreting() else (
         q.device.index, q.dtype, q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(),
         block_table.shape, block_table.stride(), block_table.dtype, seq_lens.dtype, num_splits,
-        aligned(q, k_cache, v_cache, block_table, seq_lens), None if sm90 is None else sm90.FUSED,
-        heuristics.DECODE_SM90_MIN_TOKENS)
+        aligned(q, k_cache, v_cache, block_table, seq_lens), sm90 is None, heuristics.DECODE_SM90_MIN_TOKENS)
     fire = _PLANS.get(key) if key is not None else None
     if fire is not None:
         return fire(q, k_cache, v_cache, block_table, seq_lens, scale)
@@ -410,13 +409,12 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
             and sm90.covers(q, k_cache, v_cache):
         parts = sm90.decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale * LOG2E, num_splits or None,
                                  key=key if not num_splits else None)
-        nparts = parts[0].numel() // (bsz * hq) if parts is not None else 0
         if parts is not None:
-            _combine(*parts, out, nparts)
+            _combine(*parts, out, parts[0].shape[2])
         if key is None or num_splits:          # a forced split count is a probe's or a test's: no plan
             return out, None
         sfire = sm90.replay(key, q, k_cache, v_cache, block_table)
-        cfire = _combine_replay(out, nparts, False) if parts is not None else None
+        cfire = _combine_replay(out, parts[0].shape[2], False) if parts is not None else None
         if sfire is None or (parts is not None and cfire is None):
             return out, None
         shape, dtype, device = out.shape, out.dtype, out.device

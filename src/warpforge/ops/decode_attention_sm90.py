@@ -37,7 +37,6 @@ pairs: the kv heads' programs lose step and read 10% slower).
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
@@ -48,7 +47,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..runtime.device import sm_count
-from ..runtime.launch import Desc, LaunchCache, Ptr, arrival_counters, launch
+from ..runtime.launch import Desc, LaunchCache, Ptr, launch
 from .attention_sm90 import tma_ok
 
 SLICE = 16          # tokens one TMA box (and one consumer warp's share of a slot) holds
@@ -60,9 +59,6 @@ HEAD_DIMS = (64, 128)
 MAX_GROUP = 16      # query heads a kv head serves: the q tile's 16 rows (mma.sync M)
 MIN_UNIT_SLOTS = 4  # a split covers at least this many slots of its capacity share
 FILL = 0.95         # the split count is the smallest that fills this share of the grid's rounds
-# splits merged by the kernel's last arriving split (no combine launch); WARPFORGE_DECODE_FUSED=0:
-# partials and ops/decode_attention.py's combine kernel
-FUSED = os.environ.get("WARPFORGE_DECODE_FUSED", "1") != "0"
 
 
 
@@ -102,10 +98,10 @@ def _pages(bt_ptr, b, c, c1, sub, num_blocks, s_bb, s_bj):
 
 
 @gluon.jit
-def _dec_produce(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr, k_smem, v_smem,
+def _dec_produce(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem,
                  ready, empty,
                  sc, scm, scl, done, free,
-                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, meta):
+                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh):
     """The producer: unit after unit, slot after slot, C (K, V) slice pairs by TMA into the ring
     once its consumers released the slot. A slot's copies are issued first and the next slot's
     block ids (the next unit's length and ids at a unit's last slot) read after them: in steady
@@ -160,18 +156,16 @@ def _load_q(q_ptr, b, kvh, G, s_qb, s_qh, D: gl.constexpr, layout: gl.constexpr)
 
 
 @gluon.jit
-def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr, k_smem, v_smem, ready, empty,
+def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
                  sc, scm, scl, done, free,
                  qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh,
-                 meta, W: gl.constexpr):
+                 W: gl.constexpr):
     """Consumer warp W: slice W of every slot of its program's units, its own online softmax over
     them; a unit's (max, sum, acc) leave as partial split * C + W of each query head of the group.
     The next unit's length and query rows are loaded when a unit starts."""
     NB: gl.constexpr = ready.type.shape[0]
     C: gl.constexpr = k_smem.type.shape[0] // NB
     D: gl.constexpr = k_desc.block_type.shape[3]
-    GP: gl.constexpr = meta.type.shape[0]
-    FUSED: gl.constexpr = meta.type.shape[1] == 2
     dtype: gl.constexpr = k_desc.dtype
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -236,22 +230,34 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
         if n_slots == 0:                                                # an empty unit: the next one's id now
             page_nx = _page_of(bt_ptr, bn, c0n + W, c1n, sub, num_blocks, s_bb, s_bj)
         if splits == 1:
-            # the whole sequence: the C warps' states -> one, D / C columns a warp, and the output
-            # itself (no partials, no combine pass)
-            a, lsum, mx = _merge_warps(acc, m_i, l_i, sc, scm, scl, done, free, rr, W, mlay)
+            # the whole sequence: the C warps' states -> one, D / C columns a warp, through
+            # double-buffered scratch, and the output itself (no partials, no combine pass)
+            buf = rr % 2
+            ph = (rr // 2) & 1
+            mbarrier.wait(free.index(buf), ph ^ 1)                      # a fresh barrier counts as phase 1 done
+            sc.index(buf * C + W).store(acc)
+            scm.index(buf * C + W).store(m_i)
+            scl.index(buf * C + W).store(l_i)
+            gl.thread_barrier()
+            mbarrier.arrive(done.index(buf))
+            mbarrier.wait(done.index(buf), ph)
+            mx = scm.index(buf * C).load(mrow)
+            for w in gl.static_range(1, C):
+                mx = gl.maximum(mx, scm.index(buf * C + w).load(mrow))
+            mu = gl.where(mx == -float("inf"), 0.0, mx)
+            lsum = gl.zeros([16], gl.float32, mrow)
+            a = gl.zeros([16, DS], gl.float32, mlay)
+            for w in gl.static_range(C):
+                wt = gl.exp2(scm.index(buf * C + w).load(mrow) - mu)
+                lsum += scl.index(buf * C + w).load(mrow) * wt
+                a += sc.index(buf * C + w).slice(W * DS, DS, dim=1).load(mlay) * wt[:, None]
+            gl.thread_barrier()
+            mbarrier.arrive(free.index(buf))
             rr += 1
             o = a / gl.where(lsum > 0, lsum, 1.0)[:, None]                # seq_len 0: zeros
             rows = (kvh * G + g_m).to(gl.int64)
             gl.store(out_ptr + b.to(gl.int64) * s_ob + rows[:, None] * s_oh + W * DS + dd_m[None, :],
                      o.to(out_ptr.dtype.element_ty), mask=(g_m < G)[:, None])
-        elif FUSED:
-            # a split, merged here: the C warps' states -> one (D / C columns a warp), published as
-            # this split's partial; the last split of the (sequence, kv head) to arrive merges them
-            # all into the output (no combine launch)
-            a, lsum, mx = _merge_warps(acc, m_i, l_i, sc, scm, scl, done, free, rr, W, mlay)
-            rr += 1
-            _publish_split(a, lsum, mx, m_ptr, l_ptr, acc_ptr, cnt_ptr, out_ptr, b, kvh, split, splits, Hkv, G,
-                           s_ob, s_oh, W, C, D, GP)
         else:
             # a split: this warp's state is partial split * C + W (the combine kernel merges them;
             # merging the C warps here first measured slower at batch 1: 21.6 against 17.6 us)
@@ -263,135 +269,40 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
 
 
 @gluon.jit
-def _merge_warps(acc, m_i, l_i, sc, scm, scl, done, free, rr, W: gl.constexpr, mlay: gl.constexpr):
-    """The C consumer warps' online-softmax states of one unit -> one, through double-buffered
-    shared scratch: warp W returns columns [W * D / C, (W + 1) * D / C) of the merged accumulator
-    (scaled to the merged max), the merged sum and the merged max (-inf: nothing attended)."""
-    C: gl.constexpr = scm.type.shape[0] // 2
-    DS: gl.constexpr = sc.type.shape[2] // C
-    mrow: gl.constexpr = gl.SliceLayout(1, mlay)
-    buf = rr % 2
-    ph = (rr // 2) & 1
-    mbarrier.wait(free.index(buf), ph ^ 1)                      # a fresh barrier counts as phase 1 done
-    sc.index(buf * C + W).store(acc)
-    scm.index(buf * C + W).store(m_i)
-    scl.index(buf * C + W).store(l_i)
-    gl.thread_barrier()
-    mbarrier.arrive(done.index(buf))
-    mbarrier.wait(done.index(buf), ph)
-    mx = scm.index(buf * C).load(mrow)
-    for w in gl.static_range(1, C):
-        mx = gl.maximum(mx, scm.index(buf * C + w).load(mrow))
-    mu = gl.where(mx == -float("inf"), 0.0, mx)
-    lsum = gl.zeros([16], gl.float32, mrow)
-    a = gl.zeros([16, DS], gl.float32, mlay)
-    for w in gl.static_range(C):
-        wt = gl.exp2(scm.index(buf * C + w).load(mrow) - mu)
-        lsum += scl.index(buf * C + w).load(mrow) * wt
-        a += sc.index(buf * C + w).slice(W * DS, DS, dim=1).load(mlay) * wt[:, None]
-    gl.thread_barrier()
-    mbarrier.arrive(free.index(buf))
-    return a, lsum, mx
-
-
-@gluon.jit
-def _publish_split(a, lsum, mx, m_ptr, l_ptr, acc_ptr, cnt_ptr, out_ptr, b, kvh, split, splits, Hkv, G, s_ob, s_oh,
-                   W: gl.constexpr, C: gl.constexpr, D: gl.constexpr, GP: gl.constexpr):
-    """Warp W's columns of one split's merged state -> the partials (max and sum (B, Hq, C, S), a
-    copy a warp; accumulator (B, Hq, S, D)), then an arrival on the (sequence, kv head, W) counter.
-    The last of the ``splits`` arrivals merges every split's columns W in split order (the same
-    bits whichever split arrives last), writes them to the output and resets the counter for the
-    next call. GP: the GQA group padded to a power of two (the merge's rows)."""
-    DS: gl.constexpr = D // C
-    mlay: gl.constexpr = a.type.layout
-    g_m = gl.arange(0, 16, layout=gl.SliceLayout(1, mlay))
-    dd_m = gl.arange(0, DS, layout=gl.SliceLayout(0, mlay))
-    head0 = b.to(gl.int64) * (Hkv * G) + kvh * G
-    hrow = head0 + g_m
-    gm = g_m < G
-    ml = (hrow * C + W) * splits + split
-    gl.store(m_ptr + ml, mx, mask=gm)
-    gl.store(l_ptr + ml, lsum, mask=gm)
-    gl.store(acc_ptr + (hrow * splits + split)[:, None] * D + W * DS + dd_m[None, :], a, mask=gm[:, None])
-    gl.thread_barrier()                 # every lane's stores are issued before the arrival is released
-    ctr = cnt_ptr + (b * Hkv + kvh) * C + W
-    arrived = gl.atomic_add(ctr, 1, sem="acq_rel", scope="gpu")
-    if arrived == splits - 1:
-        # [SC splits, GP heads, DS columns] a round: 16-byte loads along D, 64 values a lane
-        TD: gl.constexpr = DS // 4
-        TG: gl.constexpr = min(GP, 32 // TD)
-        TS: gl.constexpr = 32 // (TD * TG)
-        SC: gl.constexpr = max(2048 // (GP * DS), TS)
-        L3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [TS, TG, TD], [1, 1, 1], [2, 1, 0])
-        sg: gl.constexpr = gl.SliceLayout(2, L3)                   # (SC, GP)
-        gd: gl.constexpr = gl.SliceLayout(0, L3)                   # (GP, DS)
-        si = gl.arange(0, SC, layout=gl.SliceLayout(1, sg))
-        gi = gl.arange(0, GP, layout=gl.SliceLayout(0, sg))
-        di = gl.arange(0, DS, layout=gl.SliceLayout(0, gd))
-        gi3 = gl.arange(0, GP, layout=gl.SliceLayout(1, gd))
-        hr = head0 + gi
-        gok = gi < G
-        m_run = gl.full([GP], -float("inf"), gl.float32, gl.SliceLayout(0, sg))
-        l_run = gl.zeros([GP], gl.float32, gl.SliceLayout(0, sg))
-        acc = gl.zeros([GP, DS], gl.float32, gd)
-        for s0 in range(0, splits, SC):
-            s = s0 + si
-            ok = (s < splits)[:, None] & gok[None, :]
-            off = (hr[None, :] * C + W) * splits + s[:, None]
-            mv = gl.load(m_ptr + off, mask=ok, other=-float("inf"), cache_modifier=".cg")
-            lv = gl.load(l_ptr + off, mask=ok, other=0.0, cache_modifier=".cg")
-            aoff = (hr[None, :] * splits + s[:, None]) * D + W * DS
-            av = gl.load(acc_ptr + aoff[:, :, None] + gl.expand_dims(gl.expand_dims(di, 0), 0),
-                         mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
-            m_new = gl.maximum(m_run, gl.max(mv, 0))
-            m_use = gl.where(m_new == -float("inf"), 0.0, m_new)
-            alpha = gl.exp2(m_run - m_use)
-            w = gl.exp2(mv - m_use[None, :])                            # empty split: 0
-            l_run = l_run * alpha + gl.sum(lv * w, 0)
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, gd))[:, None] + gl.sum(av * w[:, :, None], 0)
-            m_run = m_new
-        o = acc / gl.convert_layout(gl.where(l_run > 0, l_run, 1.0), gl.SliceLayout(1, gd))[:, None]
-        rows = (kvh * G + gi3).to(gl.int64)
-        gl.store(out_ptr + b.to(gl.int64) * s_ob + rows[:, None] * s_oh + W * DS + di[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=(gi3 < G)[:, None])
-        gl.atomic_xchg(ctr, 0, sem="relaxed", scope="gpu")          # ready for the next call
-
-
-@gluon.jit
-def _dec_consume0(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr, k_smem, v_smem, ready, empty,
+def _dec_consume0(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
                  sc, scm, scl, done, free,
-                  qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, meta):
+                  qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh):
     # worker partitions take no constexpr arguments: one wrapper a consumer warp
-    _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr, k_smem, v_smem, ready, empty,
+    _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
                  sc, scm, scl, done, free,
-                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, meta, 0)
+                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, 0)
 
 
 @gluon.jit
-def _dec_consume1(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr, k_smem, v_smem, ready, empty,
+def _dec_consume1(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
                  sc, scm, scl, done, free,
-                  qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, meta):
-    _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr, k_smem, v_smem, ready, empty,
+                  qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh):
+    _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
                  sc, scm, scl, done, free,
-                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, meta, 1)
+                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, 1)
 
 
 @gluon.jit
-def _dec_consume2(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr, k_smem, v_smem, ready, empty,
+def _dec_consume2(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
                  sc, scm, scl, done, free,
-                  qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, meta):
-    _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr, k_smem, v_smem, ready, empty,
+                  qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh):
+    _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
                  sc, scm, scl, done, free,
-                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, meta, 2)
+                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, 2)
 
 
 @gluon.jit
-def _dec_consume3(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr, k_smem, v_smem, ready, empty,
+def _dec_consume3(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
                  sc, scm, scl, done, free,
-                  qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, meta):
-    _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr, k_smem, v_smem, ready, empty,
+                  qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh):
+    _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
                  sc, scm, scl, done, free,
-                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, meta, 3)
+                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, 3)
 
 
 @gluon.jit
@@ -399,12 +310,9 @@ def _decode_sm90_kernel(q_ptr,                    # (B, Hq, D), D unit-stride
                         k_desc, v_desc,           # 4-D descriptors over (num_blocks, block_size, Hkv, D), box [1, 16, 1, D]
                         bt_ptr, lens_ptr,         # (B, max_blocks) block table, (B,) lengths (int32/int64)
                         out_ptr,                  # (B, Hq, D) output (written when splits == 1)
-                        m_ptr, l_ptr, acc_ptr,    # fp32 partials (splits > 1): (B, Hq, S x C) x 2, (B, Hq, S x C, D);
-                                                  # FUSED: (B, Hq, C, S) x 2, (B, Hq, S, D)
-                        cnt_ptr,                  # FUSED: (B, Hkv, C) int32 arrival counters, zero between calls
+                        m_ptr, l_ptr, acc_ptr,    # (B, Hq, S), (B, Hq, S), (B, Hq, S, D) fp32 partials (splits > 1)
                         qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh,
-                        NB: gl.constexpr, C: gl.constexpr, REGS: gl.constexpr, FUSED: gl.constexpr = False,
-                        GP: gl.constexpr = 16):
+                        NB: gl.constexpr, C: gl.constexpr, REGS: gl.constexpr):
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NB * C] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [NB * C] + v_desc.block_type.shape, v_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
@@ -417,18 +325,15 @@ def _decode_sm90_kernel(q_ptr,                    # (B, Hq, D), D unit-stride
     scl = gl.allocate_shared_memory(gl.float32, [2 * C, 16], plain1)
     done = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    # worker partitions receive constexprs as runtime values; the consumers read FUSED and GP off
-    # this (unused, GP x 2 bytes) buffer's type instead
-    meta = gl.allocate_shared_memory(gl.int8, [GP, 2 if FUSED else 1], plain2)
     for i in gl.static_range(NB):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=C)
     for i in gl.static_range(2):
         mbarrier.init(done.index(i), count=C)
         mbarrier.init(free.index(i), count=C)
-    args = (q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr, k_smem, v_smem, ready, empty,
+    args = (q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
                  sc, scm, scl, done, free,
-            qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, meta)
+            qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh)
     gl.warp_specialize([(_dec_produce, args), (_dec_consume0, args), (_dec_consume1, args), (_dec_consume2, args),
                         (_dec_consume3, args)], [1, 1, 1, 1], [REGS, REGS, REGS, REGS])
 
@@ -476,8 +381,7 @@ _LAUNCH = LaunchCache(_decode_sm90_kernel)
 
 def _geometry(q, k_cache, block_table, splits, slots, nb, regs):
     """(splits, grid, ring depth, registers, the kernel's integer arguments from ``Hkv`` to the
-    block table's strides, TMA box, the GQA group padded to a power of two) of a call: fixed by
-    the shapes and strides."""
+    block table's strides, TMA box) of a call: fixed by the shapes and strides."""
     bsz, hq, d = q.shape
     nblocks, page, hkv, _ = k_cache.shape
     capacity = block_table.shape[1] * page
@@ -489,85 +393,66 @@ def _geometry(q, k_cache, block_table, splits, slots, nb, regs):
     ring = nb or max(2, RING_BYTES // (2 * CONSUMERS * SLICE * d * q.element_size()))
     ints = (hkv, hq // hkv, nblocks, capacity, page // SLICE, s, bsz * hkv * s,
             q.stride(0), q.stride(1), block_table.stride(0), block_table.stride(1))
-    return s, grid, ring, regs or REGS_DEFAULT, ints, [1, SLICE, 1, d], triton.next_power_of_2(hq // hkv)
+    return s, grid, ring, regs or REGS_DEFAULT, ints, [1, SLICE, 1, d]
 
 
-def _sizes(q, s: int, fused: bool) -> tuple[int, int]:
-    """(rows of each of m and l, elements of acc) of ``s`` splits' partials: (B, Hq, S x C) and
-    (B, Hq, S x C, D); fused (the warps merged first) (B, Hq, C, S) and (B, Hq, S, D)."""
+def _partials(q, s):
+    """The (m, l, acc) fp32 partials of ``s`` splits (B, Hq, P), (B, Hq, P), (B, Hq, P, D), P = S x C."""
     bsz, hq, d = q.shape
-    rows = bsz * hq * s * CONSUMERS
-    return rows, (bsz * hq * s * d if fused else rows * d)
-
-
-def _partials(q, s, fused: bool):
-    """The (m, l, acc) fp32 partials of ``s`` splits (:func:`_sizes`), flat."""
-    rows, acc = _sizes(q, s, fused)
-    return tuple(torch.empty(n, dtype=torch.float32, device=q.device) for n in (rows, rows, acc))
-
-
-def _fused(fused: bool | None) -> bool:
-    return FUSED if fused is None else fused
+    m = torch.empty((bsz, hq, s * CONSUMERS), dtype=torch.float32, device=q.device)
+    l = torch.empty((bsz, hq, s * CONSUMERS), dtype=torch.float32, device=q.device)
+    acc = torch.empty((bsz, hq, s * CONSUMERS, d), dtype=torch.float32, device=q.device)
+    return m, l, acc
 
 
 def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: float, splits: int | None = None,
-                slots: int | None = None, nb: int | None = None, regs: int | None = None, key=None,
-                fused: bool | None = None):
-    """The kernel's pass. It writes ``out`` (contiguous) and returns None with one split a
-    sequence, and with splits when ``fused`` (default :data:`FUSED`: the last split of each
-    (sequence, kv head) merges); otherwise it returns the (m, l, acc) partials (B, Hq, P),
-    (B, Hq, P), (B, Hq, P, D) fp32, P = S x C, flat, for ops/decode_attention.py's combine kernel.
-    ``splits``, ``slots`` (programs), ``nb`` (ring depth) and ``regs`` (registers a thread)
-    override the plan, for the probes. ``key``: the caller's plan key (everything the launch
-    depends on but the data pointers); the compiled kernel is recorded under it, and
-    :func:`replay` then launches it directly."""
-    fused = _fused(fused)
-    s, grid, ring, nreg, ints, box, gp = _geometry(q, k_cache, block_table, splits, slots, nb, regs)
-    parts = _partials(q, s, fused) if s > 1 else (out, out, out)       # unused pointers at one split
-    # (an int32 buffer whenever fused: the kernel's merge code is compiled in, if not run, at one split)
-    counters = arrival_counters(q.device, q.shape[0] * k_cache.shape[2] * CONSUMERS) if fused else out
+                slots: int | None = None, nb: int | None = None, regs: int | None = None, key=None):
+    """The kernel's pass. With one split a sequence it writes ``out`` (contiguous) and returns None;
+    otherwise it returns the (m, l, acc) partials (B, Hq, P), (B, Hq, P), (B, Hq, P, D) fp32,
+    P = S x C, for ops/decode_attention.py's combine kernel. ``splits``, ``slots`` (programs),
+    ``nb`` (ring depth) and ``regs`` (registers a thread) override the plan, for the probes.
+    ``key``: the caller's plan key (everything the launch depends on but the data pointers); the
+    compiled kernel is recorded under it, and :func:`replay` then launches it directly."""
+    s, grid, ring, nreg, ints, box = _geometry(q, k_cache, block_table, splits, slots, nb, regs)
+    parts = _partials(q, s) if s > 1 else (out, out, out)       # unused pointers at one split
     layout = _smem_layout(q.shape[2], q.dtype)
     k_desc = TensorDescriptor(k_cache, list(k_cache.shape), list(k_cache.stride()), box, layout)
     v_desc = TensorDescriptor(v_cache, list(v_cache.shape), list(v_cache.stride()), box, layout)
-    _LAUNCH(None if key is None else (key, splits, slots, nb, regs, fused), (grid,),
-            (q, k_desc, v_desc, block_table, seq_lens, out, *parts, counters, scale_log2, *ints,
-             out.stride(0), out.stride(1)),
-            dict(NB=ring, C=CONSUMERS, REGS=nreg, FUSED=fused, GP=gp), num_warps=4, num_stages=None,
+    _LAUNCH(None if key is None else (key, splits, slots, nb, regs), (grid,),
+            (q, k_desc, v_desc, block_table, seq_lens, out, *parts, scale_log2, *ints, out.stride(0), out.stride(1)),
+            dict(NB=ring, C=CONSUMERS, REGS=nreg), num_warps=4, num_stages=None,
             **({"maxnreg": regs} if regs else {}))
-    return parts if s > 1 and not fused else None
+    return parts if s > 1 else None
 
 
-def replay(key, q, k_cache, v_cache, block_table, fused: bool | None = None):
-    """After ``decode_sm90(..., key=key, fused=fused)`` ran once on a call like this one: a
-    function ``fire(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2)`` that launches
-    the recorded kernel with no JIT work (the descriptors are rebuilt around the new base pointers;
-    shape, strides and box are the key's) and returns None where the kernel wrote ``out``, else
-    (m, l, acc, buffer): the partials as pointers into one fp32 buffer, which the caller keeps
-    until the combine is launched. None under the JIT."""
-    fused = _fused(fused)
-    recorded = _LAUNCH.get((key, None, None, None, None, fused))
+def replay(key, q, k_cache, v_cache, block_table):
+    """After ``decode_sm90(..., key=key)`` ran once on a call like this one: a function
+    ``fire(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2)`` that launches the
+    recorded kernel with no JIT work (the descriptors are rebuilt around the new base pointers;
+    shape, strides and box are the key's) and returns None at one split, else (m, l, acc, buffer):
+    the partials as pointers into one fp32 buffer, which the caller keeps until the combine is
+    launched. None under the JIT."""
+    recorded = _LAUNCH.get((key, None, None, None, None))
     if recorded is None:
         return None
     compiled, tail = recorded
-    s, grid, _, _, ints, box, _ = _geometry(q, k_cache, block_table, None, None, None, None)
+    s, grid, _, _, ints, box = _geometry(q, k_cache, block_table, None, None, None, None)
     shape, kstride, vstride = list(k_cache.shape), list(k_cache.stride()), list(v_cache.stride())
     grid = (grid,)
-    rows, accn = _sizes(q, s, fused)                   # (m, l, acc) in one allocation,
+
+    bsz, hq, d = q.shape
+    rows = bsz * hq * s * CONSUMERS                    # (m, l, acc) in one allocation: rows, rows, rows x D,
     rows16 = -(-rows // 4) * 4                         # each part 16-byte aligned (as the kernel was compiled)
-    ncount = q.shape[0] * k_cache.shape[2] * CONSUMERS
-    device = q.device
 
     def fire(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2):
         if s > 1:
-            buf = torch.empty(2 * rows16 + accn, dtype=torch.float32, device=device)
+            buf = torch.empty(2 * rows16 + rows * d, dtype=torch.float32, device=out.device)
             base = buf.data_ptr()
             parts = (Ptr(base), Ptr(base + 4 * rows16), Ptr(base + 8 * rows16), buf)
         else:
             parts = (out, out, out)
-        counters = arrival_counters(device, ncount) if fused else out
         launch(compiled, grid, (q, Desc(k_cache, shape, kstride, box), Desc(v_cache, shape, vstride, box), block_table,
-                                seq_lens, out, *parts[:3], counters, scale_log2, *ints, out.stride(0), out.stride(1),
-                                *tail))
-        return parts if s > 1 and not fused else None
+                                seq_lens, out, *parts[:3], scale_log2, *ints, out.stride(0), out.stride(1), *tail))
+        return parts if s > 1 else None
 
     return fire

@@ -83,7 +83,7 @@ from ..runtime import interpreting, new_empty, tuning
 from ..runtime.checks import check_backend, check_device
 from ..runtime.device import sm_count
 from ..runtime.heuristics import MatmulConfig, matmul_candidates, matmul_config
-from ..runtime.launch import Desc, LaunchCache, aligned, arrival_counters, launch
+from ..runtime.launch import Desc, LaunchCache, aligned, launch
 from ..runtime.registry import Op
 from .activations import _act, _act_and_grad
 
@@ -443,6 +443,21 @@ def _act_bwd_kernel(
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
+_LOCKS: dict[tuple, torch.Tensor] = {}
+
+
+def _split_locks(device: torch.device, tiles: int) -> torch.Tensor:
+    """Zeroed arrival counters for split-K, one per output tile, kept per (device, stream): the
+    kernel resets each counter after use, so a buffer is reused without a memset launch."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream)
+    buf = _LOCKS.get(key)
+    if buf is None or buf.numel() < tiles:
+        buf = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+        _LOCKS[key] = buf
+    return buf
+
+
 def _precision(dtype: torch.dtype) -> str:
     if dtype == torch.float32:
         return "tf32" if torch.backends.cuda.matmul.allow_tf32 and not interpreting() else "ieee"
@@ -542,7 +557,7 @@ def _partials(out, tiles: int, ws_numel: int):
     (never touched) when none does."""
     if tiles == 0:
         return out, out
-    return torch.empty(ws_numel, dtype=torch.float32, device=out.device), arrival_counters(out.device, tiles)
+    return torch.empty(ws_numel, dtype=torch.float32, device=out.device), _split_locks(out.device, tiles)
 
 
 def _launch_tiled(a, b, out, ep: _Epilogue, cfg: MatmulConfig, plan=None) -> None:

@@ -119,26 +119,6 @@ class Ptr:
         return self.addr
 
 
-COUNTERS: dict[tuple, torch.Tensor] = {}
-
-
-def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
-    """At least ``n`` zeroed int32 arrival counters, kept per (device, stream): the kernels that
-    count arrivals on them (split-K's tiles, decode's fused merge) reset each counter they used
-    before they finish, so the buffer is reused by the next launch on that stream without a memset.
-    (Two launches on *different* streams that run at once get different buffers.)"""
-    if device.type == "cuda":           # (the interpreter's tensors are on the CPU: one buffer)
-        idx = device.index if device.index is not None else torch._C._cuda_getDevice()
-        device, key = torch.device("cuda", idx), (idx, torch._C._cuda_getCurrentRawStream(idx))
-    else:
-        key = (device.type, 0)
-    buf = COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-        COUNTERS[key] = buf
-    return buf
-
-
 def aligned(*tensors) -> tuple[bool, ...]:
     """Each tensor's 16-byte alignment (part of every plan key: Triton specialises on it)."""
     return tuple(t.data_ptr() % 16 == 0 for t in tensors)
