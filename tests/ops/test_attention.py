@@ -260,6 +260,71 @@ def test_batch_past_the_grid_limit_runs_in_slices(monkeypatch):
         assert torch.equal(got, want)
 
 
+def test_wide_offsets_path(monkeypatch):
+    """The Triton kernels take 64-bit tile starts (WIDE) on packed calls and where a tensor's
+    offsets may pass 2^31, else the 32-bit offsets: which one a call gets (meta tensors of the
+    sizes), and the WIDE form on dense calls (a mask, a window, GQA) bitwise equal to the other."""
+    import warpforge.ops.attention as A
+
+    small = torch.empty(4, 32, 4096, 128, device="meta")
+    huge = torch.empty_strided((1, 32, 524288, 128), (2**31, 128, 4096, 1), device="meta")   # rows x stride > 2^31
+    dense = A._Problem(small, small, None, None, 4096, 4096)
+    assert not A._wide_offsets(dense, small, small) and A._wide_offsets(dense, small, huge)
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    assert A._wide_offsets(A._Problem(small[0], small[0], cu, cu, 3, 3), small[0])
+
+    def run(wide):
+        monkeypatch.setattr(A, "_wide_offsets", lambda *a: wide)
+        torch.manual_seed(7)
+        q, k, v = _inputs(2, 4, 2, 19, 23, 16, torch.float32)
+        mask = torch.rand(2, 1, 19, 23, device=DEVICE) > 0.3
+        outs = []
+        for kw in (dict(attn_mask=mask), dict(window_size=(5, 0))):
+            o = wf.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
+            outs += [o, *torch.autograd.grad(o, (q, k, v), torch.ones_like(o))]
+        return outs
+
+    for got, want in zip(run(True), run(False)):
+        assert torch.equal(got, want)
+
+
+def test_row_strides_past_the_32bit_limit_are_copied(monkeypatch):
+    """The Triton kernels add a tile's rows to its (64-bit) first row in 32 bits, which holds for
+    row strides under ROW_STRIDE_LIMIT; views with larger ones are copied first. The limit lowered
+    here below the views' row strides: the strided k, v, dO and mask are copied (contiguous tensors
+    are kept), and the output, lse and every gradient equal the unlowered run's, dense (GQA, a
+    float mask) and packed."""
+    import warpforge.ops.attention as A
+
+    def run(limit):
+        monkeypatch.setattr(A, "ROW_STRIDE_LIMIT", limit)
+        torch.manual_seed(5)
+        q = randn(2, 4, 13, 16, dtype=torch.float32, requires_grad=True)
+        kv = randn(2, 2, 11, 4 * 16, dtype=torch.float32)
+        k, v = kv[..., :16].requires_grad_(), kv[..., 32:48].requires_grad_()     # row stride 64
+        mask = randn(2, 4, 13, 3 * 11, dtype=torch.float32)[..., ::3]                # column stride 3
+        o, lse = wf.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True, return_lse=True)
+        do = randn(2, 4, 13, 2 * 16, dtype=torch.float32)[..., 16:]
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        lens = [5, 0, 7]
+        qp, kp, vp, cu, _ = _packed(lens, lens, 4, 2, 16, torch.float32)
+        op = wf.attention_varlen(qp, kp, vp, cu, cu, max(lens), max(lens), causal=True)
+        gp = torch.autograd.grad(op, (qp, kp, vp), torch.randn_like(op))
+        return (o, lse, *grads, op, *gp)
+
+    limit = A.ROW_STRIDE_LIMIT
+    copies = []
+    real = A._rows32
+    monkeypatch.setattr(A, "_rows32", lambda t, *a, **k: (lambda r: copies.append(r is not t) or r)(real(t, *a, **k)))
+    lowered = run(3)
+    assert sum(copies) == 7, "k, v and the mask (forward and backward) and dO were copied"
+    copies.clear()
+    default = run(limit)
+    assert not any(copies), "nothing is copied under the real limit"
+    for got, want in zip(lowered, default):
+        assert torch.equal(got, want)
+
+
 @gpu_only
 @pytest.mark.parametrize("window", [None, (4, 0)])
 def test_batch_heads_past_the_grid_limit(window):

@@ -156,37 +156,77 @@ def _visible(i, j, len_k, off, win_left, win_right, HAS_LEFT: tl.constexpr, HAS_
     return ok
 
 
+ROW_CHUNK = tl.constexpr(1024)     # a tile's first row = a 64-bit multiple of this + a 32-bit rest (_split_row)
+
+
+@triton.jit
+def _split_row(r0):
+    """A tile's first row ``r0`` as (hi, lo): ``hi`` (int64) a multiple of ROW_CHUNK, whose offset
+    (hi x stride, past 2^31 on long rows) is a 64-bit scalar, and ``lo`` < ROW_CHUNK, which the
+    tile's rows add in 32 bits. The tile's offsets are rebuilt from ``lo`` each step: 64-bit offset
+    vectors (item 73) cost these loops up to 12%, and loop-invariant 32-bit offset tiles (the
+    first row as a scalar alone) were hoisted and spilled, up to 25% at D = 256 (H200,
+    benchmarks/NOTES.md item 76). Needs (ROW_CHUNK + 256) x stride < 2^31: ROW_STRIDE_LIMIT."""
+    r0 = tl.cast(r0, tl.int32)          # (a plain int under the interpreter)
+    lo = r0 % ROW_CHUNK
+    return tl.cast(r0 - lo, tl.int64), lo
+
+
+@triton.jit
+def _tile_start(r0, WIDE: tl.constexpr):
+    """(hi, lo) of a tile's first row: _split_row's where offsets may pass 2^31 (WIDE), else (0,
+    r0): the 32-bit offsets the kernels had before item 73, whose loops measured fastest on dense
+    calls (benchmarks/NOTES.md item 76)."""
+    if WIDE:
+        t_hi, t_lo = _split_row(r0)
+    else:
+        t_hi, t_lo = 0, r0
+    return t_hi, t_lo
+
+
+@triton.jit
+def _wide(x, WIDE: tl.constexpr):
+    """``x`` in 64 bits where offsets may pass 2^31 (WIDE), else as it is."""
+    if WIDE:
+        x = tl.cast(x, tl.int64)
+    return x
+
+
 @triton.jit
 def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
                lo, hi, m0, len_k, off, win_left, win_right, scale_log2,
                offs_m, offs_n, offs_d,
                MASKED: tl.constexpr, MASK_KIND: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-               D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+               D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+               WIDE: tl.constexpr):
     """Key tiles [lo, hi) into the running (acc, l, m) of one query tile."""
     dmask = offs_d < D
     for n0 in range(lo, hi, BLOCK_N):
         n = n0 + offs_n
-        nw = n.to(tl.int64)                   # offsets in 64 bits: n * stride passes 2^31 on long rows
+        t_hi, t_lo = _tile_start(n0, WIDE)
+        rn = t_lo + offs_n
+        k_tile = k_base + t_hi * skn
+        v_tile = v_base + t_hi * svn
         if MASKED:
-            kt = tl.load(k_base + nw[None, :] * skn + offs_d[:, None], mask=(n[None, :] < len_k) & dmask[:, None], other=0.0)
-            v = tl.load(v_base + nw[:, None] * svn + offs_d[None, :], mask=(n[:, None] < len_k) & dmask[None, :], other=0.0)
+            kt = tl.load(k_tile + rn[None, :] * skn + offs_d[:, None], mask=(n[None, :] < len_k) & dmask[:, None], other=0.0)
+            v = tl.load(v_tile + rn[:, None] * svn + offs_d[None, :], mask=(n[:, None] < len_k) & dmask[None, :], other=0.0)
         elif BLOCK_D == D:
-            kt = tl.load(k_base + nw[None, :] * skn + offs_d[:, None])
-            v = tl.load(v_base + nw[:, None] * svn + offs_d[None, :])
+            kt = tl.load(k_tile + rn[None, :] * skn + offs_d[:, None])
+            v = tl.load(v_tile + rn[:, None] * svn + offs_d[None, :])
         else:
-            kt = tl.load(k_base + nw[None, :] * skn + offs_d[:, None], mask=dmask[:, None], other=0.0)
-            v = tl.load(v_base + nw[:, None] * svn + offs_d[None, :], mask=dmask[None, :], other=0.0)
+            kt = tl.load(k_tile + rn[None, :] * skn + offs_d[:, None], mask=dmask[:, None], other=0.0)
+            v = tl.load(v_tile + rn[:, None] * svn + offs_d[None, :], mask=dmask[None, :], other=0.0)
         qk = _mm(q, kt, None, DOT_PREC)                           # (BLOCK_M, BLOCK_N) fp32
         if MASKED:
             i = m0 + offs_m
-            iw = i.to(tl.int64)
+            mask_tile = mask_base + _wide(m0, WIDE) * smm      # columns n: 32-bit (ROW_STRIDE_LIMIT)
             ok = _visible(i[:, None], n[None, :], len_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
             s = qk * scale_log2
             if MASK_KIND == 1:
-                keep = tl.load(mask_base + iw[:, None] * smm + nw[None, :] * smn, mask=ok, other=0)
+                keep = tl.load(mask_tile + offs_m[:, None] * smm + n[None, :] * smn, mask=ok, other=0)
                 ok = ok & (keep != 0)
             elif MASK_KIND == 2:
-                s += tl.load(mask_base + iw[:, None] * smm + nw[None, :] * smn, mask=ok, other=0.0).to(tl.float32) * 1.4426950408889634
+                s += tl.load(mask_tile + offs_m[:, None] * smm + n[None, :] * smn, mask=ok, other=0.0).to(tl.float32) * 1.4426950408889634
             s = tl.where(ok, s, -float("inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_use = tl.where(m_new == -float("inf"), 0.0, m_new)               # a row with nothing visible yet
@@ -242,7 +282,7 @@ def _attn_fwd_kernel(
     scale_log2, win_left, win_right,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr,
+    MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr, WIDE: tl.constexpr = True,
 ):
     b, h, hk, q_start, len_q, k_start, len_k, m0, off = _query_tile(
         cu_q_ptr, cu_k_ptr, H, GROUP, len_q_fixed, len_k_fixed, total_q, total_k,
@@ -259,7 +299,7 @@ def _attn_fwd_kernel(
         offs_d = tl.arange(0, BLOCK_D)
         rows = m0 + offs_m
         qmask = (rows[:, None] < len_q) & (offs_d[None, :] < D)
-        rw = rows.to(tl.int64)                  # 64-bit offsets: rows * stride passes 2^31 on long sequences
+        rw = _wide(rows, WIDE)                  # 64-bit offsets: rows * stride passes 2^31 on long sequences
         q = tl.load(q_base + rw[:, None] * sqm + offs_d[None, :], mask=qmask, other=0.0)
         acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
         l_i = tl.zeros((BLOCK_M,), tl.float32)
@@ -270,13 +310,13 @@ def _attn_fwd_kernel(
             bb = lo
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
                                    lo, a, m0, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
-                                   True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC)
+                                   True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
                                    a, bb, m0, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
-                                   False, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC)
+                                   False, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
                                    bb, hi, m0, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
-                                   True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC)
+                                   True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE)
         empty = l_i == 0.0
         out = acc / tl.where(empty, 1.0, l_i)[:, None]
         tl.store(o_base + rw[:, None] * som + offs_d[None, :], out.to(o_ptr.dtype.element_ty), mask=qmask)
@@ -316,39 +356,45 @@ def _attn_bwd_delta_kernel(
 def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sdm, slm, mask_base, smm, smn,
                 lo, hi, n0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
                 MASKED: tl.constexpr, MASK_KIND: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, DOT_PREC: tl.constexpr):
+                D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, DOT_PREC: tl.constexpr,
+                WIDE: tl.constexpr):
     """Query tiles [lo, hi) of one head into the dK, dV of one key tile (everything transposed:
     rows are keys, columns queries)."""
     dmask = offs_d < D
     n = n0 + offs_n
-    nw = n.to(tl.int64)                       # offsets in 64 bits: i * stride passes 2^31 on long rows
     for m0 in range(lo, hi, BLOCK_M):
         i = m0 + offs_m
-        iw = i.to(tl.int64)
+        t_hi, t_lo = _tile_start(m0, WIDE)          # 64-bit tile start, 32-bit rows inside it
+        rm = t_lo + offs_m
+        q_tile = q_base + t_hi * sqm
+        do_tile = do_base + t_hi * sdm
+        lse_tile = lse_base + t_hi * slm
+        delta_tile = delta_base + t_hi * slm
+        mask_tile = mask_base + t_hi * smm + _wide(n0, WIDE) * smn
         if MASKED:
             rmask = i < len_q
-            q = tl.load(q_base + iw[:, None] * sqm + offs_d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
-            do = tl.load(do_base + iw[:, None] * sdm + offs_d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
-            lse = tl.load(lse_base + iw * slm, mask=rmask, other=float("inf"))
-            delta = tl.load(delta_base + iw * slm, mask=rmask, other=0.0)
+            q = tl.load(q_tile + rm[:, None] * sqm + offs_d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
+            do = tl.load(do_tile + rm[:, None] * sdm + offs_d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
+            lse = tl.load(lse_tile + rm * slm, mask=rmask, other=float("inf"))
+            delta = tl.load(delta_tile + rm * slm, mask=rmask, other=0.0)
         else:
             if BLOCK_D == D:
-                q = tl.load(q_base + iw[:, None] * sqm + offs_d[None, :])
-                do = tl.load(do_base + iw[:, None] * sdm + offs_d[None, :])
+                q = tl.load(q_tile + rm[:, None] * sqm + offs_d[None, :])
+                do = tl.load(do_tile + rm[:, None] * sdm + offs_d[None, :])
             else:
-                q = tl.load(q_base + iw[:, None] * sqm + offs_d[None, :], mask=dmask[None, :], other=0.0)
-                do = tl.load(do_base + iw[:, None] * sdm + offs_d[None, :], mask=dmask[None, :], other=0.0)
-            lse = tl.load(lse_base + iw * slm)
-            delta = tl.load(delta_base + iw * slm)
+                q = tl.load(q_tile + rm[:, None] * sqm + offs_d[None, :], mask=dmask[None, :], other=0.0)
+                do = tl.load(do_tile + rm[:, None] * sdm + offs_d[None, :], mask=dmask[None, :], other=0.0)
+            lse = tl.load(lse_tile + rm * slm)
+            delta = tl.load(delta_tile + rm * slm)
         st = _mm(k, tl.trans(q), None, DOT_PREC) * scale_log2   # (BLOCK_N, BLOCK_M)
         if MASKED:
             ok = _visible(i[None, :], n[:, None], len_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
             ok = ok & (i[None, :] < len_q)
             if MASK_KIND == 1:
-                keep = tl.load(mask_base + iw[None, :] * smm + nw[:, None] * smn, mask=ok, other=0)
+                keep = tl.load(mask_tile + rm[None, :] * smm + offs_n[:, None] * smn, mask=ok, other=0)
                 ok = ok & (keep != 0)
             elif MASK_KIND == 2:
-                st += tl.load(mask_base + iw[None, :] * smm + nw[:, None] * smn, mask=ok, other=0.0).to(tl.float32) * 1.4426950408889634
+                st += tl.load(mask_tile + rm[None, :] * smm + offs_n[:, None] * smn, mask=ok, other=0.0).to(tl.float32) * 1.4426950408889634
             st = tl.where(ok, st, -float("inf"))
         pt = tl.math.exp2(st - lse[None, :] * 1.4426950408889634)
         dv = _mm(pt.to(do.dtype), do, dv, DOT_PREC)
@@ -368,7 +414,7 @@ def _attn_bwd_dkdv_kernel(
     scale, scale_log2, win_left, win_right,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr,
+    MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr, WIDE: tl.constexpr = True,
 ):
     bhk = tl.program_id(1)
     b = bhk // HK
@@ -410,13 +456,13 @@ def _attn_bwd_dkdv_kernel(
             mask_base = mask_ptr + b64 * smb + h * smh
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sdm, slm, mask_base, smm, smn,
                                  lo, a, n0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
-                                 True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_M, DOT_PREC)
+                                 True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_M, DOT_PREC, WIDE)
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sdm, slm, mask_base, smm, smn,
                                  a, bb, n0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
-                                 False, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_M, DOT_PREC)
+                                 False, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_M, DOT_PREC, WIDE)
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sdm, slm, mask_base, smm, smn,
                                  bb, hi, n0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
-                                 True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_M, DOT_PREC)
+                                 True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_M, DOT_PREC, WIDE)
         dk = dk * scale
         tl.store(dk_ptr + b64 * sdkb + hk64 * sdkh + (k0 + n[:, None]) * sdkn + offs_d[None, :], dk.to(dk_ptr.dtype.element_ty), mask=kmask)
         tl.store(dv_ptr + b64 * sdvb + hk64 * sdvh + (k0 + n[:, None]) * sdvn + offs_d[None, :], dv.to(dv_ptr.dtype.element_ty), mask=kmask)
@@ -426,32 +472,36 @@ def _attn_bwd_dkdv_kernel(
 def _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, smn,
               lo, hi, m0, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
               MASKED: tl.constexpr, MASK_KIND: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-              D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+              D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+              WIDE: tl.constexpr):
     """Key tiles [lo, hi) into the dQ of one query tile."""
     dmask = offs_d < D
     i = m0 + offs_m
-    iw = i.to(tl.int64)                       # offsets in 64 bits: n * stride passes 2^31 on long rows
     for n0 in range(lo, hi, BLOCK_N):
         n = n0 + offs_n
-        nw = n.to(tl.int64)
+        t_hi, t_lo = _tile_start(n0, WIDE)          # 64-bit tile start, 32-bit rows inside it
+        rn = t_lo + offs_n
+        k_tile = k_base + t_hi * skn
+        v_tile = v_base + t_hi * svn
+        mask_tile = mask_base + _wide(m0, WIDE) * smm          # columns n: 32-bit (ROW_STRIDE_LIMIT)
         if MASKED:
             kv_mask = (n[:, None] < len_k) & dmask[None, :]
-            k = tl.load(k_base + nw[:, None] * skn + offs_d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(v_base + nw[:, None] * svn + offs_d[None, :], mask=kv_mask, other=0.0)
+            k = tl.load(k_tile + rn[:, None] * skn + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_tile + rn[:, None] * svn + offs_d[None, :], mask=kv_mask, other=0.0)
         elif BLOCK_D == D:
-            k = tl.load(k_base + nw[:, None] * skn + offs_d[None, :])
-            v = tl.load(v_base + nw[:, None] * svn + offs_d[None, :])
+            k = tl.load(k_tile + rn[:, None] * skn + offs_d[None, :])
+            v = tl.load(v_tile + rn[:, None] * svn + offs_d[None, :])
         else:
-            k = tl.load(k_base + nw[:, None] * skn + offs_d[None, :], mask=dmask[None, :], other=0.0)
-            v = tl.load(v_base + nw[:, None] * svn + offs_d[None, :], mask=dmask[None, :], other=0.0)
+            k = tl.load(k_tile + rn[:, None] * skn + offs_d[None, :], mask=dmask[None, :], other=0.0)
+            v = tl.load(v_tile + rn[:, None] * svn + offs_d[None, :], mask=dmask[None, :], other=0.0)
         s = _mm(q, tl.trans(k), None, DOT_PREC) * scale_log2      # (BLOCK_M, BLOCK_N)
         if MASKED:
             ok = _visible(i[:, None], n[None, :], len_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
             if MASK_KIND == 1:
-                keep = tl.load(mask_base + iw[:, None] * smm + nw[None, :] * smn, mask=ok, other=0)
+                keep = tl.load(mask_tile + offs_m[:, None] * smm + n[None, :] * smn, mask=ok, other=0)
                 ok = ok & (keep != 0)
             elif MASK_KIND == 2:
-                s += tl.load(mask_base + iw[:, None] * smm + nw[None, :] * smn, mask=ok, other=0.0).to(tl.float32) * 1.4426950408889634
+                s += tl.load(mask_tile + offs_m[:, None] * smm + n[None, :] * smn, mask=ok, other=0.0).to(tl.float32) * 1.4426950408889634
             s = tl.where(ok, s, -float("inf"))
         p = tl.math.exp2(s - lse[:, None])
         dp = _mm(do, tl.trans(v), None, DOT_PREC)
@@ -469,7 +519,7 @@ def _attn_bwd_dq_kernel(
     scale, scale_log2, win_left, win_right,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr,
+    MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr, WIDE: tl.constexpr = True,
 ):
     b, h, hk, q_start, len_q, k_start, len_k, m0, off = _query_tile(
         cu_q_ptr, cu_k_ptr, H, GROUP, len_q_fixed, len_k_fixed, total_q, total_k,
@@ -500,13 +550,13 @@ def _attn_bwd_dq_kernel(
             bb = lo
         dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, smn,
                        lo, a, m0, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
-                       True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC)
+                       True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE)
         dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, smn,
                        a, bb, m0, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
-                       False, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC)
+                       False, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE)
         dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, smn,
                        bb, hi, m0, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
-                       True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC)
+                       True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE)
         dq = dq * scale
         tl.store(dq_ptr + b64 * sdqb + h64 * sdqh + (q0 + i[:, None]) * sdqm + offs_d[None, :], dq.to(dq_ptr.dtype.element_ty), mask=qmask)
 
@@ -559,11 +609,23 @@ def _out_like(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _flags(p: _Problem, q, mask, win_left, win_right, bottom_right):
+def _flags(p: _Problem, q, mask, win_left, win_right, bottom_right, tensors):
     return dict(D=p.D, BLOCK_D=p.block_d, VARLEN=p.varlen, BOTTOM_RIGHT=bottom_right,
                 HAS_LEFT=win_left >= 0, HAS_RIGHT=win_right >= 0,
                 MASK_KIND=0 if mask is None else (1 if mask.dtype == torch.bool else 2),
-                DOT_PREC=_dot_precision(q.dtype))
+                DOT_PREC=_dot_precision(q.dtype), WIDE=_wide_offsets(p, *tensors, mask))
+
+
+def _wide_offsets(p: _Problem, *tensors) -> bool:
+    """Whether the Triton kernels take 64-bit tile starts (WIDE): wherever an element's offset in
+    one of ``tensors`` may pass 2^31 (a margin of 2x: rows past the end are offset too, masked),
+    and on packed calls, where that form measured faster (H200, benchmarks/NOTES.md item 76)."""
+    if p.varlen:
+        return True
+    for t in tensors:
+        if t is not None and t.numel() and sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) >= 2**30:
+            return True
+    return False
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -641,9 +703,27 @@ def _sliced(b0: int, b1: int, varlen: bool, *tensors):
     return tuple(t if t is None or varlen else t[b0:b1] for t in tensors)
 
 
+ROW_STRIDE_LIMIT = 2**31 // (ROW_CHUNK.value + 256)   # the Triton kernels' 32-bit row offsets (_split_row)
+
+
+def _rows32(t, varlen: bool = False, mask: bool = False):
+    """``t`` (q/k/v-like; ``mask``: the attention mask; None stays None), or a contiguous copy where
+    the Triton kernels' 32-bit offsets inside a tile would not hold it (their tiles' first rows are
+    64-bit, _split_row; benchmarks/NOTES.md item 76): a row stride of ROW_STRIDE_LIMIT or more, or
+    a mask whose key index times its column stride passes 2^31. Only odd views get here."""
+    if t is None:
+        return t
+    if mask:
+        fits = abs(t.stride(-2)) < ROW_STRIDE_LIMIT and abs(t.stride(-1)) * t.shape[-1] < 2**31
+    else:
+        fits = abs(t.stride(0) if varlen else t.stride(2)) < ROW_STRIDE_LIMIT
+    return t if fits else t.contiguous()
+
+
 def _attention_fwd(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
                    win_left: int, win_right: int, bottom_right: bool):
-    q, k, v = unit_last_dim(q), unit_last_dim(k), unit_last_dim(v)
+    q, k, v = (_rows32(unit_last_dim(t), cu_q is not None) for t in (q, k, v))
+    mask = _rows32(mask, mask=True)
     cu_q, cu_k = _dense_offsets(cu_q), _dense_offsets(cu_k)
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
     o = _out_like(q)
@@ -674,12 +754,13 @@ def _attention_fwd_into(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale
         *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(o), *p.lse_strides(lse), *p.mask_strides(mask),
         p.H, p.group, p.len_q, p.len_k, p.total_q, p.total_k,
         scale * LOG2E, win_left, win_right), cfg,
-        **_flags(p, q, mask, win_left, win_right, bottom_right), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+        **_flags(p, q, mask, win_left, win_right, bottom_right, (q, k, v, o)), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
 
 
 def _attention_bwd(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
                    win_left: int, win_right: int, bottom_right: bool):
-    do, q, k, v, o = (unit_last_dim(t) for t in (do, q, k, v, o))
+    do, q, k, v, o = (_rows32(unit_last_dim(t), cu_q is not None) for t in (do, q, k, v, o))
+    mask = _rows32(mask, mask=True)
     cu_q, cu_k = _dense_offsets(cu_q), _dense_offsets(cu_k)
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
     dq, dk, dv = _out_like(q), _out_like(k), _out_like(v)
@@ -696,7 +777,7 @@ def _attention_bwd(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_
 def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
                         win_left: int, win_right: int, bottom_right: bool, dq, dk, dv):
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
-    flags = _flags(p, q, mask, win_left, win_right, bottom_right)
+    flags = _flags(p, q, mask, win_left, win_right, bottom_right, (do, q, k, v, o, dq, dk, dv))
     delta = torch.empty_like(lse)
     if dlse is not None:
         dlse = dlse.contiguous() if dlse.stride() != lse.stride() else dlse
