@@ -74,7 +74,7 @@ import triton
 import triton.language as tl
 
 from ..runtime import interpreting, new_empty
-from ..runtime.checks import check_device, check_tensor
+from ..runtime.checks import check_device, check_tensor, is_finite
 from ..runtime.device import sm_count
 from ..runtime.heuristics import ce_config, persistent_grid
 from ..runtime.registry import FAST_EAGER, Op
@@ -896,12 +896,10 @@ def _check_options(ignore_index, reduction, label_smoothing, z_loss, softcap) ->
     if not 0.0 <= eps <= 1.0:
         raise ValueError(f"warpforge: 'label_smoothing' is {label_smoothing}; expected a value in [0, 1]")
     z = float(z_loss)
-    # comparisons, not math.isfinite: under torch.compile(dynamic=True) these floats are symbolic,
-    # and math.isfinite of a symbolic float broke the graph (fullgraph=True failed)
-    if not (z >= 0.0 and z < math.inf):
+    if not (is_finite(z) and z >= 0.0):
         raise ValueError(f"warpforge: 'z_loss' is {z_loss}; expected a finite value >= 0")
     cap = 0.0 if softcap is None else float(softcap)
-    if softcap is not None and not (cap > 0.0 and cap < math.inf):
+    if softcap is not None and not (is_finite(cap) and cap > 0.0):
         raise ValueError(f"warpforge: 'softcap' is {softcap}; expected None or a finite value > 0")
     return REDUCTIONS[reduction], eps, z, cap
 

@@ -69,7 +69,6 @@ NaN logits or a NaN bias give undefined routing for that token (ids still within
 """
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
@@ -77,7 +76,7 @@ import triton
 import triton.language as tl
 
 from ..runtime import new_empty, unit_last_dim
-from ..runtime.checks import check_device, check_same, check_tensor
+from ..runtime.checks import check_device, check_same, check_tensor, is_finite
 from ..runtime.heuristics import warps_for
 from ..runtime.launch import LaunchCache
 from ..runtime.registry import Op
@@ -123,12 +122,6 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _finite(v) -> bool:
-    """Finite, by comparisons (NaN fails both): under torch.compile(dynamic=True) the float
-    arguments are symbolic, and math.isfinite of one broke the graph."""
-    return -math.inf < v < math.inf
-
-
 def _check_args(logits, top_k, score, n_group, topk_group, group_score, renormalize, routed_scaling_factor,
                 correction_bias, aux_loss_coef, *, reference: bool = False) -> _Config:
     """Every argument, before any kernel: a ValueError/TypeError naming the argument and what was
@@ -172,9 +165,9 @@ def _check_args(logits, top_k, score, n_group, topk_group, group_score, renormal
                          f"{', '.join(map(repr, GROUP_SCORES))}")
     if not isinstance(renormalize, bool):
         raise TypeError(f"warpforge: 'renormalize' must be a bool, got {type(renormalize).__name__}")
-    if not _is_number(routed_scaling_factor) or not _finite(routed_scaling_factor):
+    if not _is_number(routed_scaling_factor) or not is_finite(routed_scaling_factor):
         raise ValueError(f"warpforge: 'routed_scaling_factor' is {routed_scaling_factor!r}; expected a finite number")
-    if not _is_number(aux_loss_coef) or not (_finite(aux_loss_coef) and aux_loss_coef >= 0):
+    if not _is_number(aux_loss_coef) or not (is_finite(aux_loss_coef) and aux_loss_coef >= 0):
         raise ValueError(f"warpforge: 'aux_loss_coef' is {aux_loss_coef!r}; expected a finite number >= 0")
     if correction_bias is not None:
         bias_dtypes = (torch.float32, torch.float64) if reference else (torch.float32,)
@@ -525,7 +518,7 @@ def moe_update_bias_(correction_bias: torch.Tensor, counts: torch.Tensor, rate: 
         raise ValueError(f"warpforge: 'counts' has shape {tuple(counts.shape)} but 'correction_bias' has "
                          f"{tuple(correction_bias.shape)}; expected one count per expert")
     check_same("counts", counts, "correction_bias", correction_bias, shape=False, dtype=False)
-    if not _is_number(rate) or not (_finite(rate) and rate >= 0):
+    if not _is_number(rate) or not (is_finite(rate) and rate >= 0):
         raise ValueError(f"warpforge: 'rate' is {rate!r}; expected a finite number >= 0")
     if counts.numel() == 0:
         return correction_bias

@@ -2,6 +2,7 @@
 expected, raised in Python before any kernel is launched."""
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -9,6 +10,13 @@ import torch
 from . import interpreting
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def is_finite(v) -> bool:
+    """A float option is finite, by comparisons (NaN fails them): under
+    torch.compile(dynamic=True) such options are symbolic floats, and math.isfinite of one breaks
+    the graph (benchmarks/NOTES.md item 74)."""
+    return -math.inf < v < math.inf
 
 
 def check_tensor(name: str, t, *, dtypes: Sequence[torch.dtype] = FLOAT_DTYPES, min_dim: int = 1) -> None:
