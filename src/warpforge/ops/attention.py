@@ -49,6 +49,7 @@ sequence) outputs zeros, and its lse is +inf. lse is natural-log, fp32.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -703,6 +704,16 @@ def _sliced(b0: int, b1: int, varlen: bool, *tensors):
     return tuple(t if t is None or varlen else t[b0:b1] for t in tensors)
 
 
+def _launch_sets(p: _Problem, cu_q, cu_k):
+    """(cu_q, cu_k, cut) of each launch set of a call: the whole call, or its batch slices where
+    batch x heads passes the grid's y extent (_batch_slices); ``cut(*tensors)`` is the set's part
+    of the call's tensors (_sliced: packed ones whole, with the set's slice of cu_seqlens)."""
+    slices = _batch_slices(p.B, p.H)
+    for b0, b1 in slices or [(0, p.B)]:
+        cq, ck = (cu_q, cu_k) if cu_q is None or slices is None else (cu_q[b0:b1 + 1], cu_k[b0:b1 + 1])
+        yield cq, ck, functools.partial(_sliced, b0, b1, p.varlen or slices is None)
+
+
 ROW_STRIDE_LIMIT = 2**31 // (ROW_CHUNK.value + 256)   # the Triton kernels' 32-bit row offsets (_split_row)
 
 
@@ -720,20 +731,24 @@ def _rows32(t, varlen: bool = False, mask: bool = False):
     return t if fits else t.contiguous()
 
 
+def _kernel_inputs(mask, cu_q, cu_k, *tensors):
+    """The call's tensors (q/k/v-like), mask and cu_seqlens as the Triton kernels read them: unit
+    last dim and in-tile offsets that fit 32 bits (_rows32), dense offsets (_dense_offsets)."""
+    varlen = cu_q is not None
+    return (*(_rows32(unit_last_dim(t), varlen) for t in tensors), _rows32(mask, mask=True),
+            _dense_offsets(cu_q), _dense_offsets(cu_k))
+
+
 def _attention_fwd(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
                    win_left: int, win_right: int, bottom_right: bool):
-    q, k, v = (_rows32(unit_last_dim(t), cu_q is not None) for t in (q, k, v))
-    mask = _rows32(mask, mask=True)
-    cu_q, cu_k = _dense_offsets(cu_q), _dense_offsets(cu_k)
+    q, k, v, mask, cu_q, cu_k = _kernel_inputs(mask, cu_q, cu_k, q, k, v)
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
     o = _out_like(q)
     lse = runtime.new_empty(p.lse_shape(), dtype=torch.float32, device=q.device)
     if p.len_q == 0 or p.B == 0 or p.H == 0:
         return o, lse
-    slices = _batch_slices(p.B, p.H)
-    for b0, b1 in slices or [(0, p.B)]:
-        cq, ck = (cu_q, cu_k) if cu_q is None or slices is None else (cu_q[b0:b1 + 1], cu_k[b0:b1 + 1])
-        qs, ks, vs, ms, os_, ls = _sliced(b0, b1, p.varlen or slices is None, q, k, v, mask, o, lse)
+    for cq, ck, cut in _launch_sets(p, cu_q, cu_k):
+        qs, ks, vs, ms, os_, ls = cut(q, k, v, mask, o, lse)
         _attention_fwd_into(qs, ks, vs, ms, cq, ck, max_q, max_k, scale, win_left, win_right, bottom_right,
                             os_, ls)
     return o, lse
@@ -759,17 +774,13 @@ def _attention_fwd_into(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale
 
 def _attention_bwd(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
                    win_left: int, win_right: int, bottom_right: bool):
-    do, q, k, v, o = (_rows32(unit_last_dim(t), cu_q is not None) for t in (do, q, k, v, o))
-    mask = _rows32(mask, mask=True)
-    cu_q, cu_k = _dense_offsets(cu_q), _dense_offsets(cu_k)
+    do, q, k, v, o, mask, cu_q, cu_k = _kernel_inputs(mask, cu_q, cu_k, do, q, k, v, o)
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
     dq, dk, dv = _out_like(q), _out_like(k), _out_like(v)
     if p.B == 0 or p.H == 0 or p.len_q == 0 or p.len_k == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    slices = _batch_slices(p.B, p.H)
-    for b0, b1 in slices or [(0, p.B)]:
-        cq, ck = (cu_q, cu_k) if cu_q is None or slices is None else (cu_q[b0:b1 + 1], cu_k[b0:b1 + 1])
-        part = _sliced(b0, b1, p.varlen or slices is None, do, q, k, v, o, lse, dlse, mask, dq, dk, dv)
+    for cq, ck, cut in _launch_sets(p, cu_q, cu_k):
+        part = cut(do, q, k, v, o, lse, dlse, mask, dq, dk, dv)
         _attention_bwd_into(*part[:8], cq, ck, max_q, max_k, scale, win_left, win_right, bottom_right, *part[8:])
     return dq, dk, dv
 
