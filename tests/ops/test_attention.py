@@ -288,6 +288,38 @@ def test_wide_offsets_path(monkeypatch):
         assert torch.equal(got, want)
 
 
+def test_tiles_follow_the_key_pattern(monkeypatch):
+    """Each Triton kernel asks attention_config for the pattern of keys a query sees (a mask wins,
+    then a left window, then causal / a right bound, else full), and at D = 128 on a GPU the
+    patterns measured to gain (NOTES item 77) get their own tiles; other head dims and fp32 do not."""
+    import warpforge.ops.attention as A
+    from warpforge.runtime import heuristics as Hc
+
+    assert [Hc.attention_pattern(m, wl, wr) for m, wl, wr in
+            ((False, -1, -1), (False, -1, 0), (False, -1, 3), (False, 8, 0), (False, 8, -1), (True, -1, -1),
+             (True, 8, 0))] == ["full", "causal", "causal", "window", "window", "mask", "mask"]
+    seen = []
+    real = A.attention_config
+    monkeypatch.setattr(A, "attention_config", lambda kind, *a: seen.append((kind, a[-1])) or real(kind, *a))
+    q, k, v = _inputs(1, 2, 2, 9, 9, 16, torch.float32)        # fp32: the Triton kernels on any device
+    mask = torch.rand(9, 9, device=DEVICE) > 0.3
+    for kw, pattern in ((dict(), "full"), (dict(is_causal=True), "causal"), (dict(window_size=(3, 0)), "window"),
+                        (dict(attn_mask=mask), "mask")):
+        seen.clear()
+        o = wf.scaled_dot_product_attention(q, k, v, **kw)
+        torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
+        assert sorted(seen) == [("dkdv", pattern), ("dq", pattern), ("fwd", pattern)], (kw, seen)
+
+    monkeypatch.setattr(Hc, "interpreting", lambda: False)
+    full = {kd: Hc.attention_config(kd, 128, 2) for kd in ("fwd", "dq", "dkdv")}
+    for pattern in ("causal", "window", "mask"):
+        got = {kd: Hc.attention_config(kd, 128, 2, pattern) for kd in full}
+        assert got != full, pattern
+        for d, e in ((64, 2), (256, 2), (128, 4)):
+            assert all(Hc.attention_config(kd, d, e, pattern) == Hc.attention_config(kd, d, e) for kd in full)
+    assert Hc.attention_config("dkdv", 128, 2, "mask") == full["dkdv"]   # a mask: 32 x 64 measured 1.02x
+
+
 def test_row_strides_past_the_32bit_limit_are_copied(monkeypatch):
     """The Triton kernels add a tile's rows to its (64-bit) first row in 32 bits, which holds for
     row strides under ROW_STRIDE_LIMIT; views with larger ones are copied first. The limit lowered

@@ -60,7 +60,7 @@ import triton.language as tl
 from .. import runtime
 from ..runtime import interpreting, unit_last_dim
 from ..runtime.checks import check_same, check_tensor
-from ..runtime.heuristics import AttentionConfig, attention_config
+from ..runtime.heuristics import AttentionConfig, attention_config, attention_pattern
 from ..runtime.launch import LaunchCache
 from ..runtime.registry import Op
 
@@ -761,7 +761,8 @@ def _attention_fwd_into(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale
     if sm90 is not None and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) and sm90.tma_ok(o):
         sm90.attention_fwd_sm90(q, k, v, o, lse, scale, causal=win_right == 0)
         return
-    cfg = attention_config("fwd", p.block_d, q.element_size())
+    pattern = attention_pattern(mask is not None, win_left, win_right)
+    cfg = attention_config("fwd", p.block_d, q.element_size(), pattern)
     grid = (triton.cdiv(p.len_q, cfg.block_m), p.B * p.H)
     _launch(_FWD, grid, (
         q, k, v, o, lse, _mask_arg(mask, q),
@@ -811,7 +812,8 @@ def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int,
         sm90.attention_bwd_fused_sm90(do, q, k, v, lse, delta, dq_acc, dk, dv, scale, causal=win_right == 0)
         dq.copy_(dq_acc)
         return
-    cfg = attention_config("dkdv", p.block_d, q.element_size())
+    pattern = attention_pattern(mask is not None, win_left, win_right)
+    cfg = attention_config("dkdv", p.block_d, q.element_size(), pattern)
     _launch(_DKDV, (triton.cdiv(p.len_k, cfg.block_n), p.B * p.HK), (
         q, k, v, do, lse, delta, dk, dv, mptr, *cu,
         *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(do), *p.strides(dk), *p.strides(dv), *common,
@@ -820,7 +822,7 @@ def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int,
     if hopper:
         sm90.attention_bwd_dq_sm90(do, q, k, v, lse, delta, dq, scale, causal=win_right == 0)
         return
-    cfg = attention_config("dq", p.block_d, q.element_size())
+    cfg = attention_config("dq", p.block_d, q.element_size(), pattern)
     _launch(_DQ, (triton.cdiv(p.len_q, cfg.block_m), p.B * p.H), (
         q, k, v, do, lse, delta, dq, mptr, *cu,
         *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(do), *p.strides(dq), *common,

@@ -766,17 +766,47 @@ class AttentionConfig:
     num_stages: int
 
 
-def attention_config(kind: str, head_dim: int, elem_bytes: int) -> AttentionConfig:
+# Tiles at D = 128 (16-bit) by the pattern of keys a query sees: "full", "causal", "window" (a left
+# bound, causal or not) or "mask" (a user mask). H200, forward alone and forward+backward through
+# the public functions (benchmarks/probe_attn_bwd_masked_tiles.py, NOTES item 77), against the
+# tiles every pattern took before (fwd 128 x 64 x 8 warps x 3 stages, dq the same, dkdv 64 x 128 x
+# 8 x 4). Where a band or a mask leaves tiles partly or wholly empty, smaller tiles waste less and
+# spill less (the 64 x 128 dkdv tile spills 0.8-3.1 KB with a mask or window, compiled offline):
+# - fwd: a window or mask 64 x 32 x 4 x 3 (window 0.76-0.79x, mask 0.86x); causal 64 x 64 x 4 x 3
+#   (packed causal 0.97x; 64 x 32 1.08x there);
+# - dq: a window or mask 64 x 64 x 4 x 2 (forward+backward 0.91-0.96x); causal keeps 128 x 64 (the
+#   others 1.03-1.08x);
+# - dkdv: causal or a window 32 x 64 x 4 x 3 (0.86-0.95x); full or a mask keep 64 x 128 (1.02x).
+_ATTN_D128 = {
+    ("fwd", "causal"): (64, 64, 4, 3), ("fwd", "window"): (64, 32, 4, 3), ("fwd", "mask"): (64, 32, 4, 3),
+    ("dq", "window"): (64, 64, 4, 2), ("dq", "mask"): (64, 64, 4, 2),
+    ("dkdv", "causal"): (32, 64, 4, 3), ("dkdv", "window"): (32, 64, 4, 3),
+}
+
+
+def attention_pattern(mask_given: bool, win_left: int, win_right: int) -> str:
+    """The key pattern attention_config keys its tiles on (see _ATTN_D128)."""
+    if mask_given:
+        return "mask"
+    if win_left >= 0:
+        return "window"
+    return "causal" if win_right >= 0 else "full"
+
+
+def attention_config(kind: str, head_dim: int, elem_bytes: int, pattern: str = "full") -> AttentionConfig:
     """Tiles of the attention kernels. ``kind``: "fwd", "dq" or "dkdv"; ``head_dim`` the padded
-    power-of-two head dim. The fwd and dq programs hold BLOCK_M query rows (and their O or dQ
-    accumulator) in registers and stream K/V tiles; dk dv programs hold BLOCK_N key rows and two
-    accumulators (dK, dV) and stream Q/dO tiles. A 128-row tile of a 128-wide fp32 accumulator is
-    64 KB of registers, a quarter of an SM's file: 8 warps carry it; at D = 256 the tiles halve so
-    the streamed K/V stages (2 x 64 x 256 x 2 B each) still fit the 227 KB of shared memory."""
+    power-of-two head dim; ``pattern`` the keys a query sees (attention_pattern). The fwd and dq
+    programs hold BLOCK_M query rows (and their O or dQ accumulator) in registers and stream K/V
+    tiles; dk dv programs hold BLOCK_N key rows and two accumulators (dK, dV) and stream Q/dO
+    tiles. A 128-row tile of a 128-wide fp32 accumulator is 64 KB of registers, a quarter of an
+    SM's file: 8 warps carry it; at D = 256 the tiles halve so the streamed K/V stages
+    (2 x 64 x 256 x 2 B each) still fit the 227 KB of shared memory."""
     if interpreting():
         return AttentionConfig(32, 32, 4, 1)   # few, large numpy ops: the interpreter's fastest shape
     if elem_bytes == 4:                         # fp32 (exact dots, not a performance target)
         return AttentionConfig(32, 32, 4, 2)
+    if 64 < head_dim <= 128 and (kind, pattern) in _ATTN_D128:
+        return AttentionConfig(*_ATTN_D128[(kind, pattern)])
     if kind == "fwd":
         if head_dim <= 128:                     # H100: 484 TFLOP/s at D = 128 (128x128 s3: 483, 64x64 w4: 480)
             return AttentionConfig(128, 64, 8, 3)
