@@ -6,7 +6,7 @@ For each case, forward+backward through the public functions under each dK/dV co
 forward and the dQ kernel unchanged), clean timer, two rounds alternating; dK and dV checked
 against the default config's.
 
-    python benchmarks/probe_attn_bwd_masked_tiles.py [--kind dkdv|fwd|dq]
+    python benchmarks/probe_attn_bwd_masked_tiles.py [--kind dkdv|fwd|dq|rule] [--head-dim 64|128]
 
 ``--kind fwd`` / ``dq`` vary the Triton forward's or dQ kernel's config instead (the cases where
 they run on Hopper: masks, windows, packed calls; the forward timed alone). ``--kind rule`` times
@@ -29,10 +29,10 @@ CONFIGS = [None, (64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (64, 64, 8, 
            (32, 64, 4, 2), (32, 64, 4, 4), (16, 64, 4, 3), (64, 64, 4, 3)]
 
 
-def cases():
+def cases(D=128):
     bf = dict(device="cuda", dtype=torch.bfloat16)
     torch.manual_seed(0)
-    B, H, S, D = 2, 16, 2048, 128
+    B, H, S = 2, 16, 2048
     q, k, v = (torch.randn(B, H, S, D, **bf, requires_grad=True) for _ in range(3))
     mask = torch.rand(S, S, device="cuda") > 0.3
     for causal in (True, False):   # deterministic: the Triton dK/dV beside the Hopper dQ kernel
@@ -68,20 +68,21 @@ def _mode(name):
         attn._sm90_kernels = saved
 
 
-# the tiles every pattern took at D = 128 before item 77
-OLD_D128 = {"fwd": (128, 64, 8, 3), "dq": (128, 64, 8, 3), "dkdv": (64, 128, 8, 4)}
+# the tiles every pattern took before item 77, by head dim
+OLD_TILES = {128: {"fwd": (128, 64, 8, 3), "dq": (128, 64, 8, 3), "dkdv": (64, 128, 8, 4)},
+             64: {"fwd": (128, 64, 8, 3), "dq": (128, 64, 8, 3), "dkdv": (64, 64, 4, 3)}}
 
 
-def rule_ab():
-    """The current attention_config against OLD_D128 on every case: forward alone and
+def rule_ab(head_dim):
+    """The current attention_config against OLD_TILES on every case: forward alone and
     forward+backward, two rounds alternating; outputs and gradients compared."""
     cfg = TimingConfig.quick()
     saved = attn.attention_config
 
     def old(kd, d, e, *a, **kw):
-        return AttentionConfig(*OLD_D128[kd]) if d == 128 and e == 2 else saved(kd, d, e, *a, **kw)
+        return AttentionConfig(*OLD_TILES[d][kd]) if d in OLD_TILES and e == 2 else saved(kd, d, e, *a, **kw)
     res, errs = {}, {}
-    for name, (q, k, v), fwd in cases():
+    for name, (q, k, v), fwd in cases(head_dim):
         with _mode(name):
             do = torch.randn_like(fwd())
         for part in ("fwd", "f+b"):
@@ -118,14 +119,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kind", default="dkdv", choices=[*CONFIGS_FOR, "rule"],
                     help="the kernel whose config varies (fwd: the forward alone is timed); rule: the "
-                         "current tiles against OLD_D128")
-    kind = ap.parse_args().kind
+                         "current tiles against OLD_TILES")
+    ap.add_argument("--head-dim", type=int, default=128, choices=[64, 128])
+    a = ap.parse_args()
+    kind = a.kind
     if kind == "rule":
-        return rule_ab()
+        return rule_ab(a.head_dim)
     cfg = TimingConfig.quick()
     saved = attn.attention_config
     res, errs = {}, {}
-    for name, (q, k, v), fwd in cases():
+    for name, (q, k, v), fwd in cases(a.head_dim):
         if name.startswith("triton") or (kind != "dkdv" and name.startswith("determ.")):
             continue           # (the Hopper forward and dQ kernels run in determ.)
         with _mode(name):

@@ -766,7 +766,7 @@ class AttentionConfig:
     num_stages: int
 
 
-# Tiles at D = 128 (16-bit) by the pattern of keys a query sees: "full", "causal", "window" (a left
+# Tiles at D = 128 and 64 (16-bit) by the pattern of keys a query sees: "full", "causal", "window" (a left
 # bound, causal or not) or "mask" (a user mask). H200, forward alone and forward+backward through
 # the public functions (benchmarks/probe_attn_bwd_masked_tiles.py, NOTES item 77), against the
 # tiles every pattern took before (fwd 128 x 64 x 8 warps x 3 stages, dq the same, dkdv 64 x 128 x
@@ -781,6 +781,20 @@ _ATTN_D128 = {
     ("fwd", "causal"): (64, 64, 4, 3), ("fwd", "window"): (64, 32, 4, 3), ("fwd", "mask"): (64, 32, 4, 3),
     ("dq", "window"): (64, 64, 4, 2), ("dq", "mask"): (64, 64, 4, 2),
     ("dkdv", "causal"): (32, 64, 4, 3), ("dkdv", "window"): (32, 64, 4, 3),
+}
+# D = 64, the same probe (`--head-dim 64`), each kernel varied alone against the tiles before
+# (fwd and dq 128 x 64 x 8 x 3, dkdv 64 x 64 x 4 x 3): fwd a window 64 x 32 x 4 x 3 (forward
+# 0.71-0.83x), causal 64 x 64 x 4 x 3 (0.96x; a mask and no band keep theirs, 64 x 64 1.00-1.01x);
+# dq 64 x 64 x 4 x 3 with any pattern (forward+backward 0.91x packed full, 0.92x causal, 0.97x a
+# mask), 64 x 32 x 4 x 3 with a window (0.88-0.90x); dkdv 16 x 64 x 4 x 3 with a window
+# (0.95-0.96x), 32 x 64 x 4 x 3 with a mask (0.95x), causal and no band keep 64 x 64 (the rest
+# 1.00-1.06x). All together against the tiles before, forward+backward: a window 0.78-0.80x, a mask
+# 0.92x, causal 0.90-0.92x, packed full 0.91x, dense full 1.01x (the dq tile; Hopper kernels off)
+_ATTN_D64 = {
+    ("fwd", "causal"): (64, 64, 4, 3), ("fwd", "window"): (64, 32, 4, 3),
+    ("dq", "full"): (64, 64, 4, 3), ("dq", "causal"): (64, 64, 4, 3), ("dq", "mask"): (64, 64, 4, 3),
+    ("dq", "window"): (64, 32, 4, 3),
+    ("dkdv", "window"): (16, 64, 4, 3), ("dkdv", "mask"): (32, 64, 4, 3),
 }
 
 
@@ -805,8 +819,9 @@ def attention_config(kind: str, head_dim: int, elem_bytes: int, pattern: str = "
         return AttentionConfig(32, 32, 4, 1)   # few, large numpy ops: the interpreter's fastest shape
     if elem_bytes == 4:                         # fp32 (exact dots, not a performance target)
         return AttentionConfig(32, 32, 4, 2)
-    if 64 < head_dim <= 128 and (kind, pattern) in _ATTN_D128:
-        return AttentionConfig(*_ATTN_D128[(kind, pattern)])
+    by_pattern = _ATTN_D128 if 64 < head_dim <= 128 else _ATTN_D64 if 32 < head_dim <= 64 else {}
+    if (kind, pattern) in by_pattern:
+        return AttentionConfig(*by_pattern[(kind, pattern)])
     if kind == "fwd":
         if head_dim <= 128:                     # H100: 484 TFLOP/s at D = 128 (128x128 s3: 483, 64x64 w4: 480)
             return AttentionConfig(128, 64, 8, 3)
