@@ -9,7 +9,8 @@ against the default config's.
     python benchmarks/probe_attn_bwd_masked_tiles.py [--kind dkdv|fwd|dq|rule] [--head-dim 64|128]
 
 ``--kind fwd`` / ``dq`` vary the Triton forward's or dQ kernel's config instead (the cases where
-they run on Hopper: masks, windows, packed calls; the forward timed alone). ``--kind rule`` times
+they run on Hopper: masks, windows, packed calls; the forward timed alone; with fwd also the dense
+calls with the Hopper kernels off). ``--kind rule`` times
 attention_config's tiles against the ones every pattern took before item 77, forward and
 forward+backward, on every case, the dense ones also with the Hopper kernels switched off.
 """
@@ -109,6 +110,8 @@ def rule_ab(head_dim):
 
 
 CONFIGS_FOR = {
+    "fwd256": [None, (64, 32, 4, 2), (64, 32, 4, 3), (32, 64, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2),
+               (32, 32, 4, 3), (64, 16, 4, 3)],
     "dkdv": CONFIGS,
     "fwd": [None, (64, 64, 4, 3), (128, 32, 8, 3), (64, 32, 4, 3), (128, 64, 8, 2), (64, 64, 4, 4), (64, 128, 8, 3)],
     "dq": [None, (64, 64, 4, 3), (128, 32, 8, 3), (64, 32, 4, 3), (128, 64, 8, 2), (64, 64, 4, 2), (64, 64, 8, 3)],
@@ -117,11 +120,14 @@ CONFIGS_FOR = {
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kind", default="dkdv", choices=[*CONFIGS_FOR, "rule"],
+    ap.add_argument("--kind", default="dkdv", choices=["dkdv", "fwd", "dq", "rule"],
                     help="the kernel whose config varies (fwd: the forward alone is timed); rule: the "
                          "current tiles against OLD_TILES")
-    ap.add_argument("--head-dim", type=int, default=128, choices=[64, 128])
+    ap.add_argument("--head-dim", type=int, default=128, choices=[64, 128, 256],
+                    help="256: --kind fwd only (the Triton forward takes every D = 256 call)")
+    ap.add_argument("--only", default="", help="comma-separated case-name prefixes")
     a = ap.parse_args()
+    only = [x for x in a.only.split(",") if x]
     kind = a.kind
     if kind == "rule":
         return rule_ab(a.head_dim)
@@ -129,7 +135,8 @@ def main():
     saved = attn.attention_config
     res, errs = {}, {}
     for name, (q, k, v), fwd in cases(a.head_dim):
-        if name.startswith("triton") or (kind != "dkdv" and name.startswith("determ.")):
+        if name.startswith("determ.") and kind != "dkdv" or name.startswith("triton") and kind != "fwd" \
+                or only and not any(name.startswith(o) for o in only):
             continue           # (the Hopper forward and dQ kernels run in determ.)
         with _mode(name):
             do = torch.randn_like(fwd())
@@ -142,7 +149,7 @@ def main():
                 return g[1:] if kind == "dkdv" else g[:1]
 
         want = None
-        confs = CONFIGS_FOR[kind]
+        confs = CONFIGS_FOR["fwd256" if kind == "fwd" and a.head_dim == 256 else kind]
         for r in range(2):
             for c in (confs if r % 2 == 0 else confs[::-1]):
                 if c is not None:
@@ -153,8 +160,8 @@ def main():
                     if c is None:
                         want = want or got
                     elif want is not None and r == 1:
-                        errs[(name, c)] = max(float((g.float() - w.float()).norm() / w.float().norm())
-                                              for g, w in zip(got, want))
+                        errs[(name, c)] = max(float((g.detach().float() - w.detach().float()).norm()
+                                                    / w.detach().float().norm()) for g, w in zip(got, want))
                     res.setdefault((name, c), []).append(device_ms(step, cfg) * 1e3)
                 except Exception as e:  # noqa: BLE001 (a config that does not fit: reported)
                     res[(name, c)] = [float("nan")]
