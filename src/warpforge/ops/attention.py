@@ -789,7 +789,6 @@ def _attention_bwd(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_
 def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
                         win_left: int, win_right: int, bottom_right: bool, dq, dk, dv):
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
-    flags = _flags(p, q, mask, win_left, win_right, bottom_right, (do, q, k, v, o, dq, dk, dv))
     delta = torch.empty_like(lse)
     if dlse is not None:
         dlse = dlse.contiguous() if dlse.stride() != lse.stride() else dlse
@@ -798,9 +797,6 @@ def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int,
         o, do, lse if dlse is None else dlse, delta, _dummy(lse) if cu_q is None else cu_q,
         *p.strides(o), *p.strides(do), *p.lse_strides(lse), p.H, p.len_q, p.total_q), _DELTA_CFG,
         D=p.D, BLOCK_D=p.block_d, BLOCK_M=block, VARLEN=p.varlen, HAS_DLSE=dlse is not None)
-    common = (*p.lse_strides(lse), *p.mask_strides(mask))
-    cu = (_dummy(lse) if cu_q is None else cu_q, _dummy(lse) if cu_k is None else cu_k)
-    mptr = _mask_arg(mask, q)
     sm90 = _sm90_kernels()
     hopper = sm90 is not None and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) \
         and do.dtype == q.dtype and sm90.tma_ok(do) and sm90.tma_ok(dq)
@@ -812,6 +808,11 @@ def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int,
         sm90.attention_bwd_fused_sm90(do, q, k, v, lse, delta, dq_acc, dk, dv, scale, causal=win_right == 0)
         dq.copy_(dq_acc)
         return
+    # the Triton kernels' arguments (not built on the fused path above: the host time of every call)
+    flags = _flags(p, q, mask, win_left, win_right, bottom_right, (do, q, k, v, o, dq, dk, dv))
+    common = (*p.lse_strides(lse), *p.mask_strides(mask))
+    cu = (_dummy(lse) if cu_q is None else cu_q, _dummy(lse) if cu_k is None else cu_k)
+    mptr = _mask_arg(mask, q)
     pattern = attention_pattern(mask is not None, win_left, win_right)
     cfg = attention_config("dkdv", p.block_d, q.element_size(), pattern)
     _launch(_DKDV, (triton.cdiv(p.len_k, cfg.block_n), p.B * p.HK), (

@@ -799,7 +799,7 @@ _ATTN_D64 = {
 
 
 def attention_pattern(mask_given: bool, win_left: int, win_right: int) -> str:
-    """The key pattern attention_config keys its tiles on (see _ATTN_D128)."""
+    """The key pattern attention_config keys its tiles on (see _ATTN_D128, _ATTN_D64)."""
     if mask_given:
         return "mask"
     if win_left >= 0:
