@@ -105,6 +105,16 @@ def test_lse_gradient():
         assert_close(g, r, torch.float32, scale=2.0)
 
 
+def test_no_keys_backward():
+    """S = 0: zeros out, and a backward that gives query zero gradients and key/value empty ones, as
+    torch (the zeros were outside the autograd graph: backward raised)."""
+    q, k, v = _inputs(1, 2, 2, 5, 0, 16, torch.float32)
+    o = wf.scaled_dot_product_attention(q, k, v)
+    assert o.shape == q.shape and torch.equal(o, torch.zeros_like(o)) and o.requires_grad
+    o.sum().backward()
+    assert torch.equal(q.grad, torch.zeros_like(q)) and k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
 def test_backward_is_deterministic():
     q, k, v = _inputs(2, 4, 1, 45, 45, 16, torch.float16)
     do = torch.randn(2, 4, 45, 16, device=DEVICE, dtype=torch.float16)

@@ -783,6 +783,21 @@ def test_linear_second_backward():
         loss.backward()
 
 
+def test_double_backward_raises():
+    """With a scalar reduction the gradient is formed in the forward, a constant to autograd: a
+    gradient taken with create_graph=True had a silently None gradient of its own (a penalty on it
+    was lost). Such a backward raises now, clearly."""
+    x, tgt, opts = _inputs("all", 6, 37)
+    h, w, b, ltgt, lopts = _lce_inputs("all", 6, 16, 40)
+    lopts = {k: v for k, v in lopts.items() if k != "reduction"}
+    for loss_fn, leaf in ((lambda: wf.cross_entropy(x, tgt, **opts), x),
+                          (lambda: wf.linear_cross_entropy(h, w, ltgt, b, reduction="sum", chunk_size=4, **lopts), h)):
+        with pytest.raises(RuntimeError, match="create_graph=True"):
+            torch.autograd.grad(loss_fn(), leaf, create_graph=True)
+        (g,) = torch.autograd.grad(loss_fn(), leaf)         # a plain backward is unaffected
+        assert torch.isfinite(g).all()
+
+
 def test_linear_matches_cross_entropy_of_logits():
     """The fused form equals cross_entropy of the materialised logits, loss and gradients."""
     h, w, b, tgt, opts = _lce_inputs("all", 10, 16, 70)

@@ -113,6 +113,17 @@ def test_no_grad_and_empty():
     assert torch.count_nonzero(w1.grad) == 0
 
 
+def test_empty_through_the_registered_operator(monkeypatch):
+    """Zero tokens through the registered operator (the torch.compile / dispatcher door): its
+    outputs must not alias each other (one shared empty tensor was returned three times)."""
+    monkeypatch.setattr("warpforge.runtime.registry.FAST_EAGER", False)
+    x, w1, w2, wts, ids = _inputs(0, 16, 8, 3, 2, torch.float32)
+    e = moe_experts(x, w1, w2, wts, ids)
+    assert e.shape == (0, 16)
+    e.sum().backward()
+    assert torch.count_nonzero(w1.grad) == 0 and x.grad.shape == (0, 16)
+
+
 def test_out_of_range_ids_unvalidated_are_dropped():
     T, d, n, E, k = 8, 16, 16, 4, 2
     x, w1, w2, wts, ids = _inputs(T, d, n, E, k, torch.float32)

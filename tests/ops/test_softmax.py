@@ -61,6 +61,19 @@ def test_infinities_and_empty():
     assert s.item() == 1.0
 
 
+@pytest.mark.parametrize("log", [False, True])
+def test_empty_input_stays_differentiable(log):
+    """An input with no elements gives an empty result that is still in the autograd graph (it was
+    a bare empty_like: backward raised "does not require grad")."""
+    fn = wf.log_softmax if log else wf.softmax
+    for shape, dim in (((0, 16), -1), ((0, 16), 0), ((3, 0, 5), 1)):
+        x = randn(*shape, requires_grad=True)
+        y = fn(x, dim)
+        assert y.shape == x.shape and y.requires_grad
+        y.sum().backward()
+        assert x.grad.shape == x.shape
+
+
 def test_compile_fullgraph():
     x = randn(3, 7, 123, requires_grad=True)
 

@@ -982,7 +982,10 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         attn_mask = attn_mask.expand(*lead, H, L, S).reshape(B, H, L, S)
     mask = _prepare_mask(attn_mask, B, H, L, S, q)
     if S == 0:
-        o = torch.zeros_like(query)
+        # no keys: zeros, kept in the autograd graph (a bare zeros_like had no grad_fn, so backward
+        # raised "does not require grad"): the empty sums are exactly 0, and give query a zero
+        # gradient and key/value their empty ones, as torch
+        o = torch.zeros_like(query) + (query[..., :0].sum() + key.sum() + value.sum())
         lse = torch.full((*query.shape[:-1],), float("inf"), device=q.device, dtype=torch.float32)
     else:
         o, lse = attention_op(q, k, v, mask, None, None, L, S, scale, left, right, False)

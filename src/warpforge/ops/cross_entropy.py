@@ -698,6 +698,18 @@ def _once(ctx, name: str) -> None:
     ctx.used = True
 
 
+def _no_double_backward(name: str) -> None:
+    """With a scalar reduction the gradient is formed in the forward, a constant to autograd (and
+    the one handed back is the operator's own output, whose gradient the backward ignores): a
+    backward with create_graph=True -- the only one that runs with grad mode on -- gave a gradient
+    whose own gradient was silently None (a gradient penalty through the loss was lost). Raise."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            f"warpforge.{name}: backward with create_graph=True (double backward) is not supported with "
+            f"reduction 'mean' or 'sum': the gradient is formed in the forward; use "
+            f"torch.nn.functional.cross_entropy where second derivatives are needed")
+
+
 def _ce_setup(ctx, inputs, output):
     logits, target, weight, ignore_index, reduction, eps, z, cap, fused = inputs
     ctx.params = (ignore_index, reduction, eps, z, cap)
@@ -713,6 +725,7 @@ def _ce_backward(ctx, g_loss, g_lse, g_dx):
     if g_loss is None:
         return (None,) * 9
     if ctx.fused:
+        _no_double_backward("cross_entropy")
         (dx,) = ctx.saved_tensors
         if _real(dx):
             _once(ctx, "cross_entropy")
@@ -866,6 +879,7 @@ def _lce_backward(ctx, g_loss, g_lse, g_dh, g_dw, g_db):
         return (None,) * 14
     ndh, ndw, ndb = ctx.needs
     if ctx.fused:
+        _no_double_backward("linear_cross_entropy")
         dh, dw, db = ctx.saved_tensors
         if _real(dh):
             _once(ctx, "linear_cross_entropy")

@@ -837,6 +837,9 @@ def _linear_setup(ctx, inputs, output):
     ctx.act = act
     ctx.has_bias, ctx.has_res = bias is not None, residual is not None
     ctx.bias_dtype = None if bias is None else bias.dtype
+    # for a double backward only, whose graph must run through the bias (its value is never read:
+    # not saved, so updating it in place after the forward stays legal, as in torch)
+    ctx.bias = bias if act != 0 else None
     ctx.save_for_backward(x, weight, z)
 
 
@@ -850,13 +853,35 @@ def _linear_backward(ctx, dy, _dz):
         if z.numel() == 0 and dy.numel() != 0:
             raise RuntimeError("warpforge.linear: the pre-activation was not saved; call linear with "
                                "inputs that require grad (save_preact is set then)")
-        dz = act_backward_op(dy, z, ctx.act)
+        dz = _act_backward_graph(dy, x, weight, ctx.bias, z, ctx.act) if _creates_graph(dy, x, weight, ctx.bias) \
+            else act_backward_op(dy, z, ctx.act)
     else:
         dz = dy
     dx = matmul_op(dz, weight, "auto") if need_x else None
     dw = matmul_op(dz.T, x, "auto") if need_w else None
     db = dz.sum(0, dtype=torch.float32).to(ctx.bias_dtype) if (ctx.has_bias and need_b) else None
     return dx, dw, db, dres, None, None, None
+
+
+def _creates_graph(*ts) -> bool:
+    """A backward run under create_graph=True (grad mode is on in a backward only then) whose
+    result must itself be differentiable."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
+
+
+def _act_backward_graph(dy, x, weight, bias, z, act: int) -> torch.Tensor:
+    """dz = act'(z) * dy in torch ops that autograd can differentiate again (double backward).
+
+    The kernel's dz is a constant to autograd and z is saved non-differentiable, so a double
+    backward through it silently lost every term through the activation's derivative (dx, dW, db
+    of grad-of-grad off by ~80%). Here z keeps its saved values but takes its graph from
+    x @ W^T + b, recomputed (one GEMM, only under create_graph)."""
+    lin = x @ weight.T if bias is None else torch.addmm(bias, x, weight.T)
+    zg = z.detach() + (lin - lin.detach())                      # (M, N): z's values, lin's graph
+    if not zg.requires_grad:
+        zg.requires_grad_()                                     # only dy needs the graph
+    y = _act_reference(zg, {v: k for k, v in ACTIVATIONS.items() if k}[act])
+    return torch.autograd.grad(y, zg, dy, create_graph=True)[0]
 
 
 def _act_bwd_impl(dy: torch.Tensor, z: torch.Tensor, act: int) -> torch.Tensor:

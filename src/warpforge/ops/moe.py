@@ -766,8 +766,11 @@ def _moe_fwd(x, w1, w2, weights, ids, block_m: int, save_z: bool):
     S = T * topk
     P = _tiles_max(S, E, block_m) * block_m
     if S == 0:
-        empty = torch.empty(0, dtype=torch.int32, device=x.device)
-        return (torch.zeros((T, d), dtype=x.dtype, device=x.device), x.new_empty((0, n2)), empty, empty, empty,
+        # a fresh empty tensor per output: an operator's outputs may not alias each other (one
+        # shared tensor made the registered operator raise on zero tokens)
+        def empty():
+            return torch.empty(0, dtype=torch.int32, device=x.device)
+        return (torch.zeros((T, d), dtype=x.dtype, device=x.device), x.new_empty((0, n2)), empty(), empty(), empty(),
                 torch.zeros(E + 1, dtype=torch.int32, device=x.device), torch.zeros(E, dtype=torch.int32, device=x.device))
     sorted_slot, slot_pos, tile_expert, start, counts = _align(ids.view(-1), E, block_m)
     meta = (sorted_slot, tile_expert)

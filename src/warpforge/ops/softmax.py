@@ -381,7 +381,9 @@ def _softmax_public(x: torch.Tensor, dim: int, dtype: torch.dtype | None, log: b
         return op(x.reshape(1), log).reshape(())
     d = normalize_dim("dim", dim, x.dim())
     if x.numel() == 0:
-        return torch.empty_like(x)
+        # nothing to compute, but the result must stay in the autograd graph (an empty_like had no
+        # grad_fn: backward raised "does not require grad"); any map of an empty tensor is exact
+        return x.clone()
     if d == x.dim() - 1:
         return op(x, log)
     return op(x.movedim(d, -1), log).movedim(-1, d)
