@@ -59,6 +59,7 @@ import triton.language as tl
 
 from .. import runtime
 from ..runtime import interpreting, unit_last_dim
+from ..runtime.amp import autocast_inputs
 from ..runtime.checks import check_same, check_tensor
 from ..runtime.heuristics import AttentionConfig, attention_config, attention_pattern
 from ..runtime.launch import LaunchCache
@@ -955,7 +956,11 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
     Not supported, with a clear error: ``dropout_p > 0``, head dims that differ between query, key
     and value, a mask that requires grad.
+
+    Inside ``torch.autocast``, query, key, value and a float mask are cast to the region's dtype
+    first, as torch's SDPA casts them (runtime/amp.py).
     """
+    query, key, value, attn_mask = autocast_inputs(query, key, value, attn_mask)
     _check_qkv(query, key, value, "(..., heads, S)")
     if dropout_p != 0.0:
         raise ValueError(f"warpforge: dropout_p={dropout_p} is not supported (attention dropout is not "
@@ -1007,8 +1012,10 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     and, with ``return_lse``, the (Hq, total_q) float32 log-sum-exp. Empty and length-1 sequences
     are fine. ``validate`` checks cu_seqlens against the packed lengths and max_seqlen (one
     device-to-host copy); without it a bad cu_seqlens still never reads outside q, k, v (programs
-    clamp to them), but its rows are undefined. The backward is deterministic.
+    clamp to them), but its rows are undefined. The backward is deterministic. Inside
+    ``torch.autocast``, q, k and v are cast to the region's dtype first (runtime/amp.py).
     """
+    q, k, v = autocast_inputs(q, k, v)
     _check_qkv(q, k, v, "(total, heads)")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:

@@ -74,6 +74,7 @@ import triton
 import triton.language as tl
 
 from ..runtime import interpreting, new_empty
+from ..runtime.amp import autocast_inputs
 from ..runtime.checks import check_device, check_tensor, is_finite
 from ..runtime.device import sm_count
 from ..runtime.heuristics import ce_config, persistent_grid
@@ -999,7 +1000,10 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     bounds the tokens whose logits exist at once (default: what 256 MiB of logits holds, or an
     eighth of the free device memory if less). With a scalar reduction and gradients needed, the
     gradients are formed during the forward (see the module header); dweight is accumulated across
-    chunks in the weight's dtype (fp32 within each chunk's GEMM)."""
+    chunks in the weight's dtype (fp32 within each chunk's GEMM). Inside ``torch.autocast``,
+    hidden, weight and bias are cast to the region's dtype first, as the F.linear of the unfused
+    form would cast them (``ce_weight`` is not; runtime/amp.py)."""
+    hidden, weight, bias = autocast_inputs(hidden, weight, bias)
     check_tensor("hidden", hidden)
     check_tensor("weight", weight, min_dim=2)
     red, eps, z, cap = _check_options(ignore_index, reduction, label_smoothing, z_loss, softcap)

@@ -80,6 +80,7 @@ import triton
 import triton.language as tl
 
 from ..runtime import interpreting, new_empty, tuning
+from ..runtime.amp import autocast_inputs
 from ..runtime.checks import check_backend, check_device
 from ..runtime.device import sm_count
 from ..runtime.heuristics import MatmulConfig, matmul_candidates, matmul_config
@@ -935,7 +936,11 @@ def matmul(input: torch.Tensor, other: torch.Tensor, *, variant: str = "auto", b
     ``backend="cuda"``: the CUDA C++ ladder (warpforge.cuda; ``variant`` "naive", "tiled",
     "regblock", "mma", "mma_tma" or "auto" = "mma_tma" for 16-bit types, "regblock" for fp32),
     with a 2-D ``other``; operands that are not row-major are copied to row-major first.
+
+    Inside ``torch.autocast`` both operands are cast to the region's dtype first, as torch.matmul's
+    are (runtime/amp.py).
     """
+    input, other = autocast_inputs(input, other)
     _check_operand("input", input)
     _check_operand("other", other)
     if check_backend(backend) == "cuda":
@@ -994,7 +999,10 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     ``activation``: None, "relu", "silu", "gelu" (erf) or "gelu_tanh". The leading dims of
     ``input`` fold into one (a view when contiguous, else a copy). With a non-linear activation
     and gradients enabled, the pre-activation is also written (one extra store) for the backward.
+    Inside ``torch.autocast`` the floating-point tensors (input, weight, bias, residual) are cast
+    to the region's dtype first, as F.linear's are (runtime/amp.py).
     """
+    input, weight, bias, residual = autocast_inputs(input, weight, bias, residual)
     _check_operand("input", input)
     _check_operand("weight", weight)
     _check_variant(variant)

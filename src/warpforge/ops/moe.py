@@ -79,6 +79,7 @@ import triton
 import triton.language as tl
 
 from ..runtime import interpreting, new_empty, unit_last_dim
+from ..runtime.amp import autocast_inputs
 from ..runtime.checks import check_same, check_tensor
 from ..runtime.device import sm_count
 from ..runtime.heuristics import MOE_ALIGN_CHUNK, MoEConfig, moe_block_m, moe_config, moe_tma_config
@@ -967,8 +968,11 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, 
     fp16, bf16 (fp32 accumulation) or fp32. Differentiable w.r.t. x, both weights and
     topk_weights; deterministic forward and backward (no atomics). ``validate`` checks the ids
     are in [0, E) with one host sync; without it an id out of range is dropped (never read out of
-    bounds) -- pass False in CUDA graphs or when the router is trusted.
+    bounds) -- pass False in CUDA graphs or when the router is trusted. Inside ``torch.autocast``,
+    x and both weights are cast to the region's dtype first, as the F.linear calls of an unfused
+    layer would cast them (topk_weights keep theirs; runtime/amp.py).
     """
+    x, w_gate_up, w_down = autocast_inputs(x, w_gate_up, w_down)
     _check(x, w_gate_up, w_down, topk_weights, topk_ids)
     E = w_gate_up.shape[0]
     if validate:
