@@ -409,3 +409,50 @@ def test_rope_takes_python_where_it_must(fast):
         wf.apply_rope(q, k, cos, sin, 64)
     # a transposed (B, S, H, D) view still gives the right answer, through Python
     torch.testing.assert_close(wf.apply_rope(qt, kp, cp, sp)[0], wf.apply_rope(qp.detach(), kp, cp, sp)[0])
+
+
+@gpu_only
+def test_rope_table_changed_in_place_raises(fast):
+    """The C++ node saves cos, sin and the ids as variables: changing one in place between the
+    forward and the backward raises, as the Python path does (they were kept in saved_data, and
+    the backward silently used the new values)."""
+    q, k, cos, sin, pos, il = _rope_inputs("decode_ids", torch.bfloat16)
+    wf.apply_rope(q.detach(), k.detach(), cos, sin, pos, il)          # offered
+    for table in ("cos", "sin", "pos"):
+        c, s, p = cos.clone(), sin.clone(), pos.clone()
+        a, b = _leaves(q, k)
+        qo, ko = wf.apply_rope(a, b, c, s, p, il)
+        assert _cpp_node(qo), qo.grad_fn.name()
+        {"cos": c, "sin": s, "pos": p}[table].add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            (qo.float().sum() + ko.float().sum()).backward()
+
+
+@gpu_only
+def test_create_graph_backward_takes_the_operators(fast):
+    """Under create_graph the C++ nodes hand their backward to the registered operators (the
+    fallbacks): the same first-order bits, and gradients that carry a node raising on a second
+    backward. A kernel launched there gave a constant, and the second-order terms were silently
+    dropped."""
+    x0 = randn(8, 4096, dtype=torch.bfloat16)
+    w0 = randn(4096, dtype=torch.bfloat16)
+    cases = {"softmax": lambda x, w: wf.softmax(x * w, -1), "rms_norm": lambda x, w: wf.rms_norm(x, (4096,), w),
+             "layer_norm": lambda x, w: wf.layer_norm(x, (4096,), w, w),
+             "add_rms_norm": lambda x, w: wf.add_rms_norm(x, x.flip(0), w)[0],
+             "swiglu": lambda x, w: wf.swiglu(x * w, x), "geglu": lambda x, w: wf.geglu(x * w, x),
+             "amax": lambda x, w: wf.amax(x * w, -1)}
+    for name, fn in cases.items():
+        fn(x0, w0)                                                     # offered
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        y = fn(x, w)
+        assert _cpp_node(y), (name, y.grad_fn.name())
+        used = fast.fallbacks_used()
+        gx, gw = torch.autograd.grad(y.float().sum(), (x, w), create_graph=True)
+        assert fast.fallbacks_used() > used, name
+        x2, w2 = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        plain = torch.autograd.grad(fn(x2, w2).float().sum(), (x2, w2))
+        assert torch.equal(gx, plain[0]) and torch.equal(gw, plain[1]), name
+        if name == "amax":      # its backward is linear in dy (a constant here): nothing to raise
+            continue
+        with pytest.raises(RuntimeError, match="no autograd formula"):
+            (gx.float().square().sum() + gw.float().square().sum()).backward()

@@ -79,17 +79,27 @@ def _cache_dir() -> Path:
 
 
 def _fallbacks() -> dict:
-    """Python backward launchers the C++ nodes call for a shape whose kernel was never offered."""
+    """The backward operators the C++ nodes call for a shape whose kernel was never offered, and
+    under create_graph: through the registry, which (grad mode on, an input requiring grad) gives
+    the output the operator's node -- one that raises on a second backward, or RoPE's, which is
+    differentiable -- rather than a constant."""
     from ..ops import activations, norms, reduce, rope, softmax
 
+    gelu = {v: k for k, v in activations._GELU_MODES.items()}
+
+    def glu_bwd(gate, up, dy, act):
+        if act == activations.SILU:
+            return activations.swiglu_backward_op(gate, up, dy)
+        return activations.geglu_backward_op(gate, up, dy, gelu[act])
+
     return {
-        "glu_bwd": activations._glu_bwd,
-        "amax_bwd": reduce._amax_bwd,
-        "softmax_bwd": lambda y, dy, log: softmax._softmax_bwd(y, dy, log),
-        "rms_norm_bwd": norms._rms_norm_bwd_impl,
-        "layer_norm_bwd": norms._layer_norm_bwd_impl,
-        "add_rms_norm_bwd": norms._add_rms_norm_bwd_impl,
-        "rope_bwd": rope.rope_backward_op,      # differentiable: create_graph takes it too
+        "glu_bwd": glu_bwd,
+        "amax_bwd": reduce.amax_backward_op,
+        "softmax_bwd": softmax.softmax_backward_op,
+        "rms_norm_bwd": norms.rms_norm_backward_op,
+        "layer_norm_bwd": norms.layer_norm_backward_op,
+        "add_rms_norm_bwd": norms.add_rms_norm_backward_op,
+        "rope_bwd": rope.rope_backward_op,
     }
 
 

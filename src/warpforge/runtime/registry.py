@@ -12,7 +12,9 @@ kernel takes on the GPU. So an :class:`Op` has two doors:
   from the *same* ``setup_context``/``backward`` the operator registers (so both doors compute the
   same gradients with the same kernels);
 - anything else (``torch.compile`` tracing, fake or functional tensors, ``torch.ops.warpforge.*``):
-  the registered operator.
+  the registered operator. So do eager calls of an operator without an autograd formula (the
+  ``*_backward`` operators) whose inputs require grad -- inside a create_graph backward: its output
+  then carries the node that raises on a second backward, instead of being a silent constant.
 
 Set ``WARPFORGE_EAGER_DISPATCH=1`` (or ``warpforge.runtime.registry.FAST_EAGER = False``) to send
 eager calls through the dispatcher too; ``warpforge bench`` times both doors.
@@ -68,6 +70,7 @@ class Op:
                  mutates_args: tuple[str, ...] = ()) -> None:
         self.name = name
         self.impl = impl
+        self._mutates = bool(mutates_args)
         self.op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=tuple(mutates_args))
         self.op.register_fake(fake)
         self._function = None
@@ -94,9 +97,15 @@ class Op:
 
     def _call(self, *args):
         if eager_door(args[0]):
-            if self._function is not None and torch.is_grad_enabled() and any(
-                isinstance(a, torch.Tensor) and a.requires_grad for a in args
-            ):
-                return self._function.apply(*args)
+            if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+                if self._function is not None:
+                    return self._function.apply(*args)
+                if not self._mutates:
+                    # no autograd formula (the *_backward ops, decode): the registered operator, whose
+                    # output carries a node that raises on backward ("no autograd formula was
+                    # registered"). Called directly, the launcher's output had no grad_fn, so a
+                    # double backward (create_graph=True, then a backward through these gradients)
+                    # silently lost every second-order term through the op
+                    return self.op(*args)
             return self.impl(*args)
         return self.op(*args)

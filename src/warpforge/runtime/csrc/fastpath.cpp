@@ -234,7 +234,11 @@ bool run_flat(Kid kid, int device, const std::vector<int64_t>& flags, const std:
   return true;
 }
 
-// Python functions that compute a backward when its kernel was never offered (set at load).
+// Python functions that compute a backward when its kernel was never offered, and under
+// create_graph (grad mode on inside a backward) always: they are the registered backward operators
+// (set at load), whose outputs then carry a node that raises on a second backward. A kernel's
+// output here would be a constant to autograd, and a double backward would silently lose every
+// second-order term through the op.
 std::unordered_map<std::string, py::object>* fallbacks = new std::unordered_map<std::string, py::object>();
 
 int64_t fallback_calls = 0;   // how often a backward fell back (tests: a warm shape never should)
@@ -326,7 +330,7 @@ Tensor softmax_bwd(const Tensor& y, Tensor dy, bool log) {
   int64_t n = y.size(-1), m = rows_of(y);
   Tensor dx = out_like(y);
   std::vector<Arg> args{T(y), T(dy), T(dx), I(m), I(n), I(n), I(n), I(n)};
-  if (run_rows(SOFTMAX_BWD, y.get_device(), {log}, args, m)) return dx;
+  if (!at::GradMode::is_enabled() && run_rows(SOFTMAX_BWD, y.get_device(), {log}, args, m)) return dx;
   py::gil_scoped_acquire gil;
   return fallback("softmax_bwd")(y, dy, log).cast<Tensor>();
 }
@@ -469,7 +473,7 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     bool llama = ctx->saved_data["llama"].toBool();
     Tensor dy = grad_or_zeros(grads[0], x);
     NormBwd g;
-    if (!norm_bwd(dy, x, nullptr, w, Tensor(), rstd, offset, true, llama, false, g)) {
+    if (at::GradMode::is_enabled() || !norm_bwd(dy, x, nullptr, w, Tensor(), rstd, offset, true, llama, false, g)) {
       py::gil_scoped_acquire gil;
       auto r = fallback("rms_norm_bwd")(dy, x, w.defined() ? py::cast(w) : py::none(), rstd, offset, llama)
                    .cast<std::tuple<Tensor, Tensor>>();
@@ -491,7 +495,7 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
     const Tensor &x = s[0], &w = s[1], &mean = s[2], &rstd = s[3], &b = s[4];
     Tensor dy = grad_or_zeros(grads[0], x);
     NormBwd g;
-    if (!norm_bwd(dy, x, nullptr, w, mean, rstd, 0.0, false, false, b.defined(), g)) {
+    if (at::GradMode::is_enabled() || !norm_bwd(dy, x, nullptr, w, mean, rstd, 0.0, false, false, b.defined(), g)) {
       py::gil_scoped_acquire gil;
       auto r = fallback("layer_norm_bwd")(dy, x, w.defined() ? py::cast(w) : py::none(), mean, rstd, b.defined())
                    .cast<std::tuple<Tensor, Tensor, Tensor>>();
@@ -516,7 +520,7 @@ struct AddRmsNormFn : public torch::autograd::Function<AddRmsNormFn> {
     double offset = ctx->saved_data["offset"].toDouble();
     Tensor dn = grad_or_zeros(grads[0], h), dsum = grad_or_zeros(grads[1], h);
     NormBwd g;
-    if (!norm_bwd(dn, h, &dsum, w, Tensor(), rstd, offset, true, false, false, g)) {
+    if (at::GradMode::is_enabled() || !norm_bwd(dn, h, &dsum, w, Tensor(), rstd, offset, true, false, false, g)) {
       py::gil_scoped_acquire gil;
       auto r = fallback("add_rms_norm_bwd")(dn, dsum, h, w, rstd, offset).cast<std::tuple<Tensor, Tensor>>();
       g.dx = std::get<0>(r);
@@ -586,7 +590,9 @@ Tensor glu_bwd(const Tensor& gate, const Tensor& up, Tensor dy, int64_t act) {
   Tensor grad = out_empty(shape, gate.options());
   Tensor dg = grad[0], du = grad[1];
   int64_t total = gate.numel();
-  if (run_flat(GLU_BWD, gate.get_device(), {act}, {T(gate), T(up), T(dy), T(dg), T(du), I(total)}, total)) return grad;
+  if (!at::GradMode::is_enabled() &&
+      run_flat(GLU_BWD, gate.get_device(), {act}, {T(gate), T(up), T(dy), T(dg), T(du), I(total)}, total))
+    return grad;
   py::gil_scoped_acquire gil;
   return fallback("glu_bwd")(gate, up, dy, act).cast<Tensor>();
 }
@@ -656,7 +662,7 @@ Tensor amax_bwd(const Tensor& x, const Tensor& y, Tensor dy) {
   int64_t n = x.size(-1), m = rows_of(x);
   Tensor dx = out_like(x);
   std::vector<Arg> args{T(x), T(y), T(dy), T(dx), I(m), I(n), I(n), I(1), I(n)};
-  if (run_rows(AMAX_BWD, x.get_device(), {}, args, m)) return dx;
+  if (!at::GradMode::is_enabled() && run_rows(AMAX_BWD, x.get_device(), {}, args, m)) return dx;
   py::gil_scoped_acquire gil;
   return fallback("amax_bwd")(x, y, dy).cast<Tensor>();
 }
@@ -733,9 +739,9 @@ struct RopeFn : public torch::autograd::Function<RopeFn> {
   // the tables and ids by pointer: not autograd inputs (they get no gradient; the ids may be undefined)
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, Tensor* qo, Tensor* ko,
                                const Tensor* cos, const Tensor* sin, const Tensor* pos, int64_t offset, bool interleaved) {
-    ctx->saved_data["cos"] = *cos;
-    ctx->saved_data["sin"] = *sin;
-    ctx->saved_data["pos"] = *pos;
+    // saved as variables (not saved_data), so an in-place change between forward and backward
+    // raises as in the Python path instead of being read silently
+    ctx->save_for_backward({*cos, *sin, *pos});
     ctx->saved_data["offset"] = offset;
     ctx->saved_data["interleaved"] = interleaved;
     ctx->saved_data["q_shape"] = q.sizes();
@@ -743,8 +749,8 @@ struct RopeFn : public torch::autograd::Function<RopeFn> {
     return {*qo, *ko};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    Tensor cos = ctx->saved_data["cos"].toTensor(), sin = ctx->saved_data["sin"].toTensor();
-    Tensor pos = ctx->saved_data["pos"].toTensor();
+    auto saved = ctx->get_saved_variables();
+    Tensor cos = saved[0], sin = saved[1], pos = saved[2];
     int64_t offset = ctx->saved_data["offset"].toInt();
     bool interleaved = ctx->saved_data["interleaved"].toBool();
     Tensor gq = grads[0], gk = grads[1];
