@@ -217,3 +217,21 @@ def test_check_messages_name_the_argument():
         checks.check_normalized_shape((3, 4), torch.ones(2, 4, device=DEVICE))
     with pytest.raises(TypeError, match="'x' must be a torch.Tensor"):
         checks.check_tensor("x", [1.0])
+
+
+def test_dispatched_marks_the_dispatcher_door(monkeypatch):
+    """registry.dispatched() is True while an operator runs through the dispatcher (torch.compile's
+    graphs, torch.ops.warpforge.*) and False through the eager door: launchers that keep device
+    buffers allocate per call on the first (CUDA graph trees refuse kept buffers from their pools)."""
+    from warpforge.ops import softmax as softmax_mod
+    from warpforge.runtime import fastpath, registry
+
+    monkeypatch.setattr(fastpath, "lib", None)
+    seen = []
+    real = softmax_mod._softmax_fwd
+    monkeypatch.setattr(softmax_mod, "_softmax_fwd", lambda *a: (seen.append(registry.dispatched()), real(*a))[1])
+    x = randn(4, 16)
+    wf.softmax(x)
+    softmax_mod.softmax_op.op(x, False)
+    torch.ops.warpforge.softmax(x, False)
+    assert seen == [False, True, True] and not registry.dispatched()

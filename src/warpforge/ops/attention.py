@@ -1011,7 +1011,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     around that diagonal (-1: unbounded). Hq a multiple of Hkv (GQA/MQA). Returns (total_q, Hq, D)
     and, with ``return_lse``, the (Hq, total_q) float32 log-sum-exp. Empty and length-1 sequences
     are fine. ``validate`` checks cu_seqlens against the packed lengths and max_seqlen (one
-    device-to-host copy); without it a bad cu_seqlens still never reads outside q, k, v (programs
+    device-to-host copy; skipped under torch.compile and CUDA graph capture); without it a bad
+    cu_seqlens still never reads outside q, k, v (programs
     clamp to them), but its rows are undefined. The backward is deterministic. Inside
     ``torch.autocast``, q, k and v are cast to the region's dtype first (runtime/amp.py).
     """
@@ -1041,6 +1042,11 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 
 
 def _validate_cu(cu: torch.Tensor, total: int, max_len: int, side: str) -> None:
+    """cu_seqlens against the packed length and max_seqlen, with one device-to-host copy; skipped
+    while torch.compile traces or a CUDA graph captures (no host copy is possible there; the
+    kernels still never read outside q, k, v), as decode_attention's and moe_experts' checks are."""
+    if torch.compiler.is_compiling() or (cu.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
     lens = cu[1:] - cu[:-1]
     first, last, low, high = torch.stack([cu[0], cu[-1], lens.min() if lens.numel() else cu[0] * 0,
                                           lens.max() if lens.numel() else cu[0] * 0]).tolist()

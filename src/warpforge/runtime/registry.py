@@ -21,7 +21,11 @@ eager calls through the dispatcher too; ``warpforge bench`` times both doors.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import os
+import threading
+import typing
 from collections.abc import Callable
 
 import torch
@@ -30,6 +34,34 @@ NAMESPACE = "warpforge"
 FAST_EAGER = os.environ.get("WARPFORGE_EAGER_DISPATCH", "0") != "1"
 
 REGISTRY: dict[str, "Op"] = {}
+
+_DISPATCH = threading.local()
+
+
+def dispatched() -> bool:
+    """Whether the running operator was called through the dispatcher (torch.compile's graphs,
+    ``torch.ops.warpforge.*``, the dispatch door) rather than the eager door. Launchers that keep
+    device buffers across calls allocate per call then: under torch.compile(mode="reduce-overhead")
+    the CUDA graph trees' warm-up runs allocate from the graphs' private pool, and a buffer kept from
+    there is a live allocation the trees do not track (they refuse it)."""
+    return getattr(_DISPATCH, "depth", 0) > 0
+
+
+def _marked(impl: Callable) -> Callable:
+    """``impl`` as the registered operator runs it: :func:`dispatched` is True inside."""
+    @functools.wraps(impl)
+    def run(*args, **kwargs):
+        _DISPATCH.depth = getattr(_DISPATCH, "depth", 0) + 1
+        try:
+            return impl(*args, **kwargs)
+        finally:
+            _DISPATCH.depth -= 1
+    # the schema is inferred from the signature: resolved in impl's module (its annotations are
+    # strings under ``from __future__ import annotations``, and this module lacks their names)
+    run.__signature__ = inspect.signature(impl, eval_str=True)
+    run.__annotations__ = typing.get_type_hints(impl)
+    del run.__wrapped__
+    return run
 
 
 def _eager_function(name: str, impl: Callable, setup_context: Callable, backward: Callable):
@@ -71,7 +103,7 @@ class Op:
         self.name = name
         self.impl = impl
         self._mutates = bool(mutates_args)
-        self.op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=tuple(mutates_args))
+        self.op = torch.library.custom_op(f"{NAMESPACE}::{name}", _marked(impl), mutates_args=tuple(mutates_args))
         self.op.register_fake(fake)
         self._function = None
         if backward is not None:
