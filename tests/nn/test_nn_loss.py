@@ -152,3 +152,17 @@ def test_bad_options_reach_the_user():
         LinearCrossEntropyLoss(chunk_size=0)(randn(4, 8), randn(7, 8), t)
     with pytest.raises(ValueError, match="'z_loss' is -1"):
         LinearCrossEntropyLoss(z_loss=-1)(randn(4, 8), randn(7, 8), t)
+
+
+def test_constructors_check_options():
+    """The loss modules checked their options only at the first forward."""
+    with pytest.raises(ValueError, match="'reduction' is 'avg'"):
+        CrossEntropyLoss(reduction="avg")
+    with pytest.raises(ValueError, match="'label_smoothing' is 2.0"):
+        CrossEntropyLoss(label_smoothing=2.0)
+    with pytest.raises(ValueError, match="'softcap' is -1.0"):
+        LinearCrossEntropyLoss(softcap=-1.0)
+    with pytest.raises(ValueError, match="'chunk_size' is 0"):
+        LinearCrossEntropyLoss(chunk_size=0)
+    with pytest.raises(TypeError, match="'ignore_index' must be an int"):
+        LinearCrossEntropyLoss(ignore_index=-100.0)

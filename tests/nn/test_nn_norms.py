@@ -43,3 +43,29 @@ def test_add_rms_norm_module():
     assert_close(h, x.double() + r.double(), torch.float32)
     assert_close(normed, torch.nn.functional.rms_norm((x + r).double(), (32,), eps=1e-6), torch.float32)
     assert torch.equal(AddRMSNorm(8, offset=1.0).weight, torch.zeros(8))
+
+
+def test_constructors_check_sizes_and_options():
+    """Sizes <= 0 or not ints failed inside torch.ones/empty ("negative dimension") or int() (or
+    built a module no input fits); eps < 0 and a NaN offset were caught only at the forward, or
+    never (the offset gave an all-NaN output)."""
+    for cls in (LayerNorm, RMSNorm):
+        for bad in (0, -1, (2, 8)):
+            with pytest.raises(ValueError, match="'normalized_shape'"):
+                cls(bad)
+        for bad in (8.5, None, "8"):
+            with pytest.raises(TypeError, match="'normalized_shape' is"):
+                cls(bad)
+        with pytest.raises(ValueError, match="'eps' must be a non-negative float"):
+            cls(8, eps=-1.0)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="'hidden_size'"):
+            AddRMSNorm(bad)
+    with pytest.raises(TypeError, match="'hidden_size' is 'x'"):
+        AddRMSNorm("x")
+    for cls in (RMSNorm, AddRMSNorm):
+        with pytest.raises(ValueError, match="'offset' is nan; expected a finite number"):
+            cls(8, offset=float("nan"))
+        with pytest.raises(TypeError, match="'offset' must be a real number, got str"):
+            cls(8, offset="a")
+    assert LayerNorm(torch.Size([8])).normalized_shape == (8,) and AddRMSNorm(8).hidden_size == 8

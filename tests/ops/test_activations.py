@@ -224,3 +224,10 @@ def test_reference_matches_torch():
     g, u = randn(3, 11), randn(3, 11)
     assert_close(swiglu_reference(g, u), F.silu(g.double()) * u.double(), torch.float32)
     assert_close(geglu_reference(torch.cat([g, u], -1), approximate="none"), F.gelu(g.double()) * u.double(), torch.float32)
+
+
+def test_approximate_not_a_string():
+    """An unhashable 'approximate' failed with "unhashable type: 'list'" (a dict lookup)."""
+    a = randn(3, 4)
+    with pytest.raises(ValueError, match=r"'approximate' is \['tanh'\]; expected 'none' or 'tanh'"):
+        geglu(a, a, approximate=["tanh"])

@@ -528,3 +528,38 @@ def test_sm90_tma_contract():
     assert not tma_ok(torch.randn(1 + 2 * 3 * 40 * 64, dtype=torch.bfloat16)[1:].view(2, 3, 40, 64))
     assert not tma_ok(torch.randn(2, 3, 40, 68, dtype=torch.bfloat16)[..., :60])
     assert not tma_ok(torch.randn(2, 3, 40, 128, dtype=torch.bfloat16)[..., ::2])
+
+
+def test_bad_options_audit():
+    """window_size not a pair of ints (failed inside int()/indexing, or 1.5 truncated to 1), scale
+    NaN/inf (an all-NaN output), a mask that cannot broadcast for >4-d inputs (torch's expand
+    error), a negative max_seqlen with validate=False (an empty grid: the output never written),
+    and varlen's messages naming its own arguments (q, k, v)."""
+    sdpa = wf.scaled_dot_product_attention
+    q, k, v = randn(1, 2, 5, 16), randn(1, 2, 7, 16), randn(1, 2, 7, 16)
+    for w in ((2,), 3, ("a", 0), (1.5, 0)):
+        with pytest.raises(TypeError, match="'window_size' is .*; expected a pair \\(left, right\\) of ints"):
+            sdpa(q, k, v, window_size=w)
+    for s in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="'scale' is .*; expected a finite number"):
+            sdpa(q, k, v, scale=s)
+    with pytest.raises(TypeError, match="'scale' must be a real number, got str"):
+        sdpa(q, k, v, scale="0.5")
+    with pytest.raises(ValueError, match="'attn_mask' of shape \\(4, 7\\) cannot broadcast"):
+        sdpa(q[None], k[None], v[None], attn_mask=torch.ones(4, 7, dtype=torch.bool, device=DEVICE))
+    qp, kp, vp, cu_q, cu_k = _packed([3, 2], [4, 3], 2, 2, 16, torch.float32)
+    vl = wf.attention_varlen
+    with pytest.raises(ValueError, match="'max_seqlen_q' is -1; expected the longest sequence's length"):
+        vl(qp, kp, vp, cu_q, cu_k, -1, 4, validate=False)
+    with pytest.raises(TypeError, match="'max_seqlen_k' must be an int, got NoneType"):
+        vl(qp, kp, vp, cu_q, cu_k, 3, None)
+    with pytest.raises(ValueError, match="'scale' is nan"):
+        vl(qp, kp, vp, cu_q, cu_k, 3, 4, scale=float("nan"))
+    with pytest.raises(TypeError, match="'window_size' is"):
+        vl(qp, kp, vp, cu_q, cu_k, 3, 4, window_size=(2,))
+    with pytest.raises(TypeError, match="'k' has dtype torch.float16 but 'q' has torch.float32"):
+        vl(qp, kp.half(), vp.half(), cu_q, cu_k, 3, 4)
+    # meta tensors: the output's shape, no kernel and no host copy of cu_seqlens
+    meta = [t.detach().to("meta") for t in (qp, kp, vp, cu_q, cu_k)]
+    assert vl(*meta, 3, 4).shape == qp.shape
+    assert sdpa(*(t.to("meta") for t in (q, k, v))).shape == q.shape

@@ -901,3 +901,19 @@ def test_compile_dynamic_shapes(opts):
         loss.backward()
         want.backward()
         assert_close(x.grad, xr.grad.double(), torch.float32)
+
+
+def test_bad_options_audit():
+    """Options that failed inside float() or a dict lookup, naming nothing (a string or None
+    label_smoothing / z_loss / softcap, a list reduction), and an (N, 0, d) input (0 classes:
+    torch's reshape error)."""
+    x, tgt = randn(5, 7), torch.randint(0, 7, (5,), device=DEVICE)
+    for name, v in (("label_smoothing", "abc"), ("label_smoothing", None), ("z_loss", None), ("softcap", "a")):
+        with pytest.raises(TypeError, match=f"'{name}' must be a real number"):
+            wf.cross_entropy(x, tgt, **{name: v})
+    with pytest.raises(ValueError, match=r"'reduction' is \['mean'\]"):
+        wf.cross_entropy(x, tgt, reduction=["mean"])
+    with pytest.raises(ValueError, match=r"'input' has shape \(2, 0, 3\), 0 classes"):
+        wf.cross_entropy(randn(2, 0, 3), torch.zeros(2, 3, dtype=torch.long, device=DEVICE))
+    with pytest.raises(TypeError, match="'z_loss' must be a real number"):
+        wf.linear_cross_entropy(randn(5, 8), randn(7, 8), tgt, z_loss="0.1")

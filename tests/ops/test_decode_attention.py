@@ -437,3 +437,12 @@ def test_plan_replay(route, bsz, heads, monkeypatch):
         out = decode_attention(q, kc, vc, bt, lens, scale=scale, validate=False)
         assert_close(out, reference(q, kc, vc, bt, lens, scale=scale), torch.bfloat16, what=f"call {i}")
     assert len(firsts) == 1 and len(DA._PLANS) == 1, "calls after the first replay the plan"
+
+
+def test_scale_not_finite():
+    """scale NaN or inf gave an all-NaN output without an error."""
+    kc, vc, bt, _ = paged(2, 3, 8, 2, 16, torch.float32)
+    q, lens = randn(2, 4, 16), torch.tensor([3, 4], device=DEVICE, dtype=torch.int32)
+    for s in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(ValueError, match="'scale' is .*; expected a finite number"):
+            decode_attention(q, kc, vc, bt, lens, scale=s)

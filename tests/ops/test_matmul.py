@@ -848,3 +848,11 @@ def test_batched_past_the_grid_limit():
     """70,000 batch entries (more than a grid's 65,535 y/z extent: the batch is folded into axis 0)."""
     a, b = randn(70000, 5, 8), randn(70000, 8, 3)
     assert_close(matmul(a, b), a.double() @ b.double(), torch.float32)
+
+
+def test_activation_not_a_string():
+    """An unhashable activation failed with "unhashable type: 'list'" (a dict lookup)."""
+    with pytest.raises(ValueError, match=r"'activation' is \['relu'\]; expected one of"):
+        linear(randn(3, 4), randn(5, 4), activation=["relu"])
+    with pytest.raises(ValueError, match=r"'activation' is \['relu'\]; expected one of"):
+        warpforge.nn.Linear(4, 5, activation=["relu"])

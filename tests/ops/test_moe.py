@@ -270,3 +270,54 @@ def test_weights_2d_view():
     assert M._weights_2d(torch.randn(3, 20, 64)[:, :16]) is None           # padded rows between experts
     assert M._weights_2d(torch.randn(3, 64, 16).transpose(1, 2)) is None    # columns not unit-stride
     assert M._weights_2d(torch.randn(1, 20, 64)[:, :16]) is not None        # one expert: any expert stride
+
+
+def test_unvalidated_int64_ids_past_int32_are_dropped():
+    """validate=False with int64 ids: an id of 2^32 was narrowed to int32 (wrapping to expert 0) and
+    routed there, where the docstring promises an out-of-range id is dropped."""
+    x, w1, w2, wts, ids = _inputs(5, 16, 8, 4, 2, torch.float32)
+    bad = ids.long().clone()
+    bad[1, 0], bad[3, 1] = 2**32, -(2**32) + 1       # both wrap into [0, 4) when narrowed
+    out = moe_experts(x, w1, w2, wts, bad, validate=False)
+    keep = wts.detach().clone()
+    keep[1, 0] = keep[3, 1] = 0.0
+    ref = moe_experts_reference(x.double(), w1.double(), w2.double(), keep.double(), bad.clamp(0, 3))
+    assert_close(out, ref, torch.float32)
+
+
+def test_meta_tensors():
+    """Meta tensors: the output's shape, without a kernel or the ids' host check."""
+    x, w1, w2, wts, ids = (t.detach().to("meta") for t in _inputs(5, 16, 8, 4, 2, torch.float32))
+    assert moe_experts(x, w1, w2, wts, ids).shape == (5, 16)
+
+
+def test_module_bad_options():
+    """nn.MoE checked its routing options only at the first forward (or never: a negative
+    bias_update_rate silently switched balancing off), and a string n_group or a float n_shared
+    failed inside a comparison or torch.empty."""
+    d, n, E = 16, 8, 4
+    cases = [
+        (dict(score="relu"), ValueError, "'score' is 'relu'"),
+        (dict(group_score="sum"), ValueError, "'group_score' is 'sum'"),
+        (dict(n_group=2, topk_group=3), ValueError, "'topk_group' is 3"),
+        (dict(n_group=2, topk_group=0), ValueError, "'topk_group' is 0"),
+        (dict(n_group="2"), ValueError, "'n_group' = '2'"),
+        (dict(n_shared=1.5), ValueError, "'n_shared' = 1.5"),
+        (dict(aux_loss_coef=-1.0), ValueError, "'aux_loss_coef' is -1.0"),
+        (dict(routed_scaling_factor=float("nan")), ValueError, "'routed_scaling_factor' is nan"),
+        (dict(renormalize="yes"), TypeError, "'renormalize' must be a bool"),
+        (dict(bias_update_rate=-1.0), ValueError, "'bias_update_rate' = -1.0"),
+        (dict(bias_update_rate=float("nan")), ValueError, "'bias_update_rate' = nan"),
+    ]
+    for kw, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            wf.nn.MoE(d, n, E, 2, **kw)
+    with pytest.raises(ValueError, match="'top_k' is 3 but only topk_group"):
+        wf.nn.MoE(d, n, E, 3, n_group=2, topk_group=1)
+    with pytest.raises(ValueError, match="at most 1024 routed"):
+        wf.nn.MoE(d, n, 2000, 2)
+    m = wf.nn.MoE(d, n, E, 2, device=DEVICE)
+    with pytest.raises(ValueError, match="'x' must have at least 1 dimension"):
+        m(torch.tensor(1.0, device=DEVICE))
+    with pytest.raises(TypeError, match="'x' must be a torch.Tensor, got list"):
+        m([1.0] * d)

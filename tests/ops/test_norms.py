@@ -570,3 +570,22 @@ def test_loop_forward_steps(monkeypatch, op, rows, n):
     else:
         y, yr = rms_norm(x, (n,), w, 1e-6), F.rms_norm(x.double(), (n,), w.double(), 1e-6)
     assert_close(y, yr, torch.float32, scale=5.0, what="forward")
+
+
+def test_bad_options_audit():
+    """normalized_shape must be an int or ints (None and 8.5 failed deep inside a tuple(); (8.9,) was
+    truncated to 8 and accepted), and offset a finite number (NaN gave an all-NaN output; a string
+    failed inside float())."""
+    x, w = randn(3, 8), torch.ones(8, device=DEVICE)
+    for bad in (None, 8.5, (8.9,), "8"):
+        with pytest.raises(TypeError, match="'normalized_shape' is .*; expected an int or a sequence of ints"):
+            layer_norm(x, bad)
+        with pytest.raises(TypeError, match="'normalized_shape' is"):
+            rms_norm(x, bad)
+    assert layer_norm(x, torch.Size([8])).shape == x.shape
+    with pytest.raises(ValueError, match="'offset' is nan; expected a finite number"):
+        rms_norm(x, (8,), w, offset=float("nan"))
+    with pytest.raises(ValueError, match="'offset' is inf; expected a finite number"):
+        add_rms_norm(x, x, w, offset=float("inf"))
+    with pytest.raises(TypeError, match="'offset' must be a real number, got str"):
+        add_rms_norm(x, x, w, offset="a")

@@ -415,3 +415,17 @@ def test_amax_mask_ops_reject_bad_shapes():
     _, ties, bits = amax_mask_op(randn(2, 20))
     with pytest.raises(ValueError, match="3 bytes a row; expected 5 for n=40"):
         amax_bits_scatter_op(bits, ties, randn(2), 40, torch.float32)
+
+
+def test_bad_options_audit():
+    """keepdim must be a bool (a truthy string kept the dim), and dim must be in range for a 0-d
+    input too (any dim passed); meta tensors get their shape, no kernel."""
+    x = torch.ones(3, 4, device=DEVICE)
+    for fn in (R.sum, amax):
+        with pytest.raises(TypeError, match="'keepdim' must be a bool, got str"):
+            fn(x, keepdim="yes")
+        with pytest.raises(TypeError, match="'keepdim' must be a bool, got NoneType"):
+            fn(x, keepdim=None)
+        with pytest.raises(IndexError, match="'dim'=3 is out of range for a 0-d tensor"):
+            fn(torch.tensor(2.0, device=DEVICE), dim=3)
+        assert fn(torch.empty(3, 8, device="meta")).shape == (3,)

@@ -313,3 +313,28 @@ if ON_GPU:
         check_fwd_bwd(qt, kt, cos[:, :s], sin[:, :s], None, interleaved, dtype, "large transposed")
         check_fwd_bwd(randn(1, 32, 1, d, dtype=dtype, requires_grad=True), randn(1, 8, 1, d, dtype=dtype, requires_grad=True),
                       cos[:1], sin[:1], 4000, interleaved, dtype, "decode")
+
+
+def test_rotary_embedding_bad_options():
+    """RotaryEmbedding: a base <= 0 or NaN made NaN angles (every output NaN, no error); a float or
+    string size was taken or failed inside a comparison; and a q whose head dim is half the
+    module's read the half-size table as a full-width one: rotated by the wrong angles, silently."""
+    for base in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="'base' is .*; expected a finite number > 0"):
+            RotaryEmbedding(8, 16, base=base)
+    for head_dim in (8.0, "8"):
+        with pytest.raises(ValueError, match="'head_dim' is .*; expected a positive even number"):
+            RotaryEmbedding(head_dim)
+    with pytest.raises(ValueError, match="'max_position_embeddings' is 2.5; expected an int >= 1"):
+        RotaryEmbedding(8, 2.5)
+    rope = RotaryEmbedding(16, 16).to(DEVICE)
+    q, k = randn(1, 2, 3, 8), randn(1, 2, 3, 8)
+    with pytest.raises(ValueError, match="'q' has head dim 8; this RotaryEmbedding was built for head_dim=16"):
+        rope(q, k)
+
+
+def test_cos_dtype_message_names_each_dtype_once():
+    q, k = randn(1, 2, 3, 8), randn(1, 2, 3, 8)
+    cos = torch.ones(3, 8, device=DEVICE, dtype=torch.float64)
+    with pytest.raises(TypeError, match="'cos' has dtype float64; expected one of float32$"):
+        apply_rope(q, k, cos, cos)

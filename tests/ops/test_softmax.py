@@ -137,3 +137,16 @@ def test_exchange_paths_single_chunk(monkeypatch, log, mode):
     y.backward(dy)
     yr.backward(dy.double())
     assert_close(x.grad, xr.grad, torch.float32, what="backward")
+
+
+def test_bad_options_and_meta():
+    """dtype= that is not a torch.dtype, and dim= out of range for a 0-d input, raise by name (they
+    reached x.to("float32") and a silent reduction); meta tensors get their shape, no kernel."""
+    x = randn(3, 4)
+    for fn in (wf.softmax, wf.log_softmax):
+        with pytest.raises(TypeError, match="'dtype' must be a torch.dtype or None, got str"):
+            fn(x, dtype="float32")
+        with pytest.raises(IndexError, match="'dim'=5 is out of range for a 0-d tensor"):
+            fn(torch.tensor(2.0, device=DEVICE), dim=5)
+        y = fn(torch.empty(3, 8, device="meta"))
+        assert y.device.type == "meta" and y.shape == (3, 8)

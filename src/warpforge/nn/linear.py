@@ -18,7 +18,7 @@ class Linear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str | None = None,
                  device=None, dtype=None) -> None:
-        if activation not in ACTIVATIONS:
+        if not (activation is None or isinstance(activation, str)) or activation not in ACTIVATIONS:
             raise ValueError(f"warpforge: 'activation' is {activation!r}; expected one of "
                              f"{', '.join(repr(a) for a in ACTIVATIONS)}")
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)

@@ -5,7 +5,7 @@ from typing import Optional
 
 import torch
 
-from ..ops.cross_entropy import cross_entropy, linear_cross_entropy
+from ..ops.cross_entropy import _check_chunk_size, _check_options, cross_entropy, linear_cross_entropy
 
 
 class CrossEntropyLoss(torch.nn.Module):
@@ -15,6 +15,7 @@ class CrossEntropyLoss(torch.nn.Module):
     def __init__(self, weight: Optional[torch.Tensor] = None, ignore_index: int = -100, reduction: str = "mean",
                  label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: Optional[float] = None) -> None:
         super().__init__()
+        _check_options(ignore_index, reduction, label_smoothing, z_loss, softcap)   # now, not at the first forward
         self.register_buffer("weight", weight)
         self.ignore_index, self.reduction = ignore_index, reduction
         self.label_smoothing, self.z_loss, self.softcap = label_smoothing, z_loss, softcap
@@ -37,6 +38,8 @@ class LinearCrossEntropyLoss(torch.nn.Module):
                  z_loss: float = 0.0, softcap: Optional[float] = None, ce_weight: Optional[torch.Tensor] = None,
                  chunk_size: Optional[int] = None) -> None:
         super().__init__()
+        _check_options(ignore_index, reduction, label_smoothing, z_loss, softcap)   # now, not at the first forward
+        _check_chunk_size(chunk_size)
         self.register_buffer("ce_weight", ce_weight)
         self.ignore_index, self.reduction = ignore_index, reduction
         self.label_smoothing, self.z_loss, self.softcap, self.chunk_size = label_smoothing, z_loss, softcap, chunk_size

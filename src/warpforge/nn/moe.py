@@ -7,8 +7,9 @@ import math
 import torch
 from torch import nn
 
-from ..ops.moe import moe_experts
-from ..ops.moe_routing import moe_route, moe_update_bias_
+from ..ops.moe import MAX_EXPERTS, moe_experts
+from ..ops.moe_routing import MAX_EXPERTS as MAX_ROUTED, _check_args, moe_route, moe_update_bias_
+from ..runtime.checks import check_tensor, is_finite
 
 
 class MoE(nn.Module):
@@ -39,10 +40,19 @@ class MoE(nn.Module):
                 raise ValueError(f"warpforge: MoE '{name}' = {v!r}; expected a positive int")
         if top_k > n_experts:
             raise ValueError(f"warpforge: MoE 'top_k' = {top_k} > n_experts = {n_experts}; expected top_k <= n_experts")
-        if n_group < 1 or n_experts % n_group:
-            raise ValueError(f"warpforge: MoE n_experts = {n_experts} is not divisible by 'n_group' = {n_group}")
-        if n_shared < 0:
-            raise ValueError(f"warpforge: MoE 'n_shared' = {n_shared}; expected >= 0")
+        if not isinstance(n_group, int) or n_group < 1 or n_experts % n_group:
+            raise ValueError(f"warpforge: MoE n_experts = {n_experts} is not divisible by 'n_group' = {n_group!r}")
+        if not isinstance(n_shared, int) or n_shared < 0:
+            raise ValueError(f"warpforge: MoE 'n_shared' = {n_shared!r}; expected an int >= 0")
+        if n_experts > MAX_ROUTED or n_experts + n_shared > MAX_EXPERTS:
+            raise ValueError(f"warpforge: MoE has {n_experts} routed + {n_shared} shared experts; expected at most "
+                             f"{MAX_ROUTED} routed and {MAX_EXPERTS} in all")
+        # the routing options (score, topk_group, group_score, ...), checked here rather than at the first forward
+        _check_args(torch.empty(0, n_experts, device="meta"), top_k, score, n_group, topk_group, group_score,
+                    renormalize, routed_scaling_factor, None, aux_loss_coef)
+        if isinstance(bias_update_rate, bool) or not isinstance(bias_update_rate, (int, float)) \
+                or not (is_finite(bias_update_rate) and bias_update_rate >= 0):
+            raise ValueError(f"warpforge: MoE 'bias_update_rate' = {bias_update_rate!r}; expected a finite number >= 0")
         self.d_model, self.expert_dim, self.n_experts, self.top_k, self.n_shared = d_model, expert_dim, n_experts, top_k, n_shared
         self.route_args = dict(score=score, n_group=n_group, topk_group=topk_group, group_score=group_score,
                                renormalize=renormalize, routed_scaling_factor=routed_scaling_factor,
@@ -70,6 +80,7 @@ class MoE(nn.Module):
             self.correction_bias.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_tensor("x", x)
         if x.shape[-1] != self.d_model:
             raise ValueError(f"warpforge: MoE input has last dim {x.shape[-1]}; expected d_model = {self.d_model}")
         x2 = x.reshape(-1, self.d_model)

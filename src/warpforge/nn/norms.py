@@ -5,17 +5,29 @@ their state dicts load unchanged.
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import nn
 
-from ..ops.norms import CASTING_MODES, add_rms_norm, layer_norm, rms_norm
+from ..ops.norms import CASTING_MODES, _check_eps, add_rms_norm, layer_norm, rms_norm
+from ..runtime.checks import check_finite
 
 
-def _last_dim(normalized_shape) -> tuple[int]:
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+def _last_dim(normalized_shape, name: str = "normalized_shape") -> tuple[int]:
+    try:
+        shape = (operator.index(normalized_shape),)
+    except TypeError:
+        try:
+            shape = tuple(operator.index(s) for s in normalized_shape)
+        except TypeError:
+            what = "an int or a sequence of one int" if name == "normalized_shape" else "an int"
+            raise TypeError(f"warpforge: '{name}' is {normalized_shape!r}; expected {what}") from None
     if len(shape) != 1:
-        raise ValueError(f"warpforge: 'normalized_shape' {shape}: warpforge norms normalise over the last dimension only; expected one size")
-    return (int(shape[0]),)
+        raise ValueError(f"warpforge: '{name}' {shape}: warpforge norms normalise over the last dimension only; expected one size")
+    if shape[0] < 1:
+        raise ValueError(f"warpforge: '{name}' {shape}: expected a positive size")
+    return shape
 
 
 class LayerNorm(nn.Module):
@@ -25,7 +37,7 @@ class LayerNorm(nn.Module):
                  device=None, dtype=None) -> None:
         super().__init__()
         self.normalized_shape = _last_dim(normalized_shape)
-        self.eps = eps
+        self.eps = _check_eps(eps)
         self.elementwise_affine = elementwise_affine
         kw = {"device": device, "dtype": dtype}
         self.register_parameter(
@@ -56,9 +68,9 @@ class RMSNorm(nn.Module):
         if casting_mode not in CASTING_MODES:
             raise ValueError(f"warpforge: 'casting_mode' must be one of {CASTING_MODES}, got {casting_mode!r}")
         self.normalized_shape = _last_dim(normalized_shape)
-        self.eps = eps
+        self.eps = None if eps is None else _check_eps(eps)
         self.elementwise_affine = elementwise_affine
-        self.offset = float(offset)
+        self.offset = check_finite("offset", offset)
         self.casting_mode = casting_mode
         if elementwise_affine:
             self.weight = nn.Parameter(torch.empty(self.normalized_shape, device=device, dtype=dtype))
@@ -86,9 +98,9 @@ class AddRMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float | None = None, *, offset: float = 0.0,
                  device=None, dtype=None) -> None:
         super().__init__()
-        self.hidden_size = int(hidden_size)
-        self.eps = eps
-        self.offset = float(offset)
+        self.hidden_size = _last_dim(hidden_size, "hidden_size")[0]
+        self.eps = None if eps is None else _check_eps(eps)
+        self.offset = check_finite("offset", offset)
         self.weight = nn.Parameter(torch.empty(self.hidden_size, device=device, dtype=dtype))
         self.reset_parameters()
 

@@ -2,6 +2,9 @@
 :func:`warpforge.ops.rope.apply_rope` (one kernel launch for both)."""
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 from torch import nn
 
@@ -20,12 +23,15 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_position_embeddings: int = 4096, base: float = 10000.0,
                  interleaved: bool = False, device=None) -> None:
         super().__init__()
-        if head_dim <= 0 or head_dim % 2:
-            raise ValueError(f"warpforge: 'head_dim' is {head_dim}; expected a positive even number")
-        if max_position_embeddings <= 0:
-            raise ValueError(f"warpforge: 'max_position_embeddings' is {max_position_embeddings}; expected >= 1")
-        self.head_dim = head_dim
-        self.max_position_embeddings = max_position_embeddings
+        if not isinstance(head_dim, numbers.Integral) or head_dim <= 0 or head_dim % 2:
+            raise ValueError(f"warpforge: 'head_dim' is {head_dim!r}; expected a positive even number")
+        if not isinstance(max_position_embeddings, numbers.Integral) or max_position_embeddings <= 0:
+            raise ValueError(f"warpforge: 'max_position_embeddings' is {max_position_embeddings!r}; expected an int >= 1")
+        if not (isinstance(base, numbers.Real) and 0 < base < math.inf):
+            # base 0 or < 0 makes inf/NaN angles: every rotated value NaN
+            raise ValueError(f"warpforge: 'base' is {base!r}; expected a finite number > 0")
+        self.head_dim = int(head_dim)
+        self.max_position_embeddings = int(max_position_embeddings)
         self.base = float(base)
         self.interleaved = bool(interleaved)
         inv_freq = 1.0 / (self.base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
@@ -38,6 +44,12 @@ class RotaryEmbedding(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """q (B, Hq, S, D), k (B, Hk, S, D) -> rotated (q, k); ``position_ids`` as in ``apply_rope``
         (None: positions 0..S-1; an int offset; or a (S,)/(B, S) tensor of positions)."""
+        for name, t in (("q", q), ("k", k)):
+            # the table is half-size (D/2 columns): a q of head dim D/2 would read it as a full-width
+            # table of another head dim, and rotate by the wrong angles without an error
+            if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[-1] != self.head_dim:
+                raise ValueError(f"warpforge: '{name}' has head dim {t.shape[-1]}; this RotaryEmbedding was built "
+                                 f"for head_dim={self.head_dim}")
         return apply_rope(q, k, self.cos_cached, self.sin_cached, position_ids, self.interleaved)
 
     def extra_repr(self) -> str:

@@ -354,7 +354,7 @@ def geglu(gate: torch.Tensor, up: torch.Tensor | None = None, approximate: str =
         out = fast.glu(gate, up, _GELU_MODES[approximate])
         if out is not None:
             return out
-    if approximate not in _GELU_MODES:
+    if not isinstance(approximate, str) or approximate not in _GELU_MODES:
         raise ValueError(f"warpforge: 'approximate' is {approximate!r}; expected 'none' or 'tanh'")
     _check(gate, up)
     return geglu_op(gate, up, approximate)

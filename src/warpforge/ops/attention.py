@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import os
 
 import torch
@@ -60,7 +61,7 @@ import triton.language as tl
 from .. import runtime
 from ..runtime import interpreting, unit_last_dim
 from ..runtime.amp import autocast_inputs
-from ..runtime.checks import check_same, check_tensor
+from ..runtime.checks import check_finite, check_same, check_tensor
 from ..runtime.heuristics import AttentionConfig, attention_config, attention_pattern
 from ..runtime.launch import LaunchCache
 from ..runtime.registry import Op
@@ -882,18 +883,19 @@ attention_op = Op("attention", _fwd_impl, _fwd_fake, backward=_backward, setup_c
 # ----------------------------------------------------------------------------------------------
 # Public functions
 # ----------------------------------------------------------------------------------------------
-def _check_qkv(q, k, v, dims: str) -> None:
-    for name, t in (("query", q), ("key", k), ("value", v)):
+def _check_qkv(q, k, v, dims: str, names: tuple[str, str, str] = ("query", "key", "value")) -> None:
+    nq, nk, nv = names
+    for name, t in zip(names, (q, k, v)):
         check_tensor(name, t, dtypes=ATTN_DTYPES, min_dim=1)
-    check_same("key", k, "query", q, shape=False)
-    check_same("value", v, "query", q, shape=False)
+    check_same(nk, k, nq, q, shape=False)
+    check_same(nv, v, nq, q, shape=False)
     if not (k.shape[-1] == v.shape[-1] == q.shape[-1]):
-        raise ValueError(f"warpforge: head dims differ: query {q.shape[-1]}, key {k.shape[-1]}, value {v.shape[-1]}; "
+        raise ValueError(f"warpforge: head dims differ: {nq} {q.shape[-1]}, {nk} {k.shape[-1]}, {nv} {v.shape[-1]}; "
                          f"expected one head dim for all three")
     if q.shape[-1] > MAX_HEAD_DIM:
         raise ValueError(f"warpforge: head dim {q.shape[-1]} is not supported; expected at most {MAX_HEAD_DIM}")
     if k.shape[:-1] != v.shape[:-1]:
-        raise ValueError(f"warpforge: 'key' has shape {tuple(k.shape)} but 'value' has {tuple(v.shape)}; "
+        raise ValueError(f"warpforge: '{nk}' has shape {tuple(k.shape)} but '{nv}' has {tuple(v.shape)}; "
                          f"expected the same {dims} shape")
 
 
@@ -907,7 +909,14 @@ def _check_heads(hq: int, hk: int, enable_gqa: bool) -> None:
 
 
 def _window(window_size, causal: bool) -> tuple[int, int]:
-    left, right = (-1, -1) if window_size is None else (int(window_size[0]), int(window_size[1]))
+    if window_size is None:
+        left, right = -1, -1
+    else:
+        try:
+            left, right = (operator.index(w) for w in window_size)
+        except (TypeError, ValueError):
+            raise TypeError(f"warpforge: 'window_size' is {window_size!r}; expected a pair (left, right) of ints, "
+                            f"-1 for unbounded") from None
     if left < -1 or right < -1:
         raise ValueError(f"warpforge: 'window_size' {tuple(window_size)}: expected (left, right) with -1 for unbounded")
     if causal:
@@ -982,9 +991,13 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     HK, S = k.shape[1], k.shape[2]
     _check_heads(H, HK, enable_gqa)
     left, right = _window(window_size, is_causal)
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    scale = 1.0 / math.sqrt(D) if scale is None else check_finite("scale", scale)
     if attn_mask is not None and query.dim() > 4 and isinstance(attn_mask, torch.Tensor):
-        attn_mask = attn_mask.expand(*lead, H, L, S).reshape(B, H, L, S)
+        try:
+            attn_mask = attn_mask.expand(*lead, H, L, S).reshape(B, H, L, S)
+        except RuntimeError:
+            raise ValueError(f"warpforge: 'attn_mask' of shape {tuple(attn_mask.shape)} cannot broadcast to the "
+                             f"attention scores' shape {(*lead, H, L, S)} (batch, query heads, L, S)") from None
     mask = _prepare_mask(attn_mask, B, H, L, S, q)
     if S == 0:
         # no keys: zeros, kept in the autograd graph (a bare zeros_like had no grad_fn, so backward
@@ -1017,7 +1030,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     ``torch.autocast``, q, k and v are cast to the region's dtype first (runtime/amp.py).
     """
     q, k, v = autocast_inputs(q, k, v)
-    _check_qkv(q, k, v, "(total, heads)")
+    _check_qkv(q, k, v, "(total, heads)", ("q", "k", "v"))
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
             raise ValueError(f"warpforge: '{name}' has shape {tuple(t.shape)}; expected (total_tokens, heads, head_dim)")
@@ -1031,12 +1044,22 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         raise ValueError(f"warpforge: 'cu_seqlens_q' has {cu_seqlens_q.shape[0]} offsets but 'cu_seqlens_k' "
                          f"{cu_seqlens_k.shape[0]}; expected one per sequence plus one for both")
     _check_heads(q.shape[1], k.shape[1], True)
+    lens = []
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        try:
+            m = operator.index(m)
+        except TypeError:
+            raise TypeError(f"warpforge: '{name}' must be an int, got {type(m).__name__}") from None
+        if m < 0:      # a negative max_seqlen_q sized an empty grid: the output was never written
+            raise ValueError(f"warpforge: '{name}' is {m}; expected the longest sequence's length (>= 0)")
+        lens.append(m)
+    max_seqlen_q, max_seqlen_k = lens
     if validate:
         _validate_cu(cu_seqlens_q, q.shape[0], max_seqlen_q, "q")
         _validate_cu(cu_seqlens_k, k.shape[0], max_seqlen_k, "k")
     left, right = _window(window_size, causal)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    o, lse = attention_op(q, k, v, None, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else check_finite("scale", scale)
+    o, lse = attention_op(q, k, v, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                           scale, left, right, True)
     return (o, lse) if return_lse else o
 
@@ -1045,7 +1068,7 @@ def _validate_cu(cu: torch.Tensor, total: int, max_len: int, side: str) -> None:
     """cu_seqlens against the packed length and max_seqlen, with one device-to-host copy; skipped
     while torch.compile traces or a CUDA graph captures (no host copy is possible there; the
     kernels still never read outside q, k, v), as decode_attention's and moe_experts' checks are."""
-    if torch.compiler.is_compiling() or (cu.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if torch.compiler.is_compiling() or cu.is_meta or (cu.is_cuda and torch.cuda.is_current_stream_capturing()):
         return
     lens = cu[1:] - cu[:-1]
     first, last, low, high = torch.stack([cu[0], cu[-1], lens.min() if lens.numel() else cu[0] * 0,

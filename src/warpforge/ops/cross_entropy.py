@@ -75,7 +75,7 @@ import triton.language as tl
 
 from ..runtime import interpreting, new_empty
 from ..runtime.amp import autocast_inputs
-from ..runtime.checks import check_device, check_tensor, is_finite
+from ..runtime.checks import check_device, check_tensor, is_finite, to_float
 from ..runtime.device import sm_count
 from ..runtime.heuristics import ce_config, persistent_grid
 from ..runtime.registry import FAST_EAGER, Op, dispatched
@@ -909,18 +909,23 @@ linear_cross_entropy_op = Op("linear_cross_entropy", _lce_impl, _lce_fake, backw
 def _check_options(ignore_index, reduction, label_smoothing, z_loss, softcap) -> tuple[int, float, float, float]:
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"warpforge: 'ignore_index' must be an int, got {type(ignore_index).__name__}")
-    if reduction not in REDUCTIONS:
+    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
         raise ValueError(f"warpforge: 'reduction' is {reduction!r}; expected one of 'none', 'mean', 'sum'")
-    eps = float(label_smoothing)
+    eps = to_float("label_smoothing", label_smoothing)
     if not 0.0 <= eps <= 1.0:
         raise ValueError(f"warpforge: 'label_smoothing' is {label_smoothing}; expected a value in [0, 1]")
-    z = float(z_loss)
+    z = to_float("z_loss", z_loss)
     if not (is_finite(z) and z >= 0.0):
         raise ValueError(f"warpforge: 'z_loss' is {z_loss}; expected a finite value >= 0")
-    cap = 0.0 if softcap is None else float(softcap)
+    cap = 0.0 if softcap is None else to_float("softcap", softcap)
     if softcap is not None and not (is_finite(cap) and cap > 0.0):
         raise ValueError(f"warpforge: 'softcap' is {softcap}; expected None or a finite value > 0")
     return REDUCTIONS[reduction], eps, z, cap
+
+
+def _check_chunk_size(chunk_size) -> None:
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"warpforge: 'chunk_size' is {chunk_size!r}; expected None or a positive int (tokens)")
 
 
 def _check_target(target, rows_name: str, rows: int, expected_shape) -> None:
@@ -960,9 +965,11 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[to
     stride is read in place, other layouts are copied to rows first. ``return_lse=True`` also
     returns the log-sum-exp of each row (fp32, shaped like ``target``, without gradient).
 
-    Differences from PyTorch, all deliberate: the mean over zero counted tokens is 0 (not NaN);
-    int32 targets are accepted; an out-of-range target is a device-side assertion on the GPU, a
-    ValueError under the interpreter. The loss has the input's dtype, as in PyTorch."""
+    Differences from PyTorch, all deliberate: the mean over zero counted tokens is 0 (not NaN), and
+    so is a weighted mean whose counted class weights sum to <= 0 (class weights are expected >= 0;
+    checking them would cost a device-to-host copy); int32 targets are accepted; an out-of-range
+    target is a device-side assertion on the GPU, a ValueError under the interpreter. The loss has
+    the input's dtype, as in PyTorch."""
     check_tensor("input", input)
     red, eps, z, cap = _check_options(ignore_index, reduction, label_smoothing, z_loss, softcap)
     if input.dim() == 1:
@@ -973,6 +980,8 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: Optional[to
         x2 = input
     else:
         vocab, out_shape = input.shape[1], (input.shape[0], *input.shape[2:])
+        if vocab == 0:
+            raise ValueError(f"warpforge: 'input' has shape {tuple(input.shape)}, 0 classes (dim 1); expected at least 1")
         x2 = input.movedim(1, -1).reshape(-1, vocab)
     _check_target(target, "input", x2.shape[0], out_shape)
     check_device("target", target)
@@ -1033,8 +1042,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     _check_class_weight("ce_weight", ce_weight, vocab, hidden)
     if ce_weight is not None:
         ce_weight = ce_weight.contiguous()
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"warpforge: 'chunk_size' is {chunk_size!r}; expected None or a positive int (tokens)")
+    _check_chunk_size(chunk_size)
     h2 = hidden.reshape(-1, hidden.shape[-1])
     if h2.stride(-1) != 1:
         h2 = h2.contiguous()

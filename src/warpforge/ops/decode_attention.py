@@ -68,7 +68,7 @@ import triton
 import triton.language as tl
 
 from ..runtime import interpreting, new_empty, unit_last_dim
-from ..runtime.checks import check_device, check_same, check_tensor
+from ..runtime.checks import check_device, check_same, check_tensor, is_finite
 from ..runtime.device import device_info
 from ..runtime import heuristics
 from ..runtime.heuristics import DECODE_COMBINE_D, DECODE_COMBINE_STEP, decode_config
@@ -695,6 +695,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         scale = 1.0 / math.sqrt(d)
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"warpforge: 'scale' must be a float or None, got {type(scale).__name__}")
+    elif not is_finite(scale):
+        raise ValueError(f"warpforge: 'scale' is {scale}; expected a finite number (or None for 1/sqrt(D))")
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"warpforge: 'num_splits' is {num_splits!r}; expected None or an int >= 1")
     if validate:

@@ -1013,7 +1013,7 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     _check_operand("input", input)
     _check_operand("weight", weight)
     _check_variant(variant)
-    if activation not in ACTIVATIONS:
+    if not (activation is None or isinstance(activation, str)) or activation not in ACTIVATIONS:
         raise ValueError(f"warpforge: 'activation' is {activation!r}; expected one of "
                          f"{', '.join(repr(a) for a in ACTIVATIONS)}")
     if input.dim() < 1:

@@ -948,13 +948,17 @@ def _check(x, w_gate_up, w_down, topk_weights, topk_ids):
         check_same(name, t, "x", x, shape=False, dtype=False)
 
 
-def _validate_ids(ids: torch.Tensor, E: int) -> None:
-    if ids.numel() == 0 or torch.compiler.is_compiling() or (ids.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return
+def _validate_ids(ids: torch.Tensor, E: int) -> bool:
+    """Whether the ids were checked (False where no host copy is possible: tracing, capture, meta)."""
+    if ids.numel() == 0:
+        return True
+    if torch.compiler.is_compiling() or ids.is_meta or (ids.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return False
     low, high = torch.stack([ids.min(), ids.max()]).tolist()
     if low < 0 or high >= E:
         raise ValueError(f"warpforge: 'topk_ids' holds expert ids in [{low}, {high}]; expected ids in [0, {E - 1}] "
                          f"(n_experts = {E})")
+    return True
 
 
 def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_weights: torch.Tensor,
@@ -975,11 +979,14 @@ def moe_experts(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, 
     x, w_gate_up, w_down = autocast_inputs(x, w_gate_up, w_down)
     _check(x, w_gate_up, w_down, topk_weights, topk_ids)
     E = w_gate_up.shape[0]
-    if validate:
-        _validate_ids(topk_ids, E)
+    checked = validate and _validate_ids(topk_ids, E)
     d, k = x.shape[-1], topk_ids.shape[-1]
     x2 = x.reshape(-1, d)
     ids = topk_ids.reshape(-1, k)
+    if ids.dtype != torch.int32 and not checked:
+        # unchecked int64 ids are narrowed to int32 below, where an id past 2^31 wraps (2^32 -> 0)
+        # into range: clamp first, so that every out-of-range id stays out of range and is dropped
+        ids = ids.clamp(-1, E)
     ids = ids if ids.dtype == torch.int32 and ids.is_contiguous() else ids.to(torch.int32).contiguous()
     weights = topk_weights.reshape(-1, k)
     weights = weights if weights.dtype == torch.float32 and weights.is_contiguous() else weights.float().contiguous()

@@ -72,7 +72,7 @@ import triton
 import triton.language as tl
 
 from ..runtime import fastpath, new_empty
-from ..runtime.checks import check_normalized_shape, check_same, check_tensor, check_weight
+from ..runtime.checks import check_finite, check_normalized_shape, check_same, check_tensor, check_weight
 from ..runtime.heuristics import NORM_LOOP_ROWS_PER_SM, grad_grid, grad_sum_config, norm_bwd_config, norm_fwd_config, sm_count
 from ..runtime.device import device_info
 from ..runtime.registry import Op
@@ -1112,7 +1112,7 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None 
     if casting_mode not in CASTING_MODES:
         raise ValueError(f"warpforge: 'casting_mode' must be one of {CASTING_MODES}, got {casting_mode!r}")
     eps = torch.finfo(input.dtype).eps if eps is None else _check_eps(eps)
-    return rms_norm_op(input, weight, eps, float(offset), casting_mode == "llama")[0]
+    return rms_norm_op(input, weight, eps, check_finite("offset", offset), casting_mode == "llama")[0]
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float | None = None,
@@ -1132,5 +1132,5 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     check_same("residual", residual, "x", x)
     check_weight("weight", weight, "x", x, x.shape[-1])
     eps = torch.finfo(x.dtype).eps if eps is None else _check_eps(eps)
-    normed, h, _ = add_rms_norm_op(x, residual, weight, eps, float(offset))
+    normed, h, _ = add_rms_norm_op(x, residual, weight, eps, check_finite("offset", offset))
     return normed, h

@@ -604,11 +604,13 @@ def _amax_last(x: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 def _reduce_public(op, x: torch.Tensor, dim: int, keepdim: bool, *extra, cuda=None) -> torch.Tensor:
     check_tensor("input", x, min_dim=0)
+    if not isinstance(keepdim, bool):
+        raise TypeError(f"warpforge: 'keepdim' must be a bool, got {type(keepdim).__name__}")
     if cuda is not None:
         op = cuda
+    d = normalize_dim("dim", dim, x.dim())       # before the 0-d case: torch takes only dim 0 or -1 there
     if x.dim() == 0:
         return op(x.reshape(1), *extra).reshape(())
-    d = normalize_dim("dim", dim, x.dim())
     if x.shape[d] == 0:
         raise ValueError(f"warpforge: 'input' has shape {tuple(x.shape)}, so dim={dim} to reduce is empty; "
                          f"expected at least 1 element along it")

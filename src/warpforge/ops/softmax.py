@@ -375,11 +375,13 @@ def _softmax_public(x: torch.Tensor, dim: int, dtype: torch.dtype | None, log: b
     if check_backend(backend) == "cuda":
         from ..cuda.functional import softmax_last as op
     if dtype is not None:
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"warpforge: 'dtype' must be a torch.dtype or None, got {type(dtype).__name__}")
         x = x.to(dtype)
         check_tensor("input", x, min_dim=0)
+    d = normalize_dim("dim", dim, x.dim())       # before the 0-d case: torch takes only dim 0 or -1 there
     if x.dim() == 0:
         return op(x.reshape(1), log).reshape(())
-    d = normalize_dim("dim", dim, x.dim())
     if x.numel() == 0:
         # nothing to compute, but the result must stay in the autograd graph (an empty_like had no
         # grad_fn: backward raised "does not require grad"); any map of an empty tensor is exact

@@ -3,6 +3,7 @@ expected, raised in Python before any kernel is launched."""
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -19,12 +20,32 @@ def is_finite(v) -> bool:
     return -math.inf < v < math.inf
 
 
+def to_float(name: str, v) -> float:
+    """A real-valued option as a float: a number, or what float() takes but a string or a bool
+    (e.g. a 0-d tensor); a TypeError naming the option otherwise."""
+    if isinstance(v, (bool, str, bytes)):
+        raise TypeError(f"warpforge: '{name}' must be a real number, got {type(v).__name__}")
+    try:
+        return float(v)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"warpforge: '{name}' must be a real number, got {type(v).__name__}") from None
+
+
+def check_finite(name: str, v) -> float:
+    """A real-valued option (see :func:`to_float`), finite: NaN or inf would reach the kernels and
+    come back as a NaN result, never as an error."""
+    f = to_float(name, v)
+    if not is_finite(f):
+        raise ValueError(f"warpforge: '{name}' is {f}; expected a finite number")
+    return f
+
+
 def check_tensor(name: str, t, *, dtypes: Sequence[torch.dtype] = FLOAT_DTYPES, min_dim: int = 1) -> None:
     """A floating tensor of a supported dtype, on a device our kernels run on, with a non-empty last dim."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"warpforge: '{name}' must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
-        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        names = ", ".join(dict.fromkeys(str(d).replace("torch.", "") for d in dtypes))
         raise TypeError(f"warpforge: '{name}' has dtype {str(t.dtype).replace('torch.', '')}; expected one of {names}")
     if t.dim() < min_dim:
         raise ValueError(f"warpforge: '{name}' must have at least {min_dim} dimension(s), got a {t.dim()}-d tensor")
@@ -75,9 +96,13 @@ def normalize_dim(name: str, dim: int, ndim: int) -> int:
 
 def check_normalized_shape(normalized_shape, x: torch.Tensor) -> int:
     """warpforge norms normalise over the last dimension only; returns its size."""
-    if isinstance(normalized_shape, int):
+    if isinstance(normalized_shape, (int, torch.SymInt)):
         normalized_shape = (normalized_shape,)
-    normalized_shape = tuple(int(s) for s in normalized_shape)
+    try:
+        normalized_shape = tuple(int(operator.index(s)) for s in normalized_shape)
+    except TypeError:        # None, a float, a string of digits: torch raises too
+        raise TypeError(f"warpforge: 'normalized_shape' is {normalized_shape!r}; expected an int or a sequence "
+                        f"of ints (as torch.nn.functional.layer_norm)") from None
     if len(normalized_shape) != 1 or x.dim() < 1 or normalized_shape[0] != x.shape[-1]:
         raise ValueError(
             f"warpforge: 'normalized_shape' {normalized_shape} does not match input of shape {tuple(x.shape)}; "

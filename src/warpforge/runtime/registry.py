@@ -83,8 +83,10 @@ def _eager_function(name: str, impl: Callable, setup_context: Callable, backward
 def eager_door(t) -> bool:
     """Whether a call whose first tensor is ``t`` takes the direct eager door: the door is on
     (:data:`FAST_EAGER`), ``t`` is a plain tensor (type() is exact on purpose: FakeTensor and
-    FunctionalTensor are subclasses and must take the operator door) and Dynamo is not tracing."""
-    return FAST_EAGER and type(t) is torch.Tensor and not torch.compiler.is_compiling()
+    FunctionalTensor are subclasses and must take the operator door), not on the meta device (the
+    checks accept meta tensors for shape inference; the operator door answers them with the fake
+    implementation, where the eager door launched a kernel on them) and Dynamo is not tracing."""
+    return FAST_EAGER and type(t) is torch.Tensor and not t.is_meta and not torch.compiler.is_compiling()
 
 
 class Op:

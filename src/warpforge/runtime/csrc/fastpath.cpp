@@ -33,6 +33,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -295,7 +296,7 @@ bool opt_tensor(py::handle o, std::optional<Tensor>& out) {
 bool num_value(py::handle o, double& out) {
   if (!(PyFloat_Check(o.ptr()) || PyLong_Check(o.ptr()))) return false;
   out = o.cast<double>();
-  return true;
+  return std::isfinite(out);      // NaN/inf: the Python path, which raises (checks.check_finite)
 }
 
 // ``normalized_shape`` as torch takes it (an int or a one-element sequence) equal to n.
