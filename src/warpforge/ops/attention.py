@@ -197,7 +197,7 @@ def _wide(x, WIDE: tl.constexpr):
 
 @triton.jit
 def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
-               lo, hi, m0, len_k, off, win_left, win_right, scale_log2,
+               lo, hi, m0, len_q, len_k, off, win_left, win_right, scale_log2,
                offs_m, offs_n, offs_d,
                MASKED: tl.constexpr, MASK_KIND: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -226,10 +226,11 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
             ok = _visible(i[:, None], n[None, :], len_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
             s = qk * scale_log2
             if MASK_KIND == 1:
-                keep = tl.load(mask_tile + offs_m[:, None] * smm + n[None, :] * smn, mask=ok, other=0)
+                keep = tl.load(mask_tile + offs_m[:, None] * smm + n[None, :] * smn, mask=ok & (i[:, None] < len_q), other=0)
                 ok = ok & (keep != 0)
             elif MASK_KIND == 2:
-                s += tl.load(mask_tile + offs_m[:, None] * smm + n[None, :] * smn, mask=ok, other=0.0).to(tl.float32) * 1.4426950408889634
+                s += tl.load(mask_tile + offs_m[:, None] * smm + n[None, :] * smn, mask=ok & (i[:, None] < len_q),
+                         other=0.0).to(tl.float32) * 1.4426950408889634
             s = tl.where(ok, s, -float("inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_use = tl.where(m_new == -float("inf"), 0.0, m_new)               # a row with nothing visible yet
@@ -312,13 +313,13 @@ def _attn_fwd_kernel(
             a = lo
             bb = lo
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
-                                   lo, a, m0, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
+                                   lo, a, m0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
                                    True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
-                                   a, bb, m0, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
+                                   a, bb, m0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
                                    False, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
-                                   bb, hi, m0, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
+                                   bb, hi, m0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
                                    True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE)
         empty = l_i == 0.0
         out = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -473,7 +474,7 @@ def _attn_bwd_dkdv_kernel(
 
 @triton.jit
 def _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, smn,
-              lo, hi, m0, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
+              lo, hi, m0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
               MASKED: tl.constexpr, MASK_KIND: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
               D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
               WIDE: tl.constexpr):
@@ -501,10 +502,11 @@ def _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, s
         if MASKED:
             ok = _visible(i[:, None], n[None, :], len_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
             if MASK_KIND == 1:
-                keep = tl.load(mask_tile + offs_m[:, None] * smm + n[None, :] * smn, mask=ok, other=0)
+                keep = tl.load(mask_tile + offs_m[:, None] * smm + n[None, :] * smn, mask=ok & (i[:, None] < len_q), other=0)
                 ok = ok & (keep != 0)
             elif MASK_KIND == 2:
-                s += tl.load(mask_tile + offs_m[:, None] * smm + n[None, :] * smn, mask=ok, other=0.0).to(tl.float32) * 1.4426950408889634
+                s += tl.load(mask_tile + offs_m[:, None] * smm + n[None, :] * smn, mask=ok & (i[:, None] < len_q),
+                         other=0.0).to(tl.float32) * 1.4426950408889634
             s = tl.where(ok, s, -float("inf"))
         p = tl.math.exp2(s - lse[:, None])
         dp = _mm(do, tl.trans(v), None, DOT_PREC)
@@ -552,13 +554,13 @@ def _attn_bwd_dq_kernel(
             a = lo
             bb = lo
         dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, smn,
-                       lo, a, m0, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
+                       lo, a, m0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
                        True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE)
         dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, smn,
-                       a, bb, m0, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
+                       a, bb, m0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
                        False, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE)
         dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, smn,
-                       bb, hi, m0, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
+                       bb, hi, m0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
                        True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE)
         dq = dq * scale
         tl.store(dq_ptr + b64 * sdqb + h64 * sdqh + (q0 + i[:, None]) * sdqm + offs_d[None, :], dq.to(dq_ptr.dtype.element_ty), mask=qmask)
