@@ -446,3 +446,17 @@ def test_scale_not_finite():
     for s in (float("nan"), float("inf"), -float("inf")):
         with pytest.raises(ValueError, match="'scale' is .*; expected a finite number"):
             decode_attention(q, kc, vc, bt, lens, scale=s)
+
+
+def test_append_refuses_one_tensor_as_both_caches():
+    """The same tensor as k_cache and v_cache: the values overwrote the keys just written, silently.
+    Two views of one buffer (a (blocks, 2, block, Hkv, D) cache split in two) stay fine."""
+    kc, vc, bt, _ = paged(2, 3, 8, 2, 16, torch.float32)
+    key, value = randn(2, 1, 2, 16), randn(2, 1, 2, 16)
+    lens = torch.tensor([3, 4], device=DEVICE, dtype=torch.int32)
+    with pytest.raises(ValueError, match="'k_cache' and 'v_cache' are the same memory"):
+        append_paged_kv(key, value, kc, kc, bt, lens)
+    both = torch.stack([kc, vc], 1)                       # (blocks, 2, block, Hkv, D)
+    append_paged_kv(key, value, both[:, 0], both[:, 1], bt, lens)
+    append_paged_kv(key, value, kc, vc, bt, lens)
+    assert torch.equal(both[:, 0], kc) and torch.equal(both[:, 1], vc)

@@ -727,6 +727,11 @@ def append_paged_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tenso
     check_tensor("value", value, min_dim=1)
     check_same("value", value, "key", key)
     nblocks, page, hkv, d = _check_caches(k_cache, v_cache, "key", key)
+    if (type(k_cache) is torch.Tensor and not k_cache.is_meta and not torch.compiler.is_compiling()
+            and k_cache.data_ptr() == v_cache.data_ptr()):
+        # one tensor passed as both (two views of one buffer, e.g. kv[:, 0] and kv[:, 1], are fine):
+        # the values would overwrite the keys just written
+        raise ValueError("warpforge: 'k_cache' and 'v_cache' are the same memory; expected two caches")
     bsz, t, hk, dk = key.shape
     if (hk, dk) != (hkv, d):
         raise ValueError(f"warpforge: 'key' has {hk} heads of D={dk} but 'k_cache' has {hkv} of D={d}; "
