@@ -61,7 +61,7 @@ import triton.language as tl
 from .. import runtime
 from ..runtime import interpreting, unit_last_dim
 from ..runtime.amp import autocast_inputs
-from ..runtime.checks import check_finite, check_same, check_tensor
+from ..runtime.checks import check_finite, check_same, check_tensor, host_sync_unavailable
 from ..runtime.heuristics import AttentionConfig, attention_config, attention_pattern
 from ..runtime.launch import LaunchCache
 from ..runtime.registry import Op
@@ -1070,7 +1070,7 @@ def _validate_cu(cu: torch.Tensor, total: int, max_len: int, side: str) -> None:
     """cu_seqlens against the packed length and max_seqlen, with one device-to-host copy; skipped
     while torch.compile traces or a CUDA graph captures (no host copy is possible there; the
     kernels still never read outside q, k, v), as decode_attention's and moe_experts' checks are."""
-    if torch.compiler.is_compiling() or cu.is_meta or (cu.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if host_sync_unavailable(cu):
         return
     lens = cu[1:] - cu[:-1]
     first, last, low, high = torch.stack([cu[0], cu[-1], lens.min() if lens.numel() else cu[0] * 0,

@@ -78,7 +78,7 @@ from ..runtime.amp import autocast_inputs
 from ..runtime.checks import check_device, check_tensor, is_finite, to_float
 from ..runtime.device import sm_count
 from ..runtime.heuristics import ce_config, persistent_grid
-from ..runtime.registry import FAST_EAGER, Op, dispatched
+from ..runtime.registry import FAST_EAGER, Op, may_keep_buffers
 from ._rows import exp_minus, gather_row_stats, online_finish, online_update, publish_row_stats, split_launch
 
 REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
@@ -548,9 +548,7 @@ STATS_LAUNCH = None       # (columns, warps) of the no-gradient statistics kerne
 
 def _one(device: torch.device) -> torch.Tensor:
     t = _ONES.get(device)
-    if t is None and device.type == "cuda" and (dispatched() or torch.cuda.is_current_stream_capturing()):
-        # not kept: made inside a capture, its fill would run only when that graph replays; and
-        # CUDA graph trees refuse a kept buffer made in their warm-up (registry.dispatched)
+    if t is None and not may_keep_buffers(device):
         return torch.ones((), dtype=torch.float32, device=device)
     if t is None:
         t = _ONES[device] = torch.ones((), dtype=torch.float32, device=device)

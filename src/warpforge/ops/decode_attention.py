@@ -68,7 +68,7 @@ import triton
 import triton.language as tl
 
 from ..runtime import interpreting, new_empty, unit_last_dim
-from ..runtime.checks import check_device, check_same, check_tensor, is_finite
+from ..runtime.checks import check_device, check_same, check_tensor, host_sync_unavailable, is_finite
 from ..runtime.device import device_info
 from ..runtime import heuristics
 from ..runtime.heuristics import DECODE_COMBINE_D, DECODE_COMBINE_STEP, decode_config
@@ -574,10 +574,8 @@ def _check_caches(k_cache, v_cache, ref_name: str, ref: torch.Tensor) -> tuple[i
 
 
 def _skip_sync(t: torch.Tensor) -> bool:
-    """Where a host check is impossible: tracing, fake tensors, CUDA graph capture."""
-    if torch.compiler.is_compiling() or type(t) is not torch.Tensor or t.device.type == "meta":
-        return True
-    return t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    """Where a host check is impossible: fake tensors, and checks.host_sync_unavailable."""
+    return type(t) is not torch.Tensor or host_sync_unavailable(t)
 
 
 def _first(mask: torch.Tensor) -> torch.Tensor:

@@ -85,7 +85,7 @@ from ..runtime.checks import check_backend, check_device
 from ..runtime.device import sm_count
 from ..runtime.heuristics import MatmulConfig, matmul_candidates, matmul_config
 from ..runtime.launch import Desc, LaunchCache, aligned, launch
-from ..runtime.registry import Op, dispatched
+from ..runtime.registry import Op, may_keep_buffers
 from .activations import _act, _act_and_grad
 
 VARIANTS = ("auto", "naive", "pipelined", "grouped", "autotuned", "persistent", "splitk")
@@ -457,7 +457,7 @@ def _split_locks(device: torch.device, tiles: int) -> torch.Tensor:
     replayed first read whatever was there), and graphs of one stream would share it; and through
     the dispatcher (torch.compile's graphs: see registry.dispatched), as the CUDA graph trees refuse
     a kept buffer allocated in their warm-up."""
-    if device.type == "cuda" and (dispatched() or torch.cuda.is_current_stream_capturing()):
+    if not may_keep_buffers(device):
         return torch.zeros(tiles, dtype=torch.int32, device=device)
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (device, stream)

@@ -80,7 +80,7 @@ import triton.language as tl
 
 from ..runtime import interpreting, new_empty, unit_last_dim
 from ..runtime.amp import autocast_inputs
-from ..runtime.checks import check_same, check_tensor
+from ..runtime.checks import check_same, check_tensor, host_sync_unavailable
 from ..runtime.device import sm_count
 from ..runtime.heuristics import MOE_ALIGN_CHUNK, MoEConfig, moe_block_m, moe_config, moe_tma_config
 from ..runtime.launch import LaunchCache
@@ -952,7 +952,7 @@ def _validate_ids(ids: torch.Tensor, E: int) -> bool:
     """Whether the ids were checked (False where no host copy is possible: tracing, capture, meta)."""
     if ids.numel() == 0:
         return True
-    if torch.compiler.is_compiling() or ids.is_meta or (ids.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if host_sync_unavailable(ids):
         return False
     low, high = torch.stack([ids.min(), ids.max()]).tolist()
     if low < 0 or high >= E:

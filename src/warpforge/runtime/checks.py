@@ -20,6 +20,14 @@ def is_finite(v) -> bool:
     return -math.inf < v < math.inf
 
 
+def host_sync_unavailable(t: torch.Tensor) -> bool:
+    """Where a validation's device-to-host copy is impossible, so the check is skipped: while
+    torch.compile traces, on meta tensors, and while a CUDA graph captures (the kernels still never
+    access memory outside their tensors)."""
+    return (torch.compiler.is_compiling() or t.device.type == "meta"
+            or (t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()))
+
+
 def to_float(name: str, v) -> float:
     """A real-valued option as a float: a number, or what float() takes but a string or a bool
     (e.g. a 0-d tensor); a TypeError naming the option otherwise."""

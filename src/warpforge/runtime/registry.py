@@ -25,7 +25,6 @@ import functools
 import inspect
 import os
 import threading
-import typing
 from collections.abc import Callable
 
 import torch
@@ -47,6 +46,13 @@ def dispatched() -> bool:
     return getattr(_DISPATCH, "depth", 0) > 0
 
 
+def may_keep_buffers(device: torch.device) -> bool:
+    """Whether a launcher may keep a device buffer across calls (made once, reused): not on a CUDA
+    device while a CUDA graph captures (the buffer's fill would run only when that graph replays,
+    and graphs would share it) nor on the dispatcher door (:func:`dispatched`)."""
+    return device.type != "cuda" or not (dispatched() or torch.cuda.is_current_stream_capturing())
+
+
 def _marked(impl: Callable) -> Callable:
     """``impl`` as the registered operator runs it: :func:`dispatched` is True inside."""
     @functools.wraps(impl)
@@ -59,7 +65,6 @@ def _marked(impl: Callable) -> Callable:
     # the schema is inferred from the signature: resolved in impl's module (its annotations are
     # strings under ``from __future__ import annotations``, and this module lacks their names)
     run.__signature__ = inspect.signature(impl, eval_str=True)
-    run.__annotations__ = typing.get_type_hints(impl)
     del run.__wrapped__
     return run
 
