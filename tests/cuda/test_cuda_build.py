@@ -407,3 +407,26 @@ def test_softmax_config_ok_mirror_refuses_bad_shapes():
     assert softmax_config_ok([64, 1, 1, 2], 100, 2, False) is not None        # rows per block > 1 needs 32 threads
     assert softmax_config_ok([1024, 3, 1, 1], 100, 2, False) is not None
     assert softmax_config_ok([1024, 4, 3, 1], 100, 2, False) is not None
+
+
+def test_layer_norm_cluster_table(monkeypatch):
+    """Every launch shape in heuristics.NORM_LAYER_CLUSTER passes norm.cu's
+    layer_norm_cluster_config_error (mirrored here), and the route asks for the table only where it
+    applies: the named device, a row length in the table, at least one row an SM, not interpreting."""
+    from warpforge.runtime import heuristics as H
+
+    for table in H.NORM_LAYER_CLUSTER.values():
+        for n, (c, t, v, rows, stages) in table.items():
+            assert c in (2, 4, 8, 16) and t in (128, 256, 512, 1024) and v in (1, 2, 4, 8), (n, c, t, v)
+            assert not (t == 1024 and v == 8) and c * t * v * 8 == n, (n, c, t, v)
+            assert 1 <= rows <= min(8, t // 32) and rows * c <= 32 and 2 <= stages <= 8, (n, rows, stages)
+            assert stages * rows * (n // c) * 2 <= 220 * 1024, (n, stages, rows)
+    monkeypatch.setattr(H, "interpreting", lambda: False)
+    monkeypatch.setattr(H, "sm_count", lambda *a: 132)
+    assert H.layer_norm_cluster_config(65536, 2048, "NVIDIA H200") == H.NORM_LAYER_CLUSTER["H200"][65536]
+    assert H.layer_norm_cluster_config(262144, 132, "NVIDIA H200") == H.NORM_LAYER_CLUSTER["H200"][262144]
+    assert H.layer_norm_cluster_config(65536, 131, "NVIDIA H200") is None
+    assert H.layer_norm_cluster_config(32768, 4096, "NVIDIA H200") is None
+    assert H.layer_norm_cluster_config(65536, 2048, "NVIDIA H100 80GB HBM3") is None
+    monkeypatch.setattr(H, "interpreting", lambda: True)
+    assert H.layer_norm_cluster_config(65536, 2048, "NVIDIA H200") is None

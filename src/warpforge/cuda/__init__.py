@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("ops.cpp", "add.cu", "reduce.cu", "softmax.cu", "matmul.cu", "mma_tma.cu")
+SOURCES = ("ops.cpp", "add.cu", "reduce.cu", "softmax.cu", "matmul.cu", "mma_tma.cu", "norm.cu")
 NAMESPACE = "warpforge_cuda"
 
 _loaded = False

@@ -102,13 +102,20 @@ def _matmul_backward(ctx, dc):
     return da, db, None
 
 
+# ---- LayerNorm forward over long rows: writes its out, mean and rstd (no autograd here: ops/norms.py's
+# operator owns it) ------------------------------------------------------------------------------
+def _layer_norm_fwd_fake(input, weight, bias, eps, config, out, mean, rstd):
+    return None
+
+
 def register() -> None:
     global _done
     if _done:
         return
     lib = "warpforge_cuda::"
     for name, fake in (("add", _add_fake), ("sum", _sum_fake), ("amax", _amax_fake), ("softmax", _softmax_fake),
-                       ("softmax_backward", _softmax_bwd_fake), ("matmul", _matmul_fake)):
+                       ("softmax_backward", _softmax_bwd_fake), ("matmul", _matmul_fake),
+                       ("layer_norm_fwd", _layer_norm_fwd_fake)):
         torch.library.register_fake(lib + name, fake)
     for name, backward, setup in (("add", _add_backward, _add_setup), ("sum", _sum_backward, _sum_setup),
                                   ("amax", _amax_backward, _amax_setup),

@@ -30,6 +30,13 @@ Why the kernels look the way they do:
   one read and one write per element at N = 262,144, at 89-95% of the copy roof on an H100.
 - Forward, ``loop`` path (fallback, and the interpreter past 16,384): one program per row, two
   passes (statistics with a running Chan merge per chunk, then normalise): 1.5x the bytes.
+- Forward, LayerNorm rows of 65,536 and 262,144 on the H200 (heuristics.NORM_LAYER_CLUSTER):
+  the CUDA backend's cluster kernel (``warpforge/cuda/csrc/norm.cu``), where that backend builds
+  (nvcc and ninja; built on first use, cached). A row is spread over a thread-block cluster whose
+  blocks each keep their column slice of w and b in registers for every row and exchange partial
+  statistics through distributed shared memory, so neither x nor the parameters are re-read from
+  L2 -- the Triton kernels' limit at those lengths on that device. ``WARPFORGE_NORM_CUDA=0``
+  keeps the Triton kernels.
 - Backward: x_hat is recomputed from x and the saved fp32 (mean, rstd) -- never saved, which
   would cost another M*N*s write and read. For rows up to 8,192 (RMSNorm; LayerNorm in a 2-byte
   dtype on the H100 and H200, heuristics.NORM_LAYER_BWD_WIDE) or 4,096 (LayerNorm otherwise)
@@ -64,7 +71,10 @@ Why the kernels look the way they do:
 """
 from __future__ import annotations
 
+import functools
 import math
+import os
+import warnings
 from typing import Optional
 
 import torch
@@ -73,7 +83,8 @@ import triton.language as tl
 
 from ..runtime import fastpath, new_empty
 from ..runtime.checks import check_finite, check_normalized_shape, check_same, check_tensor, check_weight
-from ..runtime.heuristics import NORM_LOOP_ROWS_PER_SM, grad_grid, grad_sum_config, norm_bwd_config, norm_fwd_config, sm_count
+from ..runtime.heuristics import (NORM_LOOP_ROWS_PER_SM, grad_grid, grad_sum_config, layer_norm_cluster_config,
+                                  norm_bwd_config, norm_fwd_config, sm_count)
 from ..runtime.device import device_info
 from ..runtime.registry import Op
 from ..runtime.launch import run
@@ -772,6 +783,41 @@ def _grad_sum_kernel(dw_part_ptr, db_part_ptr,   # (G, N) fp32 partial sums (HAS
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
+@functools.cache
+def _cuda_backend_ready() -> bool:
+    """Whether the CUDA backend is built and loaded here (building it on first use); False, with one
+    warning naming the reason, where it cannot be, and without trying under WARPFORGE_NORM_CUDA=0."""
+    if os.environ.get("WARPFORGE_NORM_CUDA", "1") == "0":
+        return False
+    from .. import cuda as wcuda
+
+    try:
+        wcuda.load()
+    except wcuda.CudaBackendUnavailable as e:
+        warnings.warn(f"warpforge: LayerNorm keeps its Triton kernels for long rows: {e}", RuntimeWarning,
+                      stacklevel=3)
+        return False
+    return True
+
+
+def _layer_norm_cluster(x2, y, weight, bias, m: int, n: int):
+    """The CUDA cluster kernel's launch shape for this LayerNorm call, or None where the Triton
+    kernels keep it (heuristics.layer_norm_cluster_config; 16-bit rows, parameters of the input's
+    dtype, 16-byte aligned rows and parameters)."""
+    if x2.dtype not in (torch.bfloat16, torch.float16) or not x2.is_cuda:
+        return None
+    if any(p is not None and p.dtype != x2.dtype for p in (weight, bias)):
+        return None
+    cfg = layer_norm_cluster_config(n, m, _device_name(x2))
+    if cfg is None:
+        return None
+    row_bytes = x2.stride(0) * x2.element_size()
+    if row_bytes % 16 or y.stride(0) * y.element_size() % 16 or any(
+            t is not None and t.data_ptr() % 16 for t in (x2, y, weight, bias)):
+        return None
+    return cfg if _cuda_backend_ready() else None
+
+
 def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, llama: bool):
     """Normalise the last dim of x (+ residual). Returns (y, h or None, mean or None, rstd)."""
     # the kernels read the parameters densely (w_ptr + cols): a strided view is copied
@@ -786,7 +832,12 @@ def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, l
     if residual is not None:
         r2 = as_rows(residual)
         h = new_empty((m, n), device=x.device, dtype=x.dtype)
-    if m > 0:
+    cluster = None if rms or residual is not None or m == 0 else _layer_norm_cluster(x2, y, weight, bias, m, n)
+    if cluster is not None:
+        from .. import cuda as wcuda
+
+        wcuda.ops().layer_norm_fwd(x2, weight, bias, float(eps), list(cluster), y, mean, rstd)
+    elif m > 0:
         cfg = norm_fwd_config(n, layer=not rms, many=residual is None and m >= NORM_LOOP_ROWS_PER_SM * sm_count(),
                               device_name=_device_name(x))
         args = (x2, x2 if r2 is None else r2, y, y if h is None else h,

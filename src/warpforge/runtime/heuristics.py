@@ -149,6 +149,28 @@ NORM_WIDE_LOOP = {"H200": {False: (16385, 32768, 8192, 32), True: (16385, 32768,
 # device: {LayerNorm?: (min N, max N, elements a step, warps)}
 NORM_LAYER_BLOCK = {"H200": {1024: (2, 2), 4096: (1, 4)}}  # device: {block_n: (rows, warps)}
 NORM_RMS_PIPE = {"H200": (2048, 4)}   # device: (chunk, warps) of RMSNorm's pipe at 32K < N <= 64K, many rows
+# Session 32 (NOTES item 86, benchmarks/probe_ln_cluster.py, M*N = 2^27 bf16): LayerNorm rows of
+# 65,536 and 262,144 on the H200 take the CUDA backend's cluster kernel (cuda/csrc/norm.cu: a row
+# spread over a thread-block cluster, w and b held in registers, x staged by bulk copies, partial
+# statistics exchanged through distributed shared memory). 65K at 8 blocks x 256 threads x 4
+# vectors, 4 rows a group, 3 stages: 144.4-145.2 us, 87.4% of copy, against the pipe kernel's
+# 153.2-154.7 (82.5%); 262K at 16 x 512 x 4, 2 rows, 3 stages: 144.2-144.4 us, 87.6%, against
+# 170.6-171.0 (73.9%). At 32K its best shape (4 x 256 x 4, 4 rows) ties the loop kernel (147.3-147.5
+# against 147.6-147.8 us): not taken. Other row lengths, fp32, mixed-dtype parameters and
+# misaligned rows keep the Triton kernels, as does any machine where the CUDA backend cannot build.
+NORM_LAYER_CLUSTER = {"H200": {65536: (8, 256, 4, 4, 3), 262144: (16, 512, 4, 2, 3)}}
+# device: {N: (cluster, threads, vectors a thread, rows a group, stages)}
+
+
+def layer_norm_cluster_config(n: int, m: int, device_name: str) -> tuple[int, int, int, int, int] | None:
+    """The cluster kernel's launch shape for LayerNorm rows of ``n`` (``m`` rows) on this device, or
+    None where the Triton kernels keep the call (NORM_LAYER_CLUSTER; at least one row an SM)."""
+    if interpreting():
+        return None
+    table = _by_device(NORM_LAYER_CLUSTER, device_name)
+    if not table or n not in table or m < sm_count():
+        return None
+    return table[n]
 
 
 def _device_match(names, device_name: str) -> str | None:

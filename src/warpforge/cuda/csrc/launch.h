@@ -94,4 +94,20 @@ cudaError_t matmul_mma_tma(MatmulVariant v, DType dt, const void* a, const void*
                            int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int sms, cudaStream_t stream);
 bool mma_tma_available();
 
+// ---- LayerNorm forward over long rows (norm.cu) ------------------------------------------------
+// A row spread over a thread-block cluster: block b of `cluster` owns columns [b n / cluster,
+// (b + 1) n / cluster) of every row, exactly threads x vpt 16-byte vectors of them (so n =
+// cluster x threads x vpt x 8); groups of `rows` rows reach shared memory `stages` groups ahead by
+// the bulk copy engine. 16-bit dtypes; x, y, w and b 16-byte aligned with row strides sx, sy
+// (elements) that keep every row so. w and b may be null (weight 1, bias 0); mean may be null.
+// mean and rstd: fp32, one a row.
+struct NormClusterConfig {
+  int cluster, threads, vpt, rows, stages;
+};
+// nullptr when `cfg` can run rows of n elements of dt, else why not.
+const char* layer_norm_cluster_config_error(DType dt, int64_t n, NormClusterConfig cfg);
+cudaError_t layer_norm_fwd_cluster(DType dt, const void* x, void* y, const void* w, const void* b, float* mean,
+                                   float* rstd, int64_t m, int64_t n, int64_t sx, int64_t sy, float eps,
+                                   NormClusterConfig cfg, cudaStream_t stream);
+
 }  // namespace wf

@@ -250,6 +250,74 @@ Tensor matmul(const Tensor& a, const Tensor& b, c10::string_view variant) {
   return c;
 }
 
+// ---- LayerNorm forward over long rows -----------------------------------------------------------
+// Writes out (the normalised rows), mean and rstd, which the caller allocates (warpforge.ops.norms:
+// its allocations follow WARPFORGE_POISON); config [cluster, threads, vectors a thread, rows a
+// group, stages] (csrc/norm.cu).
+void layer_norm_fwd(const Tensor& input, const c10::optional<Tensor>& weight, const c10::optional<Tensor>& bias,
+                    double eps, c10::IntArrayRef config, const Tensor& out, const Tensor& mean, const Tensor& rstd) {
+  const char* op = "layer_norm_fwd";
+  check_cuda(input, op, "input");
+  check_rows(input, op, "input");
+  const wf::DType dt = dtype_of(input.scalar_type(), op, "input");
+  const int64_t m = input.size(0), n = input.size(1);
+  const Tensor* params[2] = {weight && weight->defined() ? &*weight : nullptr,
+                             bias && bias->defined() ? &*bias : nullptr};
+  const char* names[2] = {"weight", "bias"};
+  for (int i = 0; i < 2; ++i) {
+    if (!params[i]) continue;
+    const Tensor& p = *params[i];
+    check_cuda(p, op, names[i]);
+    check_same_device(p, input, op, names[i], "input");
+    TORCH_CHECK(p.scalar_type() == input.scalar_type(), "warpforge_cuda::", op, ": '", names[i], "' has dtype ",
+                dtype_name(p.scalar_type()), " but 'input' has ", dtype_name(input.scalar_type()),
+                "; expected the same dtype");
+    TORCH_CHECK(p.dim() == 1 && p.size(0) == n && p.is_contiguous(), "warpforge_cuda::", op, ": '", names[i],
+                "' must be a contiguous vector of ", num(n), " elements; got shape ", dims(p.sizes()));
+  }
+  check_cuda(out, op, "out");
+  check_same_device(out, input, op, "out", "input");
+  check_rows(out, op, "out");
+  TORCH_CHECK(out.scalar_type() == input.scalar_type() && out.size(0) == m && out.size(1) == n,
+              "warpforge_cuda::", op, ": 'out' must have the input's dtype and shape ", dims(input.sizes()),
+              "; got ", dtype_name(out.scalar_type()), " ", dims(out.sizes()));
+  const Tensor* stats[2] = {&mean, &rstd};
+  const char* stat_names[2] = {"mean", "rstd"};
+  for (int i = 0; i < 2; ++i) {
+    check_cuda(*stats[i], op, stat_names[i]);
+    check_same_device(*stats[i], input, op, stat_names[i], "input");
+    TORCH_CHECK(stats[i]->scalar_type() == at::kFloat && stats[i]->dim() == 1 && stats[i]->size(0) == m &&
+                stats[i]->is_contiguous(), "warpforge_cuda::", op, ": '", stat_names[i],
+                "' must be a contiguous float32 vector of ", num(m), " elements; got ",
+                dtype_name(stats[i]->scalar_type()), " ", dims(stats[i]->sizes()));
+  }
+  TORCH_CHECK(config.size() == 5, "warpforge_cuda::", op,
+              ": 'config' must be [cluster, threads, vectors per thread, rows a group, stages]; got ",
+              num(config.size()), " values");
+  const wf::NormClusterConfig cfg{static_cast<int>(config[0]), static_cast<int>(config[1]),
+                                  static_cast<int>(config[2]), static_cast<int>(config[3]),
+                                  static_cast<int>(config[4])};
+  if (m == 0) return;
+  const char* why = wf::layer_norm_cluster_config_error(dt, n, cfg);
+  TORCH_CHECK(why == nullptr, "warpforge_cuda::", op, ": launch shape 'config' [", num(cfg.cluster), ", ",
+              num(cfg.threads), ", ", num(cfg.vpt), ", ", num(cfg.rows), ", ", num(cfg.stages),
+              "] cannot run rows of ", num(n), " elements: ", why ? why : "");
+  const auto aligned = [](const Tensor& t, int64_t stride) {
+    return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && (stride * t.element_size()) % 16 == 0;
+  };
+  TORCH_CHECK(aligned(input, input.stride(0)) && aligned(out, out.stride(0)), "warpforge_cuda::", op,
+              ": 'input' and 'out' rows must start on 16-byte boundaries (aligned base, row stride a multiple "
+              "of 16 bytes)");
+  for (int i = 0; i < 2; ++i)
+    TORCH_CHECK(!params[i] || aligned(*params[i], 0), "warpforge_cuda::", op, ": '", names[i],
+                "' must start on a 16-byte boundary");
+  const c10::cuda::CUDAGuard guard(input.device());
+  C10_CUDA_CHECK(wf::layer_norm_fwd_cluster(dt, input.data_ptr(), out.data_ptr(),
+                                            params[0] ? params[0]->data_ptr() : nullptr,
+                                            params[1] ? params[1]->data_ptr() : nullptr, mean.data_ptr<float>(),
+                                            rstd.data_ptr<float>(), m, n, input.stride(0), out.stride(0),
+                                            static_cast<float>(eps), cfg, c10::cuda::getCurrentCUDAStream()));
+}
 }  // namespace
 
 TORCH_LIBRARY(warpforge_cuda, m) {
@@ -259,6 +327,8 @@ TORCH_LIBRARY(warpforge_cuda, m) {
   m.def("softmax(Tensor input, bool log, int[] config) -> Tensor");
   m.def("softmax_backward(Tensor output, Tensor grad_output, bool log, int[] config) -> Tensor");
   m.def("matmul(Tensor a, Tensor b, str variant) -> Tensor");
+  m.def("layer_norm_fwd(Tensor input, Tensor? weight, Tensor? bias, float eps, int[] config, Tensor(a!) out, "
+        "Tensor(b!) mean, Tensor(c!) rstd) -> ()");
   m.def("reduce_tuning(int[] config) -> ()", &reduce_tuning);
 }
 
@@ -270,6 +340,7 @@ void register_impls(torch::Library& m) {
   m.impl("softmax", &softmax);
   m.impl("softmax_backward", &softmax_backward);
   m.impl("matmul", &matmul);
+  m.impl("layer_norm_fwd", &layer_norm_fwd);
 }
 }  // namespace
 

@@ -37,8 +37,7 @@
 // Statistics are fp32 for every dtype; each output is rounded once, at its store.
 #include <cooperative_groups.h>
 
-#include <mutex>
-
+#include "cluster.cuh"
 #include "common.cuh"
 
 namespace cg = cooperative_groups;
@@ -100,32 +99,13 @@ struct ClusterXchg {
   uint64_t bar[2];       // [row parity]
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ uint32_t map_rank(uint32_t addr, uint32_t rank) {
-  uint32_t out;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(addr), "r"(rank));
-  return out;
-}
-
 __device__ __forceinline__ void xchg_init(ClusterXchg& x, const cg::cluster_group& cluster) {
   if (threadIdx.x == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&x.bar[0])) : "memory");
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&x.bar[1])) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbar_init(smem_u32(&x.bar[0]), 1);
+    mbar_init(smem_u32(&x.bar[1]), 1);
+    mbar_init_fence();
   }
   cluster.sync();   // once: partners must see initialised barriers before their first st.async
-}
-
-__device__ __forceinline__ void xchg_wait(uint32_t bar, uint32_t phase) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done) : "r"(bar), "r"(phase) : "memory");
-  }
 }
 
 // The row's total over every thread of the block, and over the blocks of the cluster when it has
@@ -143,16 +123,12 @@ __device__ __forceinline__ R row_allreduce(R v, R (*warp_buf)[32], ClusterXchg* 
   }
   if (csize > 1) {
     const uint32_t bar = smem_u32(&x->bar[parity]);
-    if (threadIdx.x == 0)
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(csize * 8u) : "memory");
+    if (threadIdx.x == 0) mbar_arrive_expect_tx(bar, csize * 8u);
     if (threadIdx.x < csize) {   // lane r of warp 0 sends to rank r
       const float2 p = v.pack();
-      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
-                   ::"r"(map_rank(smem_u32(&x->slots[parity][crank]), threadIdx.x)), "f"(p.x), "f"(p.y),
-                   "r"(map_rank(bar, threadIdx.x))
-                   : "memory");
+      st_async_f2(smem_u32(&x->slots[parity][crank]), bar, threadIdx.x, p.x, p.y);
     }
-    xchg_wait(bar, (it >> 1) & 1);
+    mbar_wait(bar, (it >> 1) & 1);
     v = warp_allreduce(lane < static_cast<int>(csize) ? R::unpack(x->slots[parity][lane]) : R::identity());
   }
   return v;
@@ -424,54 +400,15 @@ __global__ void __launch_bounds__(1024) softmax_bwd_loop_kernel(
 
 // ---- launch -----------------------------------------------------------------------------------
 
-// How many clusters of `kernel` (cluster shape and shared memory from `lc`) the current device
-// holds at once. Cluster launches use that many and loop over rows (a persistent grid), so a
-// cluster's mbarrier set-up and final barrier are paid once per block, not per row. Cached per
-// (device, kernel, threads, cluster, shared memory): the occupancy call costs microseconds.
-int resident_clusters(const void* kernel, const cudaLaunchConfig_t& lc) {
-  struct Entry { int device; const void* kernel; unsigned threads, cluster; size_t smem; int value; };
-  static Entry cache[128];
-  static int used = 0;
-  static std::mutex lock;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 0;
-  const unsigned threads = lc.blockDim.x, cluster = lc.gridDim.x;
-  std::lock_guard<std::mutex> guard(lock);
-  for (int i = 0; i < used; ++i)
-    if (cache[i].device == device && cache[i].kernel == kernel && cache[i].threads == threads &&
-        cache[i].cluster == cluster && cache[i].smem == lc.dynamicSmemBytes)
-      return cache[i].value;
-  int value = 0;
-  if (cudaOccupancyMaxActiveClusters(&value, kernel, &lc) != cudaSuccess) value = 0;
-  (void)cudaGetLastError();   // a failed query must not poison the next launch check
-  if (used < 128) cache[used++] = {device, kernel, threads, cluster, lc.dynamicSmemBytes, value};
-  return value;
-}
-
 // Grid and launch of a block-per-row (cluster) kernel; cluster > 1 goes through cudaLaunchKernelEx.
 template <typename Kernel, typename... Args>
 cudaError_t launch_rows(Kernel kernel, int64_t m, const RowConfig& cfg, size_t smem, cudaStream_t stream,
                         Args... args) {
-  cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3(static_cast<unsigned>(cfg.cluster), 1, 1);
-  lc.blockDim = dim3(static_cast<unsigned>(cfg.threads), 1, 1);
-  lc.dynamicSmemBytes = smem;
-  if (smem > 48 * 1024) {
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-  }
-  lc.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(cfg.cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  lc.attrs = attr;
-  lc.numAttrs = cfg.cluster > 1 ? 1 : 0;
-  if (cfg.cluster > 8) {   // 16 blocks: Hopper's non-portable maximum, allowed per kernel
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (err != cudaSuccess) return err;
-  }
+  cudaLaunchConfig_t lc;
+  cudaLaunchAttribute attr;
+  const cudaError_t set = cluster_launch_config(kernel, static_cast<unsigned>(cfg.cluster),
+                                                static_cast<unsigned>(cfg.threads), smem, stream, lc, attr);
+  if (set != cudaSuccess) return set;
   // Clusters: a persistent grid (as many clusters as fit, looping over rows), so the mbarrier set-up
   // and the final cluster barrier are paid once per block. Single blocks: one per row (up to the
   // grid's 65,535 limit) -- measured on an H100, a persistent grid of single blocks ran 6-8%

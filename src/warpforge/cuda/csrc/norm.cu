@@ -1,0 +1,337 @@
+// LayerNorm forward over long rows, one row spread over a thread-block cluster (Hopper, sm_90).
+//
+//   y = (x - mean) * rstd * w + b,   mean and rstd = 1 / sqrt(var + eps) over each row of n
+//
+// Byte model: read x, write y (2 * M * N * s; w and b once). Why a cluster kernel: on the H200 the
+// Triton kernels hold at most a ~64 KB share of a row in a program, so past 16K columns they
+// either re-read x (the two-pass loop and pipe kernels) or exchange partial statistics through
+// global memory, and every program re-reads w and b (2 x N x s more L2 traffic a row). At 32K the
+// L2, not HBM, was the limit (ncu, NOTES item 66) and the long-row forward read 74-85% of copy.
+// Here each block of a cluster owns a fixed column slice of every row:
+//
+// - its slice of w and b is loaded once into registers and reused for every row it normalises
+//   (the grid is persistent: as many clusters as fit, each walking groups of rows);
+// - its slice of x arrives in shared memory by the bulk copy engine (cp.async.bulk, one copy a
+//   row, completing on a "full" mbarrier), STAGES groups ahead, so HBM reads stay in flight while
+//   the block reduces, exchanges and writes;
+// - statistics: each thread reduces its values to (mean, M2) in one pass about a pivot (its first
+//   value), the block merges those by Chan's formula (warp shuffles, one __syncthreads), and each
+//   block pushes its slice's (mean, M2) for every row of the group into every partner's shared
+//   memory by st.async, completing on the partner's exchange mbarrier -- no cluster-wide barrier
+//   per group (that one waits for the group's global stores to be visible cluster-wide, softmax.cu);
+//   the loop is software-pipelined so that exchange overlaps the next group's reduction;
+// - y = ((x - mean) * rstd) * w + b from shared memory to global, 16-byte stores.
+//
+// x is read once from HBM (and twice from shared memory); nothing is re-read from L2. Statistics
+// are fp32 for every dtype. Measured on an H200 (NOTES item 86): 65K and 262K at 88% of copy
+// against the Triton kernels' 82% and 74%; what made the difference after the first version was
+// instructions an element (the kernel was issue-bound at ~23, now ~7.5), so keep the inner loops lean.
+#include <cooperative_groups.h>
+
+#include "cluster.cuh"
+#include "common.cuh"
+
+namespace cg = cooperative_groups;
+
+namespace wf {
+namespace {
+
+constexpr int kMaxRows = 8;      // rows a group
+constexpr int kMaxStages = 8;
+constexpr int kMaxCluster = 16;
+constexpr int kSlots = 4;        // exchange buffers (see the kernel's comment on the pipeline)
+
+struct NormShared {
+  uint64_t full[kMaxStages];                     // stage s holds a group's rows
+  uint64_t xbar[kSlots];                         // group g's partner statistics landed (slot g % 4)
+  float2 slots[kSlots][kMaxCluster][kMaxRows];   // [g % 4][source rank][row]: (mean, M2) of its slice
+  float2 warp_stats[kMaxRows][32];               // [row][warp]: (mean, M2) of the warp's values
+};
+
+// Two equal-count groups of c values each, merged (Chan et al.): the mean of the means, and
+// M2 = M2a + M2b + (mean_b - mean_a)^2 c / 2.
+__device__ __forceinline__ float2 merge_equal(float2 a, float2 b, float c) {
+  const float d = b.x - a.x;
+  return make_float2(0.5f * (a.x + b.x), a.y + b.y + d * d * (0.5f * c));
+}
+
+template <typename T>
+__device__ __forceinline__ float elem(const uint4& raw, int e) {
+  return to_f32(reinterpret_cast<const T*>(&raw)[e]);
+}
+
+// The two 16-bit values of `p` as floats, converted where they are used. For w and b held packed
+// (4 registers a vector): the volatile asm keeps the compiler from hoisting the conversions out of
+// the row loop, which would hold 16 fp32 registers a vector and spill.
+__device__ __forceinline__ float2 unpack_pinned(uint32_t p, __nv_bfloat16) {
+  uint32_t lo, hi;
+  asm volatile("shl.b32 %0, %1, 16;" : "=r"(lo) : "r"(p));
+  asm volatile("and.b32 %0, %1, 0xffff0000;" : "=r"(hi) : "r"(p));
+  return make_float2(__uint_as_float(lo), __uint_as_float(hi));
+}
+__device__ __forceinline__ float2 unpack_pinned(uint32_t p, __half) {
+  float lo, hi;
+  asm volatile("{\n .reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}"
+               : "=f"(lo), "=f"(hi) : "r"(p));
+  return make_float2(lo, hi);
+}
+
+// w and b of this thread's VPT vectors: as fp32 where the registers allow (no conversion per
+// element), else packed and converted at each use.
+template <typename T, int VPT, bool F32>
+struct Affine;
+
+template <typename T, int VPT>
+struct Affine<T, VPT, true> {
+  float w[VPT][8], b[VPT][8];
+  __device__ __forceinline__ void load(const T* wp, const T* bp, int64_t off, int k) {
+    const uint4 wr = wp ? *reinterpret_cast<const uint4*>(wp + off) : uint4{};
+    const uint4 br = bp ? *reinterpret_cast<const uint4*>(bp + off) : uint4{};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      w[k][e] = wp ? elem<T>(wr, e) : 1.f;
+      b[k][e] = bp ? elem<T>(br, e) : 0.f;
+    }
+  }
+  __device__ __forceinline__ float2 wpair(int k, int e) const { return make_float2(w[k][e], w[k][e + 1]); }
+  __device__ __forceinline__ float2 bpair(int k, int e) const { return make_float2(b[k][e], b[k][e + 1]); }
+};
+
+template <typename T, int VPT>
+struct Affine<T, VPT, false> {
+  uint4 w[VPT], b[VPT];
+  bool has_w, has_b;
+  __device__ __forceinline__ void load(const T* wp, const T* bp, int64_t off, int k) {
+    has_w = wp != nullptr;
+    has_b = bp != nullptr;
+    w[k] = has_w ? *reinterpret_cast<const uint4*>(wp + off) : uint4{};
+    b[k] = has_b ? *reinterpret_cast<const uint4*>(bp + off) : uint4{};
+  }
+  __device__ __forceinline__ float2 wpair(int k, int e) const {
+    return has_w ? unpack_pinned(reinterpret_cast<const uint32_t*>(&w[k])[e / 2], T{}) : make_float2(1.f, 1.f);
+  }
+  __device__ __forceinline__ float2 bpair(int k, int e) const {
+    return has_b ? unpack_pinned(reinterpret_cast<const uint32_t*>(&b[k])[e / 2], T{}) : make_float2(0.f, 0.f);
+  }
+};
+
+// Block b of a cluster of csize owns columns [b * slice, (b + 1) * slice) of every row, exactly
+// THREADS x VPT 16-byte vectors: thread t owns vectors t + k * THREADS. A group is `rows`
+// consecutive rows; cluster c takes groups c, c + clusters, ...
+//
+// The loop is software-pipelined by one group: iteration i computes group i + 1's statistics
+// and sends them, then waits for group i's partners and writes group i, so the exchange's round
+// trip overlaps the next group's reduction. The exchange therefore keeps 4 slot buffers: a
+// partner sends group g + 4 (into g's buffer) only after it has received this block's group g + 2,
+// which this block sends after it has read group g's slots.
+template <typename T, int THREADS, int VPT>
+__global__ void __launch_bounds__(THREADS, 1) layer_norm_fwd_cluster_kernel(
+    const T* __restrict__ x, T* __restrict__ y, const T* __restrict__ w, const T* __restrict__ b,
+    float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t m, int64_t n, int64_t sx, int64_t sy,
+    float eps, int rows, int stages) {
+  constexpr int N = Vec<T>::N;
+  constexpr int WARPS = THREADS / 32;
+  constexpr float kThreadCount = VPT * N;              // values a thread holds of a row
+  constexpr bool kF32 = VPT * 16 <= 65536 / THREADS - 48;
+  extern __shared__ __align__(128) unsigned char stage_mem[];   // [stages][rows][slice] of T
+  __shared__ NormShared sh;
+  cg::cluster_group cluster = cg::this_cluster();
+  const unsigned csize = cluster.num_blocks(), crank = cluster.block_rank();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t slice = static_cast<int64_t>(THREADS) * VPT * N, col0 = static_cast<int64_t>(crank) * slice;
+  const uint32_t row_bytes = static_cast<uint32_t>(slice * sizeof(T));
+  const int64_t cid = blockIdx.x / csize, clusters = gridDim.x / csize;
+  const int64_t groups = (m + rows - 1) / rows;
+  const int64_t mine = cid < groups ? (groups - cid + clusters - 1) / clusters : 0;
+  const uint32_t stage_bytes = static_cast<uint32_t>(rows) * row_bytes;
+  const float slice_f = static_cast<float>(slice);
+
+  Affine<T, VPT, kF32> aff;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) aff.load(w, b, col0 + static_cast<int64_t>(tid + k * THREADS) * N, k);
+
+  if (tid == 0) {
+    for (int s = 0; s < stages; ++s) mbar_init(smem_u32(&sh.full[s]), 1);
+    for (int s = 0; s < kSlots; ++s) mbar_init(smem_u32(&sh.xbar[s]), 1);
+    mbar_init_fence();
+  }
+  cluster.sync();   // partners' barriers are initialised before the first st.async into them
+
+  auto group_rows = [&](int64_t it, int64_t& row0) {
+    row0 = (cid + it * clusters) * rows;
+    return static_cast<int>(m - row0 < rows ? m - row0 : rows);
+  };
+  // the bulk copies of this block's slice of the it-th group's rows into stage `s`
+  auto issue = [&](int64_t it, int s) {
+    int64_t row0;
+    const int nr = group_rows(it, row0);
+    const uint32_t bar = smem_u32(&sh.full[s]);
+    mbar_arrive_expect_tx(bar, static_cast<uint32_t>(nr) * row_bytes);
+    const uint32_t dst = smem_u32(stage_mem) + s * stage_bytes;
+    for (int r = 0; r < nr; ++r) bulk_load(dst + r * row_bytes, x + (row0 + r) * sx + col0, row_bytes, bar);
+  };
+  // this thread's k-th vector of row r of stage s
+  auto vec_at = [&](int s, int r, int k) {
+    return *reinterpret_cast<const uint4*>(stage_mem + s * stage_bytes + r * row_bytes + (tid + k * THREADS) * 16);
+  };
+  // group it's statistics: per thread (pivot: its first value, so the sum of squares about it is at
+  // most VPT x 8 times M2 -- bounded cancellation), merged over the block by equal-count Chan
+  // steps, then pushed to every partner (warp r sends row r)
+  auto stats_and_send = [&](int64_t it) {
+    const int s = static_cast<int>(it % stages), slot = static_cast<int>(it % kSlots);
+    int64_t row0;
+    const int nr = group_rows(it, row0);
+    const uint32_t xbar = smem_u32(&sh.xbar[slot]);
+    if (tid == 0) mbar_arrive_expect_tx(xbar, csize * static_cast<uint32_t>(nr) * 8u);
+    mbar_wait(smem_u32(&sh.full[s]), static_cast<uint32_t>((it / stages) & 1));
+    for (int r = 0; r < nr; ++r) {
+      float pivot = 0.f, s1 = 0.f, s2 = 0.f;
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        const uint4 v = vec_at(s, r, k);
+        if (k == 0) pivot = elem<T>(v, 0);
+#pragma unroll
+        for (int e = 0; e < N; ++e) {
+          const float d = elem<T>(v, e) - pivot;
+          s1 += d;
+          s2 = fmaf(d, d, s2);
+        }
+      }
+      const float dm = s1 * (1.f / kThreadCount);
+      float2 t = make_float2(pivot + dm, fmaxf(fmaf(-s1, dm, s2), 0.f));
+      float c = kThreadCount;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1, c *= 2.f)
+        t = merge_equal(t, make_float2(shfl_xor(t.x, o), shfl_xor(t.y, o)), c);
+      if (lane == 0) sh.warp_stats[r][warp] = t;
+    }
+    __syncthreads();
+    if (warp < nr) {
+      float2 t = sh.warp_stats[warp][lane % WARPS];
+      float c = 32.f * kThreadCount;
+#pragma unroll
+      for (int o = 1; o < WARPS; o <<= 1, c *= 2.f)
+        t = merge_equal(t, make_float2(shfl_xor(t.x, o), shfl_xor(t.y, o)), c);
+      if (lane < static_cast<int>(csize))
+        st_async_f2(smem_u32(&sh.slots[slot][crank][warp]), xbar, lane, t.x, t.y);
+    }
+  };
+
+  if (tid == 0)
+    for (int64_t it = 0; it < mine && it < stages; ++it) issue(it, static_cast<int>(it));
+  if (mine > 0) stats_and_send(0);
+
+  for (int64_t it = 0; it < mine; ++it) {
+    if (it + 1 < mine) stats_and_send(it + 1);
+    const int s = static_cast<int>(it % stages), slot = static_cast<int>(it % kSlots);
+    int64_t row0;
+    const int nr = group_rows(it, row0);
+    mbar_wait(smem_u32(&sh.xbar[slot]), static_cast<uint32_t>((it / kSlots) & 1));
+
+    // every warp merges the group's slices: lane l holds (row l / csize, slice l % csize)
+    const int lr = lane / static_cast<int>(csize), lc = lane % static_cast<int>(csize);
+    const bool live = lr < nr;
+    const float2 p = live ? sh.slots[slot][lc][lr] : make_float2(0.f, 0.f);
+    float msum = p.x;
+    for (int o = 1; o < static_cast<int>(csize); o <<= 1) msum += shfl_xor(msum, o);
+    const float mean_l = msum / static_cast<float>(csize);
+    const float d = p.x - mean_l;
+    float m2sum = fmaf(slice_f * d, d, p.y);
+    for (int o = 1; o < static_cast<int>(csize); o <<= 1) m2sum += shfl_xor(m2sum, o);
+    const float rstd_l = rsqrtf(fmaxf(m2sum / static_cast<float>(n), 0.f) + eps);
+    if (crank == 0 && lc == 0 && live && warp == 0) {
+      if (mean_out) mean_out[row0 + lr] = mean_l;
+      rstd_out[row0 + lr] = rstd_l;
+    }
+
+    for (int r = 0; r < nr; ++r) {
+      const float mean = __shfl_sync(0xffffffffu, mean_l, r * static_cast<int>(csize));
+      const float rstd = __shfl_sync(0xffffffffu, rstd_l, r * static_cast<int>(csize));
+      T* yr = y + (row0 + r) * sy + col0 + tid * N;
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        const uint4 xv = vec_at(s, r, k);
+        Vec<T> o;
+#pragma unroll
+        for (int e = 0; e < N; e += 2) {
+          const float2 wp = aff.wpair(k, e), bp = aff.bpair(k, e);
+          // (x - mean) * rstd, not x * rstd - mean * rstd: no cancellation when |mean| >> std
+          o.set(e, fmaf((elem<T>(xv, e) - mean) * rstd, wp.x, bp.x));
+          o.set(e + 1, fmaf((elem<T>(xv, e + 1) - mean) * rstd, wp.y, bp.y));
+        }
+        store_vec(yr + k * THREADS * N, o);
+      }
+    }
+    __syncthreads();   // every thread is done with stage s
+    if (tid == 0 && it + stages < mine) {
+      fence_proxy_async_smem();
+      issue(it + stages, s);
+    }
+  }
+  cluster.sync();   // no block leaves while a partner's st.async may still target it
+}
+
+template <typename T, int THREADS, int VPT>
+cudaError_t launch(const NormClusterConfig& c, const T* x, T* y, const T* w, const T* b, float* mean, float* rstd,
+                   int64_t m, int64_t n, int64_t sx, int64_t sy, float eps, cudaStream_t stream) {
+  auto kernel = layer_norm_fwd_cluster_kernel<T, THREADS, VPT>;
+  const size_t smem = static_cast<size_t>(c.stages) * c.rows * (n / c.cluster) * sizeof(T);
+  cudaLaunchConfig_t lc;
+  cudaLaunchAttribute attr;
+  cudaError_t err = cluster_launch_config(kernel, static_cast<unsigned>(c.cluster), THREADS, smem, stream, lc, attr);
+  if (err != cudaSuccess) return err;
+  const int fit = resident_clusters(reinterpret_cast<const void*>(kernel), lc);
+  if (fit <= 0) return cudaErrorInvalidConfiguration;   // this cluster shape cannot be placed on the device
+  const int64_t groups = (m + c.rows - 1) / c.rows;
+  const int64_t clusters = groups < fit ? groups : fit;
+  lc.gridDim = dim3(static_cast<unsigned>(clusters * c.cluster), 1, 1);
+  err = cudaLaunchKernelEx(&lc, kernel, x, y, w, b, mean, rstd, m, n, sx, sy, eps, c.rows, c.stages);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+}  // namespace
+
+const char* layer_norm_cluster_config_error(DType dt, int64_t n, NormClusterConfig c) {
+  if (dt == DType::f32) return "16-bit dtypes only (float16, bfloat16)";
+  if (c.cluster != 2 && c.cluster != 4 && c.cluster != 8 && c.cluster != 16) return "cluster must be 2, 4, 8 or 16";
+  if (c.threads != 128 && c.threads != 256 && c.threads != 512 && c.threads != 1024)
+    return "threads must be 128, 256, 512 or 1024";
+  if (c.vpt != 1 && c.vpt != 2 && c.vpt != 4 && c.vpt != 8) return "vectors per thread must be 1, 2, 4 or 8";
+  if (c.threads == 1024 && c.vpt == 8) return "1024 threads hold at most 4 vectors a thread (registers)";
+  if (c.rows < 1 || c.rows > kMaxRows) return "rows a group must be 1 to 8";
+  if (c.rows > c.threads / 32) return "rows a group must not exceed the block's warps";
+  if (c.rows * c.cluster > 32) return "rows a group x cluster must be at most 32";
+  // the loop reduces group i + 1 while group i still occupies its stage: one stage would wait on itself
+  if (c.stages < 2 || c.stages > kMaxStages) return "stages must be 2 to 8";
+  const int64_t slice = static_cast<int64_t>(c.threads) * c.vpt * 8;
+  if (slice * c.cluster != n) return "the row length must be exactly cluster x threads x vectors per thread x 8";
+  if (static_cast<int64_t>(c.stages) * c.rows * slice * 2 > 220 * 1024) return "stages x rows x slice exceeds shared memory";
+  return nullptr;
+}
+
+cudaError_t layer_norm_fwd_cluster(DType dt, const void* x, void* y, const void* w, const void* b, float* mean,
+                                   float* rstd, int64_t m, int64_t n, int64_t sx, int64_t sy, float eps,
+                                   NormClusterConfig c, cudaStream_t stream) {
+  if (m <= 0 || layer_norm_cluster_config_error(dt, n, c) != nullptr) return cudaErrorInvalidValue;
+  return dispatch(dt, [&](auto tag) -> cudaError_t {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) == 4) {
+      return cudaErrorInvalidValue;
+    } else {
+      const T* xp = static_cast<const T*>(x);
+      T* yp = static_cast<T*>(y);
+      const T* wp = static_cast<const T*>(w);
+      const T* bp = static_cast<const T*>(b);
+#define WF_LN_CASE(TH, V) \
+      if (c.threads == TH && c.vpt == V) return launch<T, TH, V>(c, xp, yp, wp, bp, mean, rstd, m, n, sx, sy, eps, stream);
+      WF_LN_CASE(128, 1) WF_LN_CASE(128, 2) WF_LN_CASE(128, 4) WF_LN_CASE(128, 8)
+      WF_LN_CASE(256, 1) WF_LN_CASE(256, 2) WF_LN_CASE(256, 4) WF_LN_CASE(256, 8)
+      WF_LN_CASE(512, 1) WF_LN_CASE(512, 2) WF_LN_CASE(512, 4) WF_LN_CASE(512, 8)
+      WF_LN_CASE(1024, 1) WF_LN_CASE(1024, 2) WF_LN_CASE(1024, 4)
+#undef WF_LN_CASE
+      return cudaErrorInvalidValue;
+    }
+  });
+}
+
+}  // namespace wf
