@@ -92,8 +92,8 @@ inline int resident_clusters(const void* kernel, const cudaLaunchConfig_t& lc) {
 
 // Sets up `lc` (with `attr`, which must outlive it) for a launch of `kernel` in clusters of
 // `cluster` blocks (1: a plain launch) of `threads` threads with `smem` bytes of dynamic shared
-// memory; the grid is one cluster until the caller sizes it. Raises the kernel's shared-memory
-// limit past 48 KB and allows Hopper's non-portable 16-block clusters where asked.
+// memory; the grid is one cluster until the caller sizes it. Sets the kernel's dynamic shared-memory
+// limit and allows Hopper's non-portable 16-block clusters where asked.
 template <typename Kernel>
 inline cudaError_t cluster_launch_config(Kernel kernel, unsigned cluster, unsigned threads, size_t smem,
                                          cudaStream_t stream, cudaLaunchConfig_t& lc, cudaLaunchAttribute& attr) {
@@ -102,7 +102,7 @@ inline cudaError_t cluster_launch_config(Kernel kernel, unsigned cluster, unsign
   lc.blockDim = dim3(threads, 1, 1);
   lc.dynamicSmemBytes = smem;
   lc.stream = stream;
-  if (smem > 48 * 1024) {
+  if (smem > 0) {   // static shared memory counts against the default 48 KB too: always say how much
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (err != cudaSuccess) return err;
