@@ -4,13 +4,14 @@ compute-sanitizer (not a pytest module; test_cuda_ops.py::test_compute_sanitizer
     compute-sanitizer --tool memcheck  --error-exitcode 1 python tests/cuda/sanitize_cuda.py
     compute-sanitizer --tool racecheck --error-exitcode 1 python tests/cuda/sanitize_cuda.py [reduce ...]
 
-(Naming parts -- add, reduce, softmax, matmul -- runs only those.)
+(Naming parts -- add, reduce, softmax, matmul, layer_norm -- runs only those.)
 
 Covers, for float32, float16 and bfloat16: add (naive, vectorized; aligned and misaligned
 pointers); sum and amax (warp-per-row, block-per-row, the chunked long-row path with its second
 launch, unaligned row strides); softmax and log-softmax forward and backward through the
 warp-per-row, block, cluster (2, 4, 8, 16 blocks) and looped launch shapes, aligned and not;
-matmul, every variant (mma_tma's tile configurations too), on (17, 33, 45) and (130, 136, 72). Sanitizers slow kernels 10-100x, so the
+matmul, every variant (mma_tma's tile configurations too), on (17, 33, 45) and (130, 136, 72);
+the cluster LayerNorm forward (Hopper) over 2- to 16-block clusters. Sanitizers slow kernels 10-100x, so the
 shapes are small: cluster shapes get few threads per block (e.g. [32, 1, 16, 1]) so that a row of
 a few thousand elements spreads over every block of the cluster. Each op is synchronized and
 checked loosely against a float64 reference (a garbage result fails too); prints
@@ -163,6 +164,27 @@ def run_matmul(ops) -> None:
             check(f"matmul {variant} {dtype} lda=50", ops.matmul(a, b, variant), a.double() @ b.double(), dtype)
 
 
+def run_layer_norm(ops):
+    """The cluster LayerNorm forward (norm.cu; sm_90 only): 2-16 block clusters, partial last groups,
+    more groups than resident clusters, each parameter combination, both 16-bit dtypes."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        return
+    import torch.nn.functional as F
+
+    for cfg, m in (((2, 128, 1, 2, 2), 301), ((4, 128, 2, 4, 3), 9), ((16, 128, 1, 2, 2), 5),
+                   ((8, 256, 4, 4, 3), 37), ((16, 512, 4, 2, 3), 5)):
+        n = cfg[0] * cfg[1] * cfg[2] * 8
+        for dtype, affine in ((torch.bfloat16, True), (torch.float16, False)):
+            x = rnd(m, n, dtype=dtype)
+            w = rnd(n, dtype=dtype) if affine else None
+            b = rnd(n, dtype=dtype) if affine else None
+            y = torch.empty_like(x)
+            mean, rstd = torch.empty(m, device=DEV), torch.empty(m, device=DEV)
+            ops.layer_norm_fwd(x, w, b, 1e-5, list(cfg), y, mean, rstd)
+            ref = F.layer_norm(x.double(), (n,), None if w is None else w.double(), None if b is None else b.double())
+            check(f"layer_norm {cfg} m={m} {dtype}", y, ref, dtype)
+
+
 def main() -> int:
     t0 = time.perf_counter()
     if not wcuda.available():
@@ -172,7 +194,7 @@ def main() -> int:
     ops = wcuda.ops()
     torch.manual_seed(0)
     only = set(sys.argv[1:])    # e.g. "reduce": re-check one kernel family
-    for part in (run_add, run_reduce, run_softmax, run_matmul):
+    for part in (run_add, run_reduce, run_softmax, run_matmul, run_layer_norm):
         if only and part.__name__[4:] not in only:
             continue
         t = time.perf_counter()

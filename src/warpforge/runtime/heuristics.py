@@ -162,23 +162,6 @@ NORM_LAYER_CLUSTER = {"H200": {65536: (8, 256, 4, 4, 3), 262144: (16, 512, 4, 2,
 # device: {N: (cluster, threads, vectors a thread, rows a group, stages)}
 
 
-# The backward of the same design (cuda/csrc/norm.cu: w held and dw/db accumulated in registers
-# over every row a block walks, x and dy staged by bulk copies): LayerNorm and RMSNorm (no residual,
-# the "gemma" casting mode). device: {(LayerNorm?, N): (cluster, threads, vectors, rows, stages)}.
-NORM_BWD_CLUSTER: dict = {}
-
-
-def norm_bwd_cluster_config(n: int, m: int, layer: bool, device_name: str) -> tuple[int, int, int, int, int] | None:
-    """The cluster backward's launch shape for rows of ``n`` (``m`` rows), or None (NORM_BWD_CLUSTER;
-    at least one row an SM)."""
-    if interpreting():
-        return None
-    table = _by_device(NORM_BWD_CLUSTER, device_name)
-    if not table or (layer, n) not in table or m < sm_count():
-        return None
-    return table[(layer, n)]
-
-
 def layer_norm_cluster_config(n: int, m: int, device_name: str) -> tuple[int, int, int, int, int] | None:
     """The cluster kernel's launch shape for LayerNorm rows of ``n`` (``m`` rows) on this device, or
     None where the Triton kernels keep the call (NORM_LAYER_CLUSTER; at least one row an SM)."""
