@@ -126,6 +126,34 @@ def test_ties_lowest_index_first():
     assert moe_route(x, 2, score="sigmoid", correction_bias=bias).ids.tolist() == [[1, 2]]
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(score="sigmoid"), dict(n_group=4, topk_group=2),
+                                dict(n_group=4, topk_group=2, score="sigmoid", group_score="top2")], ids=str)
+def test_nan_logits_keep_ids_distinct(kw):
+    """A NaN logit (softmax: the whole row's scores NaN) or a NaN bias ranks first, as in
+    torch.topk: the token's ids stay distinct and in range -- never one expert twice (which would
+    double its share) -- a NaN choice carries a NaN weight, and the other tokens route as without it."""
+    x = torch.randn(6, 16, device=DEVICE)
+    x[1, 3] = float("nan")
+    x[4] = float("nan")
+    r = moe_route(x, 4, **kw)
+    ids = r.ids.tolist()
+    for t in (1, 4):
+        assert len(set(ids[t])) == 4 and all(0 <= i < 16 for i in ids[t]), f"token {t}: ids {ids[t]}"
+    assert torch.isnan(r.weights[4]).all() and torch.isnan(r.weights[1]).any()
+    assert 3 in ids[1]                      # the NaN expert is chosen (its group too, when grouped)
+    keep = [0, 2, 3, 5]
+    ref = moe_route(x[keep], 4, **kw)
+    assert r.ids[keep].tolist() == ref.ids.tolist()
+    assert torch.equal(r.weights[keep], ref.weights)
+    assert int(r.counts.sum()) == 6 * 4
+    bias = torch.zeros(16, device=DEVICE)
+    bias[5] = float("nan")
+    rb = moe_route(torch.randn(3, 16, device=DEVICE), 4, correction_bias=bias, score="sigmoid",
+                   **{k: v for k, v in kw.items() if k != "score"})
+    assert all(len(set(row)) == 4 and row[0] == 5 for row in rb.ids.tolist())
+    assert torch.isfinite(rb.weights).all()   # the bias picks; the weights are the unbiased scores
+
+
 def test_reference_tie_rule_is_not_topk_luck():
     """The reference itself implements lowest-index-first (it is the ground truth for the above)."""
     x = torch.zeros(3, 40, dtype=torch.float64)

@@ -65,7 +65,9 @@ Why the kernel looks the way it does:
 Limits: E <= 1024 (one program holds BLOCK_T x n_group_pad x group_pad values: at most 4096 padded
 experts, BLOCK_T >= 2); any n_group dividing E, any group size, 1 <= topk_group <= n_group (the
 group stage is unrolled topk_group times: keep it small, as models do: 4 of 8 in DeepSeek-V3).
-NaN logits or a NaN bias give undefined routing for that token (ids still within [0, E)).
+A NaN choice score ranks above every number, as in torch.topk: a token with NaN logits (softmax:
+its whole row) or a NaN bias gets those experts first, lowest id first, with NaN weights, and its
+top_k ids stay distinct (one expert never gets a token twice).
 """
 from __future__ import annotations
 
@@ -283,6 +285,9 @@ def _moe_route_fwd_kernel(
         b = tl.where(valid, s + bias, -float("inf"))
     else:
         b = tl.where(valid, s, -float("inf"))
+    # a NaN choice score ranks above every number, as in torch.topk: NaN logits (softmax: the whole
+    # row) or a NaN bias get chosen first, lowest id first, and keep a token's ids distinct
+    b = tl.where(b != b, float("inf"), b)
     avail = valid & ok3                                                   # may still be chosen
 
     if GROUPED:
@@ -314,12 +319,10 @@ def _moe_route_fwd_kernel(
         m = tl.max(tl.max(b, axis=2), axis=1)                              # (BLOCK_T,)
         cand = avail & (b == m[:, None, None])
         idx = tl.min(tl.min(tl.where(cand, eid, G_PAD * J_PAD), axis=2), axis=1)   # (BLOCK_T,)
-        idx = tl.minimum(idx, N_GROUP * GROUP_SIZE - 1)                    # NaN rows: stay in range
+        idx = tl.minimum(idx, N_GROUP * GROUP_SIZE - 1)                    # rows past T: stay in range
         hit = eid == idx[:, None, None]
-        if HAS_BIAS:
-            w = tl.sum(tl.sum(tl.where(hit, s, 0.0), axis=2), axis=1)     # the unbiased score
-        else:
-            w = m                                                          # the choice score is the score
+        # the chosen expert's (unbiased) score, not m: a NaN choice carries its NaN, not +inf
+        w = tl.sum(tl.sum(tl.where(hit, s, 0.0), axis=2), axis=1)
         avail = avail & ~hit
         b = tl.where(hit, -float("inf"), b)
         w_tile = tl.where(kk == r, w[:, None], w_tile)
