@@ -306,8 +306,8 @@ def test_module_bad_options():
         (dict(aux_loss_coef=-1.0), ValueError, "'aux_loss_coef' is -1.0"),
         (dict(routed_scaling_factor=float("nan")), ValueError, "'routed_scaling_factor' is nan"),
         (dict(renormalize="yes"), TypeError, "'renormalize' must be a bool"),
-        (dict(bias_update_rate=-1.0), ValueError, "'bias_update_rate' = -1.0"),
-        (dict(bias_update_rate=float("nan")), ValueError, "'bias_update_rate' = nan"),
+        (dict(bias_update_rate=-1.0), ValueError, "'bias_update_rate' is -1.0"),
+        (dict(bias_update_rate=float("nan")), ValueError, "'bias_update_rate' is nan"),
     ]
     for kw, exc, match in cases:
         with pytest.raises(exc, match=match):

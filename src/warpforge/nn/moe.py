@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from ..ops.moe import MAX_EXPERTS, moe_experts
-from ..ops.moe_routing import MAX_EXPERTS as MAX_ROUTED, _check_args, moe_route, moe_update_bias_
-from ..runtime.checks import check_tensor, is_finite
+from ..ops.moe_routing import MAX_EXPERTS as MAX_ROUTED, _check_args, check_rate, moe_route, moe_update_bias_
+from ..runtime.checks import check_tensor
 
 
 class MoE(nn.Module):
@@ -27,7 +27,9 @@ class MoE(nn.Module):
     > 0 makes ``self.aux_loss`` the auxiliary loss of the last forward (add it to the training
     loss); ``bias_update_rate`` > 0 turns on auxiliary-loss-free balancing (DeepSeek-V3): a
     ``correction_bias`` buffer steers the choice and is nudged after every training forward.
-    ``self.counts`` holds the last forward's tokens per routed expert, for monitoring.
+    ``self.counts`` holds the last forward's tokens per routed expert, for monitoring. Under
+    ``torch.compile(mode="reduce-overhead")`` (CUDA graphs) both live in the graph's memory and the
+    next call overwrites them: use or ``clone()`` them before the next forward.
     """
 
     def __init__(self, d_model: int, expert_dim: int, n_experts: int, top_k: int, n_shared: int = 0,
@@ -50,9 +52,7 @@ class MoE(nn.Module):
         # the routing options (score, topk_group, group_score, ...), checked here rather than at the first forward
         _check_args(torch.empty(0, n_experts, device="meta"), top_k, score, n_group, topk_group, group_score,
                     renormalize, routed_scaling_factor, None, aux_loss_coef)
-        if isinstance(bias_update_rate, bool) or not isinstance(bias_update_rate, (int, float)) \
-                or not (is_finite(bias_update_rate) and bias_update_rate >= 0):
-            raise ValueError(f"warpforge: MoE 'bias_update_rate' = {bias_update_rate!r}; expected a finite number >= 0")
+        check_rate("bias_update_rate", bias_update_rate)
         self.d_model, self.expert_dim, self.n_experts, self.top_k, self.n_shared = d_model, expert_dim, n_experts, top_k, n_shared
         self.route_args = dict(score=score, n_group=n_group, topk_group=topk_group, group_score=group_score,
                                renormalize=renormalize, routed_scaling_factor=routed_scaling_factor,

@@ -495,6 +495,13 @@ def moe_route(logits: torch.Tensor, top_k: int, *, score: str = "softmax", n_gro
 COUNT_DTYPES = (torch.int32, torch.int64, torch.float32)
 
 
+def check_rate(name: str, rate) -> None:
+    """A balancing step size (``moe_update_bias_``'s ``rate``, ``nn.MoE``'s ``bias_update_rate``):
+    a finite number >= 0, else a ValueError naming the argument."""
+    if not _is_number(rate) or not (is_finite(rate) and rate >= 0):
+        raise ValueError(f"warpforge: '{name}' is {rate!r}; expected a finite number >= 0")
+
+
 def moe_update_bias_(correction_bias: torch.Tensor, counts: torch.Tensor, rate: float = 1e-3) -> torch.Tensor:
     """Auxiliary-loss-free load balancing (DeepSeek-V3), in place: each expert's bias rises by
     ``rate`` when it got fewer tokens than the mean and falls when it got more
@@ -521,8 +528,7 @@ def moe_update_bias_(correction_bias: torch.Tensor, counts: torch.Tensor, rate: 
         raise ValueError(f"warpforge: 'counts' has shape {tuple(counts.shape)} but 'correction_bias' has "
                          f"{tuple(correction_bias.shape)}; expected one count per expert")
     check_same("counts", counts, "correction_bias", correction_bias, shape=False, dtype=False)
-    if not _is_number(rate) or not (is_finite(rate) and rate >= 0):
-        raise ValueError(f"warpforge: 'rate' is {rate!r}; expected a finite number >= 0")
+    check_rate("rate", rate)
     if counts.numel() == 0:
         return correction_bias
     c = counts.float()
