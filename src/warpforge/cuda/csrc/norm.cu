@@ -286,7 +286,9 @@ cudaError_t launch(Kernel kernel, const NormClusterConfig& c, int64_t m, size_t 
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-const char* config_error(DType dt, int64_t n, NormClusterConfig c) {
+}  // namespace
+
+const char* layer_norm_cluster_config_error(DType dt, int64_t n, NormClusterConfig c) {
   if (dt == DType::f32) return "16-bit dtypes only (float16, bfloat16)";
   if (c.cluster != 2 && c.cluster != 4 && c.cluster != 8 && c.cluster != 16) return "cluster must be 2, 4, 8 or 16";
   if (c.threads != 128 && c.threads != 256 && c.threads != 512 && c.threads != 1024)
@@ -305,22 +307,10 @@ const char* config_error(DType dt, int64_t n, NormClusterConfig c) {
   return nullptr;
 }
 
-#define WF_NORM_SHAPES(CASE)                                                   \
-  CASE(128, 1) CASE(128, 2) CASE(128, 4) CASE(128, 8)                          \
-  CASE(256, 1) CASE(256, 2) CASE(256, 4) CASE(256, 8)                          \
-  CASE(512, 1) CASE(512, 2) CASE(512, 4) CASE(512, 8)                          \
-  CASE(1024, 1) CASE(1024, 2) CASE(1024, 4)
-
-}  // namespace
-
-const char* layer_norm_cluster_config_error(DType dt, int64_t n, NormClusterConfig c) {
-  return config_error(dt, n, c);
-}
-
 cudaError_t layer_norm_fwd_cluster(DType dt, const void* x, void* y, const void* w, const void* b, float* mean,
                                    float* rstd, int64_t m, int64_t n, int64_t sx, int64_t sy, float eps,
                                    NormClusterConfig c, cudaStream_t stream) {
-  if (m <= 0 || config_error(dt, n, c) != nullptr) return cudaErrorInvalidValue;
+  if (m <= 0 || layer_norm_cluster_config_error(dt, n, c) != nullptr) return cudaErrorInvalidValue;
   return dispatch(dt, [&](auto tag) -> cudaError_t {
     using T = decltype(tag);
     if constexpr (sizeof(T) == 4) {
@@ -335,7 +325,10 @@ cudaError_t layer_norm_fwd_cluster(DType dt, const void* x, void* y, const void*
       if (c.threads == TH && c.vpt == V)                                                                 \
         return launch(layer_norm_fwd_cluster_kernel<T, TH, V>, c, m, smem, stream, xp, yp, wp, bp, mean, \
                       rstd, m, n, sx, sy, eps, c.rows, c.stages);
-      WF_NORM_SHAPES(WF_CASE)
+      WF_CASE(128, 1) WF_CASE(128, 2) WF_CASE(128, 4) WF_CASE(128, 8)
+      WF_CASE(256, 1) WF_CASE(256, 2) WF_CASE(256, 4) WF_CASE(256, 8)
+      WF_CASE(512, 1) WF_CASE(512, 2) WF_CASE(512, 4) WF_CASE(512, 8)
+      WF_CASE(1024, 1) WF_CASE(1024, 2) WF_CASE(1024, 4)
 #undef WF_CASE
       return cudaErrorInvalidValue;
     }
