@@ -4,14 +4,14 @@ compute-sanitizer (not a pytest module; test_cuda_ops.py::test_compute_sanitizer
     compute-sanitizer --tool memcheck  --error-exitcode 1 python tests/cuda/sanitize_cuda.py
     compute-sanitizer --tool racecheck --error-exitcode 1 python tests/cuda/sanitize_cuda.py [reduce ...]
 
-(Naming parts -- add, reduce, softmax, matmul, layer_norm -- runs only those.)
+(Naming parts -- add, reduce, softmax, matmul, layer_norm, norm_bwd -- runs only those.)
 
 Covers, for float32, float16 and bfloat16: add (naive, vectorized; aligned and misaligned
 pointers); sum and amax (warp-per-row, block-per-row, the chunked long-row path with its second
 launch, unaligned row strides); softmax and log-softmax forward and backward through the
 warp-per-row, block, cluster (2, 4, 8, 16 blocks) and looped launch shapes, aligned and not;
 matmul, every variant (mma_tma's tile configurations too), on (17, 33, 45) and (130, 136, 72);
-the cluster LayerNorm forward (Hopper) over 2- to 16-block clusters. Sanitizers slow kernels 10-100x, so the
+the cluster LayerNorm forward and LayerNorm / RMSNorm backward (Hopper) over 2- to 16-block clusters. Sanitizers slow kernels 10-100x, so the
 shapes are small: cluster shapes get few threads per block (e.g. [32, 1, 16, 1]) so that a row of
 a few thousand elements spreads over every block of the cluster. Each op is synchronized and
 checked loosely against a float64 reference (a garbage result fails too); prints
@@ -185,6 +185,41 @@ def run_layer_norm(ops):
             check(f"layer_norm {cfg} m={m} {dtype}", y, ref, dtype)
 
 
+def run_norm_bwd(ops):
+    """The cluster LayerNorm and RMSNorm backward (norm.cu; sm_90 only): 2-16 block clusters, 1 and 2
+    rows a group, partial last groups, more groups than resident clusters, fewer partial rows than
+    clusters that fit; dx, and dw / db summed over the partial rows."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        return
+    for cfg, m in (((2, 128, 1, 2, 2), 301), ((4, 128, 2, 1, 3), 9), ((16, 128, 1, 2, 2), 5),
+                   ((2, 256, 8, 1, 3), 7), ((4, 256, 4, 2, 3), 37)):
+        n = cfg[0] * cfg[1] * cfg[2] * 8
+        for dtype, rms in ((torch.bfloat16, False), (torch.float16, True)):
+            x, dy = rnd(m, n, dtype=dtype), rnd(m, n, dtype=dtype)
+            w = rnd(n, dtype=dtype)
+            x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+            if rms:
+                rstd = (x64.detach().pow(2).mean(-1) + 1e-6).rsqrt()
+                mean = None
+                y = x64 * (x64.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt() * w64
+            else:
+                import torch.nn.functional as F
+
+                mean, rstd = x64.detach().mean(-1), (x64.detach().var(-1, unbiased=False) + 1e-5).rsqrt()
+                y = F.layer_norm(x64, (n,), w64, None, 1e-5)
+            y.backward(dy.double())
+            parts = 3
+            dx = torch.empty_like(x)
+            dwp = torch.empty(parts, n, device=DEV)
+            dbp = None if rms else torch.empty(parts, n, device=DEV)
+            ops.norm_bwd(x, dy, w, None if mean is None else mean.float().contiguous(), rstd.float().contiguous(),
+                         0.0, rms, list(cfg), dx, dwp, dbp)
+            check(f"norm_bwd {cfg} m={m} {dtype} rms={rms} dx", dx, x64.grad, dtype)
+            check(f"norm_bwd {cfg} m={m} {dtype} rms={rms} dw", dwp.sum(0), w64.grad, dtype)
+            if dbp is not None:
+                check(f"norm_bwd {cfg} m={m} {dtype} db", dbp.sum(0), dy.double().sum(0), dtype)
+
+
 def main() -> int:
     t0 = time.perf_counter()
     if not wcuda.available():
@@ -194,7 +229,7 @@ def main() -> int:
     ops = wcuda.ops()
     torch.manual_seed(0)
     only = set(sys.argv[1:])    # e.g. "reduce": re-check one kernel family
-    for part in (run_add, run_reduce, run_softmax, run_matmul, run_layer_norm):
+    for part in (run_add, run_reduce, run_softmax, run_matmul, run_layer_norm, run_norm_bwd):
         if only and part.__name__[4:] not in only:
             continue
         t = time.perf_counter()

@@ -421,6 +421,12 @@ def test_layer_norm_cluster_table(monkeypatch):
             assert not (t == 1024 and v == 8) and c * t * v * 8 == n, (n, c, t, v)
             assert 1 <= rows <= min(8, t // 32) and rows * c <= 32 and 2 <= stages <= 8, (n, rows, stages)
             assert stages * rows * (n // c) * 2 <= 220 * 1024, (n, stages, rows)
+    for table in H.NORM_BWD_CLUSTER.values():   # the backward: x and dy staged, registers for dw and db
+        for (layer, n), (c, t, v, rows, stages) in table.items():
+            assert isinstance(layer, bool) and c in (2, 4, 8, 16) and c * t * v * 8 == n, (layer, n, c, t, v)
+            assert t in (128, 256) or (t == 512 and v <= 2), (layer, n, t, v)
+            assert 1 <= rows <= min(8, t // 32) and rows * c <= 32 and 2 <= stages <= 8, (n, rows, stages)
+            assert stages * rows * (n // c) * 4 <= 220 * 1024, (n, stages, rows)
     monkeypatch.setattr(H, "interpreting", lambda: False)
     monkeypatch.setattr(H, "sm_count", lambda *a: 132)
     assert H.layer_norm_cluster_config(65536, 2048, "NVIDIA H200") == H.NORM_LAYER_CLUSTER["H200"][65536]
@@ -428,5 +434,12 @@ def test_layer_norm_cluster_table(monkeypatch):
     assert H.layer_norm_cluster_config(65536, 131, "NVIDIA H200") is None
     assert H.layer_norm_cluster_config(32768, 4096, "NVIDIA H200") is None
     assert H.layer_norm_cluster_config(65536, 2048, "NVIDIA H100 80GB HBM3") is None
+    for layer in (True, False):
+        for n in (32768, 65536, 262144):
+            assert H.norm_bwd_cluster_config(n, 4096, layer, "NVIDIA H200") == H.NORM_BWD_CLUSTER["H200"][(layer, n)]
+        assert H.norm_bwd_cluster_config(32768, 131, layer, "NVIDIA H200") is None
+        assert H.norm_bwd_cluster_config(16384, 4096, layer, "NVIDIA H200") is None
+        assert H.norm_bwd_cluster_config(32768, 4096, layer, "NVIDIA H100 80GB HBM3") is None
     monkeypatch.setattr(H, "interpreting", lambda: True)
     assert H.layer_norm_cluster_config(65536, 2048, "NVIDIA H200") is None
+    assert H.norm_bwd_cluster_config(32768, 4096, True, "NVIDIA H200") is None

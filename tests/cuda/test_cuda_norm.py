@@ -1,6 +1,7 @@
 """The CUDA backend's cluster LayerNorm forward (``torch.ops.warpforge_cuda.layer_norm_fwd``,
-csrc/norm.cu) on a GPU, and the route by which ``warpforge.layer_norm`` takes it (H200, rows of
-65,536 and 262,144: heuristics.NORM_LAYER_CLUSTER).
+csrc/norm.cu) and LayerNorm / RMSNorm backward (``norm_bwd``) on a GPU, and the routes by which
+``warpforge.layer_norm`` and ``rms_norm`` take them (H200: the forward at 65,536 and 262,144,
+heuristics.NORM_LAYER_CLUSTER; the backward at 32,768, 65,536 and 262,144, NORM_BWD_CLUSTER).
 
 Outputs are allocated by the caller and filled with NaN first, so an element, mean or rstd the kernel
 leaves unwritten fails. References are float64 (conftest.TOL for y; mean and rstd to 1e-5).
@@ -239,3 +240,202 @@ def test_layer_norm_route_declines(small_route):
     assert small_route == []
     wf.layer_norm(xb, (n,))
     assert small_route == [(2, 128, 1, 2, 2)]
+
+
+# ---- backward -----------------------------------------------------------------------------------
+def cluster_bwd(x, dy, w, mean, rstd, rms, has_b, cfg, parts, offset=0.0):
+    n = x.shape[1]
+    dx = torch.full_like(x, float("nan"))
+    dwp = torch.full((parts, n), float("nan"), device=DEV) if w is not None else None
+    dbp = torch.full((parts, n), float("nan"), device=DEV) if has_b else None
+    torch.ops.warpforge_cuda.norm_bwd(x, dy, w, mean, rstd, offset, rms, list(cfg), dx, dwp, dbp)
+    torch.cuda.synchronize()
+    return dx, (None if dwp is None else dwp.sum(0)), (None if dbp is None else dbp.sum(0))
+
+
+def reference_bwd(x, dy, w, b, rms, offset=0.0, eps=1e-5):
+    """float64 autograd of the forward, and the fp32 statistics the kernel reads."""
+    x64 = x.double().requires_grad_()
+    w64 = None if w is None else w.double().requires_grad_()
+    b64 = None if b is None else b.double().requires_grad_()
+    if rms:
+        rstd = (x64.detach().pow(2).mean(-1) + eps).rsqrt()
+        y = x64 * (x64.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
+        if w64 is not None:
+            y = y * (w64 + offset)
+        mean = None
+    else:
+        mean = x64.detach().mean(-1)
+        rstd = (x64.detach().var(-1, unbiased=False) + eps).rsqrt()
+        y = F.layer_norm(x64, (x.shape[1],), w64, b64, eps)
+    y.backward(dy.double())
+    grads = (x64.grad, None if w64 is None else w64.grad, None if b64 is None else b64.grad)
+    return grads, (None if mean is None else mean.float().contiguous()), rstd.float().contiguous()
+
+
+BWD_SHAPES = [
+    (2, 128, 1, 2, 2),    # n = 2,048
+    (4, 128, 2, 4, 3),    # 8,192
+    (2, 256, 4, 2, 2),    # 16,384
+    (16, 128, 1, 2, 2),   # 16,384 over 16 blocks
+    (2, 512, 2, 1, 3),    # 16,384 at 512 threads (w packed)
+    (8, 256, 4, 2, 3),    # 65,536
+]
+# the H200 route's shapes (heuristics.NORM_BWD_CLUSTER), rows past one group a resident cluster
+ROUTE_BWD_SHAPES = [
+    ((2, 256, 8, 1, 3), 301),   # 32,768: 8 vectors a thread, w held as fp32
+    ((4, 256, 4, 2, 3), 269),   # 32,768, RMSNorm's: 2 rows a group, a partial last group
+    ((4, 256, 8, 1, 3), 139),   # 65,536
+    ((16, 256, 8, 1, 3), 21),   # 262,144 over 16 blocks (8 clusters fit)
+]
+
+
+@needs_hopper
+@pytest.mark.parametrize("cfg,m", [(c, m) for c in BWD_SHAPES for m in (1, 5, 301)] + ROUTE_BWD_SHAPES, ids=str)
+@pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
+def test_cluster_norm_backward(cfg, m, rms):
+    c, t, v, _, _ = cfg
+    n = c * t * v * 8
+    dtype = torch.bfloat16 if m != 5 else torch.float16
+    x = (torch.randn(m, n, device=DEV) * 2 + (0.0 if rms else 0.5)).to(dtype)
+    dy = torch.randn(m, n, device=DEV).to(dtype)
+    w = (torch.rand(n, device=DEV) + 0.5).to(dtype)
+    b = None if rms else torch.randn(n, device=DEV).to(dtype)
+    offset = 1.0 if rms else 0.0
+    (rdx, rdw, rdb), mean, rstd = reference_bwd(x, dy, w, b, rms, offset)
+    # parts: as the route sizes it, and fewer than the clusters that fit (a cap) when rows are many
+    for parts in sorted({max(1, 132 // c), 3}):
+        dx, dw, db = cluster_bwd(x, dy, w, mean, rstd, rms, not rms, cfg, parts, offset)
+        assert_close(dx, rdx, dtype, scale=2, what=f"{cfg} m={m} parts={parts} dx")
+        assert_close(dw, rdw, torch.float32, scale=50, what=f"{cfg} m={m} parts={parts} dw")
+        if not rms:
+            assert_close(db, rdb, torch.float32, scale=50, what=f"{cfg} m={m} parts={parts} db")
+
+
+@needs_hopper
+@pytest.mark.parametrize("which", ["none", "bias", "weight"])
+def test_cluster_norm_backward_optional_parameters(which):
+    cfg = (2, 128, 1, 2, 2)
+    n = 2048
+    x = torch.randn(37, n, device=DEV).to(torch.bfloat16)
+    dy = torch.randn(37, n, device=DEV).to(torch.bfloat16)
+    w = (torch.rand(n, device=DEV) + 0.5).to(torch.bfloat16) if which == "weight" else None
+    b = torch.randn(n, device=DEV).to(torch.bfloat16) if which == "bias" else None
+    (rdx, rdw, rdb), mean, rstd = reference_bwd(x, dy, w, b, False)
+    dx, dw, db = cluster_bwd(x, dy, w, mean, rstd, False, b is not None, cfg, 66)
+    assert_close(dx, rdx, torch.bfloat16, scale=2, what="dx")
+    if w is not None:
+        assert_close(dw, rdw, torch.float32, scale=50, what="dw")
+    if b is not None:
+        assert_close(db, rdb, torch.float32, scale=50, what="db")
+
+
+@needs_hopper
+def test_cluster_norm_backward_refuses_bad_calls():
+    op = torch.ops.warpforge_cuda.norm_bwd
+    x = torch.randn(4, 2048, device=DEV).to(torch.bfloat16)
+    dy, dx = torch.randn_like(x), torch.empty_like(x)
+    rstd = torch.ones(4, device=DEV)
+    with pytest.raises(RuntimeError, match="needs 'mean'"):
+        op(x, dy, None, None, rstd, 0.0, False, [2, 128, 1, 2, 2], dx, None, None)
+    with pytest.raises(RuntimeError, match="128 or 256 threads"):
+        op(x, torch.randn(4, 4096, device=DEV).to(torch.bfloat16)[:, :2048], None, None, rstd, 0.0, True,
+           [2, 1024, 1, 2, 2], dx, None, None)
+    with pytest.raises(RuntimeError, match="same parts"):
+        op(x, dy, None, rstd, rstd, 0.0, False, [2, 128, 1, 2, 2], dx, torch.empty(3, 2048, device=DEV),
+           torch.empty(2, 2048, device=DEV))
+    with pytest.raises(RuntimeError, match="'grad_output' must have the input's dtype"):
+        op(x, dy.half(), None, rstd, rstd, 0.0, False, [2, 128, 1, 2, 2], dx, None, None)
+
+
+@pytest.fixture
+def small_bwd_route(monkeypatch):
+    taken = []
+    real = norms._norm_bwd_cluster
+
+    def table(n, m, layer, device_name):
+        return (2, 128, 1, 2, 2) if n == 2048 else None
+
+    def spy(*args):
+        cfg = real(*args)
+        if cfg is not None:
+            taken.append(cfg)
+        return cfg
+
+    monkeypatch.setattr(norms, "norm_bwd_cluster_config", table)
+    monkeypatch.setattr(norms, "_norm_bwd_cluster", spy)
+    monkeypatch.setattr(norms.fastpath, "door", lambda t: None)
+    return taken
+
+
+@needs_hopper
+@pytest.mark.parametrize("op", ["layer", "rms", "rms_offset"])
+def test_norm_backward_routes_to_cluster_kernel(small_bwd_route, op):
+    n = 2048
+    x = torch.randn(4, 9, n, device=DEV).to(torch.bfloat16).requires_grad_()
+    w = (torch.rand(n, device=DEV) + 0.5).to(torch.bfloat16).requires_grad_()
+    b = torch.randn(n, device=DEV).to(torch.bfloat16).requires_grad_()
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    if op == "layer":
+        y = wf.layer_norm(x, (n,), w, b)
+        ref = F.layer_norm(x64, (n,), w64, b64, 1e-5)
+    else:
+        off = 1.0 if op == "rms_offset" else 0.0
+        y = wf.rms_norm(x, (n,), w, eps=1e-6, offset=off)
+        ref = x64 * (x64.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt() * (w64 + off)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    ref.backward(dy.double())
+    assert small_bwd_route == [(2, 128, 1, 2, 2)]
+    assert_close(x.grad, x64.grad, torch.bfloat16, scale=2, what="dx")
+    assert_close(w.grad, w64.grad, torch.bfloat16, scale=2, what="dw")
+    if op == "layer":
+        assert_close(b.grad, b64.grad, torch.bfloat16, scale=2, what="db")
+
+
+@needs_hopper
+@pytest.mark.parametrize("op", ["layer", "rms"])
+def test_norm_backward_route_real_table(monkeypatch, op):
+    """The device's own table (H200: 32,768 columns), through autograd with the eager fast path on:
+    the cluster backward runs on every call, the fast path's later replays included."""
+    n, m = 32768, 2 * torch.cuda.get_device_properties(0).multi_processor_count
+    name = torch.cuda.get_device_name()
+    if norms.norm_bwd_cluster_config(n, m, op == "layer", name) is None:
+        pytest.skip(f"no cluster backward for rows of {n} on {name}")
+    taken = []
+    real = norms._norm_bwd_cluster
+    monkeypatch.setattr(norms, "_norm_bwd_cluster", lambda *a: taken.append(real(*a)) or taken[-1])
+    x = torch.randn(m, n, device=DEV).to(torch.bfloat16)
+    w = (torch.rand(n, device=DEV) + 0.5).to(torch.bfloat16)
+    b = torch.randn(n, device=DEV).to(torch.bfloat16)
+    dy = torch.randn(m, n, device=DEV).to(torch.bfloat16)
+    x64, w64, b64 = (t.double().requires_grad_() for t in (x, w, b))
+    if op == "layer":
+        F.layer_norm(x64, (n,), w64, b64, 1e-5).backward(dy.double())
+    else:
+        (x64 * (x64.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt() * w64).backward(dy.double())
+    for call in range(3):
+        xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, b))
+        y = wf.layer_norm(xg, (n,), wg, bg) if op == "layer" else wf.rms_norm(xg, (n,), wg, eps=1e-6)
+        y.backward(dy)
+        assert len(taken) == call + 1 and taken[-1] is not None, f"call {call}: the Triton backward ran"
+        assert_close(xg.grad, x64.grad, torch.bfloat16, scale=2, what=f"call {call} dx")
+        assert_close(wg.grad, w64.grad, torch.bfloat16, scale=2, what=f"call {call} dw")
+        if op == "layer":
+            assert_close(bg.grad, b64.grad, torch.bfloat16, scale=2, what=f"call {call} db")
+
+
+@needs_hopper
+def test_norm_backward_route_declines(small_bwd_route):
+    n = 2048
+    x = torch.randn(6, n, device=DEV).to(torch.bfloat16).requires_grad_()
+    w = torch.rand(n, device=DEV).requires_grad_()            # fp32 weight: Triton
+    wf.rms_norm(x, (n,), w).sum().backward()
+    xl = torch.randn(6, n, device=DEV).to(torch.bfloat16).requires_grad_()
+    wb = torch.rand(n, device=DEV).to(torch.bfloat16)
+    wf.rms_norm(xl, (n,), wb, casting_mode="llama").sum().backward()   # llama casting: Triton
+    h = torch.randn(6, n, device=DEV).to(torch.bfloat16).requires_grad_()
+    r = torch.randn(6, n, device=DEV).to(torch.bfloat16).requires_grad_()
+    out, s = wf.add_rms_norm(h, r, wb)
+    (out.float().sum() + s.float().sum()).backward()            # a residual gradient: Triton
+    assert small_bwd_route == []

@@ -108,6 +108,10 @@ def _layer_norm_fwd_fake(input, weight, bias, eps, config, out, mean, rstd):
     return None
 
 
+def _norm_bwd_fake(input, grad_output, weight, mean, rstd, offset, rms, config, dx, dw_part, db_part):
+    return None
+
+
 def register() -> None:
     global _done
     if _done:
@@ -115,7 +119,7 @@ def register() -> None:
     lib = "warpforge_cuda::"
     for name, fake in (("add", _add_fake), ("sum", _sum_fake), ("amax", _amax_fake), ("softmax", _softmax_fake),
                        ("softmax_backward", _softmax_bwd_fake), ("matmul", _matmul_fake),
-                       ("layer_norm_fwd", _layer_norm_fwd_fake)):
+                       ("layer_norm_fwd", _layer_norm_fwd_fake), ("norm_bwd", _norm_bwd_fake)):
         torch.library.register_fake(lib + name, fake)
     for name, backward, setup in (("add", _add_backward, _add_setup), ("sum", _sum_backward, _sum_setup),
                                   ("amax", _amax_backward, _amax_setup),

@@ -45,6 +45,12 @@ Why the kernels look the way they do:
   the prefetched next tile are ~15 registers per element a thread holds, and ptxas for sm_90
   fits 8 elements a thread (16 warps over 4,096) in 128 registers but spills 1.4-1.8 KB a
   thread at 16,384 (see ``runtime/heuristics.py: norm_bwd_config``).
+- Backward, LayerNorm and RMSNorm rows of 32,768, 65,536 and 262,144 on the H200 (2-byte dtypes,
+  no residual gradient, not the "llama" casting mode; heuristics.NORM_BWD_CLUSTER): the CUDA
+  backend's cluster backward (same file, same structure as the forward: w held and dw/db summed in
+  registers over the rows a block walks, x and dy staged by bulk copies, the two row sums exchanged
+  through distributed shared memory). It reads x and dy once, against the Triton kernels' re-reads
+  from L2 at those lengths.
 - Weight and bias gradients are deterministic: a persistent grid of G programs (~16 warps per
   SM: 132 row groups on a 132-SM H200 at 16 warps), each walking a fixed contiguous range of
   rows and accumulating dw (and db) in fp32 registers, writes one row of a (G, N) fp32 buffer,
@@ -84,7 +90,7 @@ import triton.language as tl
 from ..runtime import fastpath, new_empty
 from ..runtime.checks import check_finite, check_normalized_shape, check_same, check_tensor, check_weight
 from ..runtime.heuristics import (NORM_LOOP_ROWS_PER_SM, grad_grid, grad_sum_config, layer_norm_cluster_config,
-                                  norm_bwd_config, norm_fwd_config, sm_count)
+                                  norm_bwd_cluster_config, norm_bwd_config, norm_fwd_config, sm_count)
 from ..runtime.device import device_info
 from ..runtime.registry import Op
 from ..runtime.launch import run
@@ -822,6 +828,20 @@ def _aligned_rows(*ts) -> bool:
                for t in ts)
 
 
+def _norm_bwd_cluster(x2, dy2, dx, weight, m: int, n: int, rms: bool):
+    """The CUDA cluster backward's launch shape for this call, or None where the Triton kernels keep
+    it (heuristics.norm_bwd_cluster_config; 16-bit x and dy of one dtype, a weight of that dtype,
+    16-byte aligned rows)."""
+    if x2.dtype not in (torch.bfloat16, torch.float16) or not x2.is_cuda or dy2.dtype != x2.dtype:
+        return None
+    if weight is not None and weight.dtype != x2.dtype:
+        return None
+    cfg = norm_bwd_cluster_config(n, m, not rms, _device_name(x2))
+    if cfg is None or not _aligned_rows(x2, dy2, dx, weight):
+        return None
+    return cfg if _cuda_backend_ready() else None
+
+
 def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, llama: bool):
     """Normalise the last dim of x (+ residual). Returns (y, h or None, mean or None, rstd)."""
     # the kernels read the parameters densely (w_ptr + cols): a strided view is copied
@@ -881,6 +901,15 @@ def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: 
         zeros = torch.zeros((n,), device=x.device, dtype=pdtype)
         return dx.view(x.shape), (zeros if has_w else None), (zeros.clone() if has_bias else None)
     ds2 = None if dsum is None else as_rows(dsum)
+    cluster = None if llama or ds2 is not None else _norm_bwd_cluster(x2, dy2, dx, weight, m, n, rms)
+    if cluster is not None:
+        from .. import cuda as wcuda
+
+        parts = max(1, sm_count() // cluster[0])   # at most this many clusters run: one partial row each
+        dw_part = new_empty((parts, n), device=x.device, dtype=torch.float32) if has_w else None
+        db_part = new_empty((parts, n), device=x.device, dtype=torch.float32) if has_bias else None
+        wcuda.ops().norm_bwd(x2, dy2, weight, mean, rstd, float(offset), rms, list(cluster), dx, dw_part, db_part)
+        return (dx.view(x.shape), *_grad_sums(dw_part, db_part, pdtype))
     flags = dict(RMS=rms, HAS_W=has_w, HAS_B=has_bias, HAS_DSUM=ds2 is not None, LLAMA=llama)
     cfg = norm_bwd_config(n, layer=not rms, device_name=_device_name(x),
                           itemsize=max(x.element_size(), dy.element_size()), dsum=ds2 is not None)

@@ -162,6 +162,32 @@ NORM_LAYER_CLUSTER = {"H200": {65536: (8, 256, 4, 4, 3), 262144: (16, 512, 4, 2,
 # device: {N: (cluster, threads, vectors a thread, rows a group, stages)}
 
 
+# The backward of the same design (cuda/csrc/norm.cu: w held and dw/db accumulated in registers
+# over every row a block walks, x and dy staged by bulk copies, each group's saved statistics
+# loaded a group ahead): LayerNorm and RMSNorm without a residual gradient, outside the "llama"
+# casting mode. H200, bf16, M*N = 2^27, backward alone, us and % of copy against the Triton
+# backward in the same run (NOTES item 89, probes_s33): LayerNorm 32K 222.7 (85.1%) / 261.4
+# (72.5%), 65K 233.3 (81.2%) / 263.8 (71.8%), 262K 254.0 (74.6%) / 309.5 (61.2%); RMSNorm 32K
+# 217.0 (87.3%) / 252.5 (75.0%), 65K 207.3 (91.4%) / 253.6 (74.7%), 262K 225.0 (84.2%) / 264.2
+# (71.7%). The largest slice a thread (8 vectors, 256 threads: 255 registers, one block an SM)
+# won at every length but RMSNorm's 32K; 4-vector and 512-thread shapes with one row a group ran
+# 58-68%. device: {(LayerNorm?, N): (cluster, threads, vectors a thread, rows a group, stages)}.
+NORM_BWD_CLUSTER = {"H200": {(True, 32768): (2, 256, 8, 1, 3), (True, 65536): (4, 256, 8, 1, 3),
+                             (True, 262144): (16, 256, 8, 1, 3), (False, 32768): (4, 256, 4, 2, 3),
+                             (False, 65536): (4, 256, 8, 1, 3), (False, 262144): (16, 256, 8, 1, 3)}}
+
+
+def norm_bwd_cluster_config(n: int, m: int, layer: bool, device_name: str) -> tuple[int, int, int, int, int] | None:
+    """The cluster backward's launch shape for rows of ``n`` (``m`` rows), or None (NORM_BWD_CLUSTER;
+    at least one row an SM)."""
+    if interpreting():
+        return None
+    table = _by_device(NORM_BWD_CLUSTER, device_name)
+    if not table or (layer, n) not in table or m < sm_count():
+        return None
+    return table[(layer, n)]
+
+
 def layer_norm_cluster_config(n: int, m: int, device_name: str) -> tuple[int, int, int, int, int] | None:
     """The cluster kernel's launch shape for LayerNorm rows of ``n`` (``m`` rows) on this device, or
     None where the Triton kernels keep the call (NORM_LAYER_CLUSTER; at least one row an SM)."""

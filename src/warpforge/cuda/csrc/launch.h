@@ -109,5 +109,16 @@ const char* layer_norm_cluster_config_error(DType dt, int64_t n, NormClusterConf
 cudaError_t layer_norm_fwd_cluster(DType dt, const void* x, void* y, const void* w, const void* b, float* mean,
                                    float* rstd, int64_t m, int64_t n, int64_t sx, int64_t sy, float eps,
                                    NormClusterConfig cfg, cudaStream_t stream);
+// The backward of LayerNorm (rms false: mean read) or RMSNorm (rms true: mean unused; w + offset),
+// same layout rules, dx written with row stride sdx; x and dy staged together (2 x the forward's
+// shared memory); 128 or 256 threads, or 512 at up to 2 vectors a thread. dw_part / db_part (either may be null): (parts, n)
+// fp32 row-major; at most `parts` clusters run (when parts > 0); cluster c writes its partial sums
+// into row c and zeros into the rows past the clusters that ran; the caller sums the rows. w may be
+// null (weight 1).
+const char* norm_bwd_cluster_config_error(DType dt, int64_t n, NormClusterConfig cfg);
+cudaError_t norm_bwd_cluster(DType dt, bool rms, const void* x, const void* dy, void* dx, const void* w,
+                             const float* mean, const float* rstd, float* dw_part, float* db_part, int64_t parts,
+                             int64_t m, int64_t n, int64_t sx, int64_t sdy, int64_t sdx, float offset,
+                             NormClusterConfig cfg, cudaStream_t stream);
 
 }  // namespace wf

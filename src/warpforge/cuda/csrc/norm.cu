@@ -1,4 +1,6 @@
-// LayerNorm forward over long rows, one row spread over a thread-block cluster (Hopper, sm_90).
+// LayerNorm forward, and LayerNorm and RMSNorm backward, over long rows, one row spread over a
+// thread-block cluster (Hopper, sm_90). The forward is described here; the backward (below) has
+// the same structure.
 //
 //   y = (x - mean) * rstd * w + b,   mean and rstd = 1 / sqrt(var + eps) over each row of n
 //
@@ -46,6 +48,7 @@ struct NormShared {
   uint64_t xbar[kSlots];                         // group g's partner statistics landed (slot g % 4)
   float2 slots[kSlots][kMaxCluster][kMaxRows];   // [g % 4][source rank][row]: (mean, M2) of its slice
   float2 warp_stats[kMaxRows][32];               // [row][warp]: (mean, M2) of the warp's values
+  float2 row_stats[kSlots][kMaxRows];            // backward: group g's saved (mean, rstd), slot g % 4
 };
 
 // Two equal-count groups of c values each, merged (Chan et al.): the mean of the means, and
@@ -78,32 +81,35 @@ __device__ __forceinline__ float2 unpack_pinned(uint32_t p, __half) {
 
 // One parameter vector (w or b) over this thread's VPT vectors: as fp32 where the registers allow
 // (no conversion per element), else packed and converted at each use. Absent (null): FILL (0 or
-// 1) everywhere.
-template <typename T, int VPT, bool F32, int FILL>
+// 1) everywhere; with OFFSET, `add` is added to every present value (RMSNorm's weight offset).
+template <typename T, int VPT, bool F32, int FILL, bool OFFSET>
 struct Param;
 
-template <typename T, int VPT, int FILL>
-struct Param<T, VPT, true, FILL> {
+template <typename T, int VPT, int FILL, bool OFFSET>
+struct Param<T, VPT, true, FILL, OFFSET> {
   float v[VPT][8];
-  __device__ __forceinline__ void load(const T* p, int64_t off, int k) {
+  __device__ __forceinline__ void load(const T* p, int64_t off, int k, float add) {
     const uint4 raw = p ? *reinterpret_cast<const uint4*>(p + off) : uint4{};
 #pragma unroll
-    for (int e = 0; e < 8; ++e) v[k][e] = p ? elem<T>(raw, e) : float(FILL);
+    for (int e = 0; e < 8; ++e) v[k][e] = p ? (OFFSET ? elem<T>(raw, e) + add : elem<T>(raw, e)) : float(FILL);
   }
   __device__ __forceinline__ float2 pair(int k, int e) const { return make_float2(v[k][e], v[k][e + 1]); }
 };
 
-template <typename T, int VPT, int FILL>
-struct Param<T, VPT, false, FILL> {
+template <typename T, int VPT, int FILL, bool OFFSET>
+struct Param<T, VPT, false, FILL, OFFSET> {
   uint4 v[VPT];
   bool present;
-  __device__ __forceinline__ void load(const T* p, int64_t off, int k) {
+  float add;
+  __device__ __forceinline__ void load(const T* p, int64_t off, int k, float add_) {
     present = p != nullptr;
+    add = add_;
     v[k] = present ? *reinterpret_cast<const uint4*>(p + off) : uint4{};
   }
   __device__ __forceinline__ float2 pair(int k, int e) const {
     if (!present) return make_float2(float(FILL), float(FILL));
-    return unpack_pinned(reinterpret_cast<const uint32_t*>(&v[k])[e / 2], T{});
+    const float2 f = unpack_pinned(reinterpret_cast<const uint32_t*>(&v[k])[e / 2], T{});
+    return OFFSET ? make_float2(f.x + add, f.y + add) : f;
   }
 };
 
@@ -138,12 +144,12 @@ __global__ void __launch_bounds__(THREADS, 1) layer_norm_fwd_cluster_kernel(
   const uint32_t stage_bytes = static_cast<uint32_t>(rows) * row_bytes;
   const float slice_f = static_cast<float>(slice);
 
-  Param<T, VPT, kF32, 1> wp;
-  Param<T, VPT, kF32, 0> bp;
+  Param<T, VPT, kF32, 1, false> wp;
+  Param<T, VPT, kF32, 0, false> bp;
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    wp.load(w, col0 + static_cast<int64_t>(tid + k * THREADS) * N, k);
-    bp.load(b, col0 + static_cast<int64_t>(tid + k * THREADS) * N, k);
+    wp.load(w, col0 + static_cast<int64_t>(tid + k * THREADS) * N, k, 0.f);
+    bp.load(b, col0 + static_cast<int64_t>(tid + k * THREADS) * N, k, 0.f);
   }
 
   if (tid == 0) {
@@ -267,11 +273,220 @@ __global__ void __launch_bounds__(THREADS, 1) layer_norm_fwd_cluster_kernel(
   cluster.sync();   // no block leaves while a partner's st.async may still target it
 }
 
-// Launch `kernel` over clusters of c.cluster blocks: min(groups of rows, clusters resident at once)
-// clusters, a persistent grid.
+// ---- backward ---------------------------------------------------------------------------------
+//   x_hat = (x - mean) * rstd (RMSNorm: x * rstd), g = dy * w (RMSNorm: dy * (offset + w)),
+//   dx = rstd * (g - x_hat * mean(g * x_hat) - mean(g))   (RMSNorm: no mean(g) term),
+//   dw = sum over rows of dy * x_hat, db = sum over rows of dy.
+// Byte model: read x and dy, write dx (3 * M * N * s). The same cluster structure as the forward:
+// block b holds its slice of w in registers and accumulates its slice of dw and db in fp32 registers
+// over every row it walks (deterministic: a fixed order a thread); x and dy arrive in shared memory
+// by bulk copies, `stages` groups ahead; the slices' sums of g * x_hat and g go to every partner by
+// st.async; the loop is pipelined by one group as in the forward (4 exchange slots), and each
+// group's saved mean and rstd are loaded during the group before. Measured on an H200 (NOTES item
+// 89), backward alone: LayerNorm 32K / 65K / 262K at 85 / 81 / 75% of copy, RMSNorm 87 / 91 / 84%,
+// against the Triton kernels' 61-75%. 8 vectors a thread (255 registers, 8 warps an SM) beat
+// smaller slices: per group the block pays a fixed ~0.5 us (barriers, the exchange), so the
+// bytes a group must be large. Holding x and dy in registers to free each stage after the first
+// pass (measured as a variant) did not help. At the end
+// cluster c writes its dw/db slice into row c of the (parts, N) fp32 partial buffers, and zeros
+// into rows c + clusters, c + 2 clusters, ... < parts that no cluster ran; the caller sums the rows.
+template <typename T, int THREADS, int VPT, bool RMS>
+__global__ void __launch_bounds__(THREADS, 1) norm_bwd_cluster_kernel(
+    const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, const T* __restrict__ w,
+    const float* __restrict__ mean_in, const float* __restrict__ rstd_in, float* __restrict__ dw_part,
+    float* __restrict__ db_part, int64_t parts, int64_t m, int64_t n, int64_t sx, int64_t sdy, int64_t sdx,
+    float offset, int rows, int stages) {
+  constexpr int N = Vec<T>::N;
+  constexpr int WARPS = THREADS / 32;
+  // dw and db accumulators take 16 registers a vector; w goes fp32 only if 8 more a vector fit
+  constexpr bool kF32 = VPT * 24 <= 65536 / THREADS - 40;
+  extern __shared__ __align__(128) unsigned char stage_mem[];   // [stages][rows][x, dy][slice] of T
+  __shared__ NormShared sh;
+  cg::cluster_group cluster = cg::this_cluster();
+  const unsigned csize = cluster.num_blocks(), crank = cluster.block_rank();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t slice = static_cast<int64_t>(THREADS) * VPT * N, col0 = static_cast<int64_t>(crank) * slice;
+  const uint32_t row_bytes = static_cast<uint32_t>(slice * sizeof(T));
+  const int64_t cid = blockIdx.x / csize, clusters = gridDim.x / csize;
+  const int64_t groups = (m + rows - 1) / rows;
+  const int64_t mine = cid < groups ? (groups - cid + clusters - 1) / clusters : 0;
+  const uint32_t stage_bytes = 2u * static_cast<uint32_t>(rows) * row_bytes;
+  const float inv_n = 1.f / static_cast<float>(n);
+
+  Param<T, VPT, kF32, 1, RMS> wp;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) wp.load(w, col0 + static_cast<int64_t>(tid + k * THREADS) * N, k, offset);
+  float dwa[VPT][8], dba[VPT][8];
+#pragma unroll
+  for (int k = 0; k < VPT; ++k)
+#pragma unroll
+    for (int e = 0; e < N; ++e) dwa[k][e] = dba[k][e] = 0.f;
+
+  if (tid == 0) {
+    for (int s = 0; s < stages; ++s) mbar_init(smem_u32(&sh.full[s]), 1);
+    for (int s = 0; s < kSlots; ++s) mbar_init(smem_u32(&sh.xbar[s]), 1);
+    mbar_init_fence();
+  }
+  cluster.sync();
+
+  auto group_rows = [&](int64_t it, int64_t& row0) {
+    row0 = (cid + it * clusters) * rows;
+    return static_cast<int>(m - row0 < rows ? m - row0 : rows);
+  };
+  auto issue = [&](int64_t it, int s) {
+    int64_t row0;
+    const int nr = group_rows(it, row0);
+    const uint32_t bar = smem_u32(&sh.full[s]);
+    mbar_arrive_expect_tx(bar, 2u * static_cast<uint32_t>(nr) * row_bytes);
+    const uint32_t dst = smem_u32(stage_mem) + s * stage_bytes;
+    for (int r = 0; r < nr; ++r) {
+      bulk_load(dst + (2 * r) * row_bytes, x + (row0 + r) * sx + col0, row_bytes, bar);
+      bulk_load(dst + (2 * r + 1) * row_bytes, dy + (row0 + r) * sdy + col0, row_bytes, bar);
+    }
+  };
+  auto vec_at = [&](int s, int r, int which, int k) {
+    return *reinterpret_cast<const uint4*>(stage_mem + s * stage_bytes + (2 * r + which) * row_bytes +
+                                           (tid + k * THREADS) * 16);
+  };
+  // this thread's row (tid < rows) of group it's saved statistics
+  auto load_stats = [&](int64_t it) {
+    int64_t row0;
+    const int nr = group_rows(it, row0);
+    return tid < nr ? make_float2(RMS ? 0.f : mean_in[row0 + tid], rstd_in[row0 + tid]) : make_float2(0.f, 0.f);
+  };
+  float2 pre = make_float2(0.f, 0.f);
+  // group it's slice sums of g * x_hat and g (RMSNorm: the first only), sent to every partner;
+  // this thread's dw and db terms of the group's rows added on the way
+  auto sums_and_send = [&](int64_t it) {
+    const int s = static_cast<int>(it % stages), slot = static_cast<int>(it % kSlots);
+    int64_t row0;
+    const int nr = group_rows(it, row0);
+    const uint32_t xbar = smem_u32(&sh.xbar[slot]);
+    if (tid == 0) mbar_arrive_expect_tx(xbar, csize * static_cast<uint32_t>(nr) * 8u);
+    // the group's saved statistics (thread r holds row r's) go to shared memory for both passes;
+    // the next group's are loaded now, a whole group ahead of their use. Loaded here and used
+    // after this group's barrier, their latency (an L2 miss, ~1 us under this load) sat on every
+    // group's chain: that cost 10-15 points of copy at 32K-262K (NOTES item 89)
+    if (tid < nr) sh.row_stats[slot][tid] = pre;
+    if (it + 1 < mine) pre = load_stats(it + 1);
+    mbar_wait(smem_u32(&sh.full[s]), static_cast<uint32_t>((it / stages) & 1));
+    __syncthreads();
+    for (int r = 0; r < nr; ++r) {
+      const float2 st = sh.row_stats[slot][r];
+      const float mean = st.x, rstd = st.y;
+      float sgx_ = 0.f, sg_ = 0.f, sgx2 = 0.f, sg2 = 0.f;   // two chains: odd vectors add into the second
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        float& sgx = (k & 1) ? sgx2 : sgx_;
+        float& sg = (k & 1) ? sg2 : sg_;
+        const uint4 xv = vec_at(s, r, 0, k), gv = vec_at(s, r, 1, k);
+#pragma unroll
+        for (int e = 0; e < N; e += 2) {
+          const float2 wv = wp.pair(k, e);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float xh = (elem<T>(xv, e + h) - mean) * rstd, d = elem<T>(gv, e + h);
+            const float g = d * (h ? wv.y : wv.x);
+            sgx = fmaf(g, xh, sgx);
+            if (!RMS) sg += g;
+            dwa[k][e + h] = fmaf(d, xh, dwa[k][e + h]);
+            if (!RMS) dba[k][e + h] += d;
+          }
+        }
+      }
+      float sgx = sgx_ + sgx2, sg = sg_ + sg2;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        sgx += shfl_xor(sgx, o);
+        if (!RMS) sg += shfl_xor(sg, o);
+      }
+      if (lane == 0) sh.warp_stats[r][warp] = make_float2(sgx, sg);
+    }
+    __syncthreads();
+    if (warp < nr) {
+      float2 t = lane < WARPS ? sh.warp_stats[warp][lane] : make_float2(0.f, 0.f);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        t.x += shfl_xor(t.x, o);
+        t.y += shfl_xor(t.y, o);
+      }
+      if (lane < static_cast<int>(csize))
+        st_async_f2(smem_u32(&sh.slots[slot][crank][warp]), xbar, lane, t.x, t.y);
+    }
+  };
+
+  if (tid == 0)
+    for (int64_t it = 0; it < mine && it < stages; ++it) issue(it, static_cast<int>(it));
+  if (mine > 0) pre = load_stats(0);
+  if (mine > 0) sums_and_send(0);
+
+  for (int64_t it = 0; it < mine; ++it) {
+    if (it + 1 < mine) sums_and_send(it + 1);
+    const int s = static_cast<int>(it % stages), slot = static_cast<int>(it % kSlots);
+    int64_t row0;
+    const int nr = group_rows(it, row0);
+    mbar_wait(smem_u32(&sh.xbar[slot]), static_cast<uint32_t>((it / kSlots) & 1));
+    // lane l holds (row l / csize, slice l % csize); the segment sums are the rows' totals
+    const int lr = lane / static_cast<int>(csize), lc = lane % static_cast<int>(csize);
+    float2 p = lr < nr ? sh.slots[slot][lc][lr] : make_float2(0.f, 0.f);
+    for (int o = 1; o < static_cast<int>(csize); o <<= 1) {
+      p.x += shfl_xor(p.x, o);
+      p.y += shfl_xor(p.y, o);
+    }
+    for (int r = 0; r < nr; ++r) {
+      const float c1 = __shfl_sync(0xffffffffu, p.x, r * static_cast<int>(csize)) * inv_n;
+      const float c2 = RMS ? 0.f : __shfl_sync(0xffffffffu, p.y, r * static_cast<int>(csize)) * inv_n;
+      const float2 st = sh.row_stats[slot][r];
+      const float mean = st.x, rstd = st.y;
+      T* dr = dx + (row0 + r) * sdx + col0 + tid * N;
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        const uint4 xv = vec_at(s, r, 0, k), gv = vec_at(s, r, 1, k);
+        Vec<T> o;
+#pragma unroll
+        for (int e = 0; e < N; e += 2) {
+          const float2 wv = wp.pair(k, e);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float xh = (elem<T>(xv, e + h) - mean) * rstd;
+            const float g = elem<T>(gv, e + h) * (h ? wv.y : wv.x);
+            o.set(e + h, (fmaf(-xh, c1, g) - c2) * rstd);
+          }
+        }
+        store_vec(dr + k * THREADS * N, o);
+      }
+    }
+    __syncthreads();
+    if (tid == 0 && it + stages < mine) {
+      fence_proxy_async_smem();
+      issue(it + stages, s);
+    }
+  }
+  // this cluster's dw / db slice into row cid; zeros into the rows no cluster ran
+  for (int64_t part = cid; part < parts; part += clusters) {
+    const bool mine_row = part == cid;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      const int64_t col = col0 + static_cast<int64_t>(tid + k * THREADS) * N;
+#pragma unroll
+      for (int e = 0; e < N; e += 4) {
+        if (dw_part)
+          *reinterpret_cast<float4*>(dw_part + part * n + col + e) =
+              mine_row ? make_float4(dwa[k][e], dwa[k][e + 1], dwa[k][e + 2], dwa[k][e + 3]) : float4{};
+        if (db_part)
+          *reinterpret_cast<float4*>(db_part + part * n + col + e) =
+              mine_row ? make_float4(dba[k][e], dba[k][e + 1], dba[k][e + 2], dba[k][e + 3]) : float4{};
+      }
+    }
+  }
+  cluster.sync();
+}
+
+// Launch `kernel` over clusters of c.cluster blocks: min(groups of rows, clusters resident at once,
+// cap if positive) clusters, a persistent grid.
 template <typename Kernel, typename... Args>
-cudaError_t launch(Kernel kernel, const NormClusterConfig& c, int64_t m, size_t smem, cudaStream_t stream,
-                   Args... args) {
+cudaError_t launch(Kernel kernel, const NormClusterConfig& c, int64_t m, size_t smem, int64_t cap,
+                   cudaStream_t stream, Args... args) {
   cudaLaunchConfig_t lc;
   cudaLaunchAttribute attr;
   cudaError_t err = cluster_launch_config(kernel, static_cast<unsigned>(c.cluster), static_cast<unsigned>(c.threads),
@@ -280,21 +495,22 @@ cudaError_t launch(Kernel kernel, const NormClusterConfig& c, int64_t m, size_t 
   const int fit = resident_clusters(reinterpret_cast<const void*>(kernel), lc);
   if (fit <= 0) return cudaErrorInvalidConfiguration;   // this cluster shape cannot be placed on the device
   const int64_t groups = (m + c.rows - 1) / c.rows;
-  const int64_t clusters = groups < fit ? groups : fit;
+  int64_t clusters = groups < fit ? groups : fit;
+  if (cap > 0 && clusters > cap) clusters = cap;
   lc.gridDim = dim3(static_cast<unsigned>(clusters * c.cluster), 1, 1);
   err = cudaLaunchKernelEx(&lc, kernel, args...);
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-}  // namespace
-
-const char* layer_norm_cluster_config_error(DType dt, int64_t n, NormClusterConfig c) {
+const char* config_error(DType dt, int64_t n, NormClusterConfig c, bool backward) {
   if (dt == DType::f32) return "16-bit dtypes only (float16, bfloat16)";
   if (c.cluster != 2 && c.cluster != 4 && c.cluster != 8 && c.cluster != 16) return "cluster must be 2, 4, 8 or 16";
   if (c.threads != 128 && c.threads != 256 && c.threads != 512 && c.threads != 1024)
     return "threads must be 128, 256, 512 or 1024";
   if (c.vpt != 1 && c.vpt != 2 && c.vpt != 4 && c.vpt != 8) return "vectors per thread must be 1, 2, 4 or 8";
   if (c.threads == 1024 && c.vpt == 8) return "1024 threads hold at most 4 vectors a thread (registers)";
+  if (backward && !(c.threads <= 256 || (c.threads == 512 && c.vpt <= 2)))
+    return "the backward runs 128 or 256 threads, or 512 at up to 2 vectors a thread (registers for dw and db)";
   if (c.rows < 1 || c.rows > kMaxRows) return "rows a group must be 1 to 8";
   if (c.rows > c.threads / 32) return "rows a group must not exceed the block's warps";
   if (c.rows * c.cluster > 32) return "rows a group x cluster must be at most 32";
@@ -302,15 +518,31 @@ const char* layer_norm_cluster_config_error(DType dt, int64_t n, NormClusterConf
   if (c.stages < 2 || c.stages > kMaxStages) return "stages must be 2 to 8";
   const int64_t slice = static_cast<int64_t>(c.threads) * c.vpt * 8;
   if (slice * c.cluster != n) return "the row length must be exactly cluster x threads x vectors per thread x 8";
-  if (static_cast<int64_t>(c.stages) * c.rows * slice * 2 > 220 * 1024)
+  if (static_cast<int64_t>(c.stages) * c.rows * slice * 2 * (backward ? 2 : 1) > 220 * 1024)
     return "stages x rows x slice exceeds shared memory";
   return nullptr;
+}
+
+#define WF_NORM_SHAPES(CASE)                                                   \
+  CASE(128, 1) CASE(128, 2) CASE(128, 4) CASE(128, 8)                          \
+  CASE(256, 1) CASE(256, 2) CASE(256, 4) CASE(256, 8)                          \
+  CASE(512, 1) CASE(512, 2) CASE(512, 4) CASE(512, 8)                          \
+  CASE(1024, 1) CASE(1024, 2) CASE(1024, 4)
+
+}  // namespace
+
+const char* layer_norm_cluster_config_error(DType dt, int64_t n, NormClusterConfig c) {
+  return config_error(dt, n, c, false);
+}
+
+const char* norm_bwd_cluster_config_error(DType dt, int64_t n, NormClusterConfig c) {
+  return config_error(dt, n, c, true);
 }
 
 cudaError_t layer_norm_fwd_cluster(DType dt, const void* x, void* y, const void* w, const void* b, float* mean,
                                    float* rstd, int64_t m, int64_t n, int64_t sx, int64_t sy, float eps,
                                    NormClusterConfig c, cudaStream_t stream) {
-  if (m <= 0 || layer_norm_cluster_config_error(dt, n, c) != nullptr) return cudaErrorInvalidValue;
+  if (m <= 0 || config_error(dt, n, c, false) != nullptr) return cudaErrorInvalidValue;
   return dispatch(dt, [&](auto tag) -> cudaError_t {
     using T = decltype(tag);
     if constexpr (sizeof(T) == 4) {
@@ -323,12 +555,41 @@ cudaError_t layer_norm_fwd_cluster(DType dt, const void* x, void* y, const void*
       const T* bp = static_cast<const T*>(b);
 #define WF_CASE(TH, V)                                                                                   \
       if (c.threads == TH && c.vpt == V)                                                                 \
-        return launch(layer_norm_fwd_cluster_kernel<T, TH, V>, c, m, smem, stream, xp, yp, wp, bp, mean, \
+        return launch(layer_norm_fwd_cluster_kernel<T, TH, V>, c, m, smem, 0, stream, xp, yp, wp, bp, mean, \
                       rstd, m, n, sx, sy, eps, c.rows, c.stages);
-      WF_CASE(128, 1) WF_CASE(128, 2) WF_CASE(128, 4) WF_CASE(128, 8)
-      WF_CASE(256, 1) WF_CASE(256, 2) WF_CASE(256, 4) WF_CASE(256, 8)
-      WF_CASE(512, 1) WF_CASE(512, 2) WF_CASE(512, 4) WF_CASE(512, 8)
-      WF_CASE(1024, 1) WF_CASE(1024, 2) WF_CASE(1024, 4)
+      WF_NORM_SHAPES(WF_CASE)
+#undef WF_CASE
+      return cudaErrorInvalidValue;
+    }
+  });
+}
+
+cudaError_t norm_bwd_cluster(DType dt, bool rms, const void* x, const void* dy, void* dx, const void* w,
+                             const float* mean, const float* rstd, float* dw_part, float* db_part, int64_t parts,
+                             int64_t m, int64_t n, int64_t sx, int64_t sdy, int64_t sdx, float offset,
+                             NormClusterConfig c, cudaStream_t stream) {
+  if (m <= 0 || config_error(dt, n, c, true) != nullptr) return cudaErrorInvalidValue;
+  return dispatch(dt, [&](auto tag) -> cudaError_t {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) == 4) {
+      return cudaErrorInvalidValue;
+    } else {
+      const size_t smem = 2 * static_cast<size_t>(c.stages) * c.rows * (n / c.cluster) * sizeof(T);
+      const T* xp = static_cast<const T*>(x);
+      const T* dyp = static_cast<const T*>(dy);
+      T* dxp = static_cast<T*>(dx);
+      const T* wp = static_cast<const T*>(w);
+#define WF_CASE(TH, V)                                                                                  \
+      if constexpr (TH <= 256 || (TH == 512 && V <= 2)) {                                                                   \
+        if (c.threads == TH && c.vpt == V)                                                              \
+          return rms ? launch(norm_bwd_cluster_kernel<T, TH, V, true>, c, m, smem, parts, stream, xp, dyp, dxp, wp, \
+                              mean, rstd, dw_part, db_part, parts, m, n, sx, sdy, sdx, offset, c.rows,   \
+                              c.stages)                                                                 \
+                     : launch(norm_bwd_cluster_kernel<T, TH, V, false>, c, m, smem, parts, stream, xp, dyp, dxp, wp, \
+                              mean, rstd, dw_part, db_part, parts, m, n, sx, sdy, sdx, offset, c.rows,   \
+                              c.stages);                                                                \
+      }
+      WF_NORM_SHAPES(WF_CASE)
 #undef WF_CASE
       return cudaErrorInvalidValue;
     }

@@ -318,6 +318,89 @@ void layer_norm_fwd(const Tensor& input, const c10::optional<Tensor>& weight, co
                                             rstd.data_ptr<float>(), m, n, input.stride(0), out.stride(0),
                                             static_cast<float>(eps), cfg, c10::cuda::getCurrentCUDAStream()));
 }
+// ---- LayerNorm / RMSNorm backward over long rows ---------------------------------------------------
+// Writes dx and the (parts, N) fp32 partial sums of dw and db (either may be absent), all allocated
+// by the caller (warpforge.ops.norms, which sums the partial rows); mean is read for LayerNorm only.
+void norm_bwd(const Tensor& input, const Tensor& grad_output, const c10::optional<Tensor>& weight,
+              const c10::optional<Tensor>& mean, const Tensor& rstd, double offset, bool rms, c10::IntArrayRef config,
+              const Tensor& dx, const c10::optional<Tensor>& dw_part, const c10::optional<Tensor>& db_part) {
+  const char* op = "norm_bwd";
+  check_cuda(input, op, "input");
+  check_rows(input, op, "input");
+  const wf::DType dt = dtype_of(input.scalar_type(), op, "input");
+  const int64_t m = input.size(0), n = input.size(1);
+  const auto same_rows = [&](const Tensor& t, const char* name) {
+    check_cuda(t, op, name);
+    check_same_device(t, input, op, name, "input");
+    check_rows(t, op, name);
+    TORCH_CHECK(t.scalar_type() == input.scalar_type() && t.size(0) == m && t.size(1) == n, "warpforge_cuda::", op,
+                ": '", name, "' must have the input's dtype and shape ", dims(input.sizes()), "; got ",
+                dtype_name(t.scalar_type()), " ", dims(t.sizes()));
+  };
+  same_rows(grad_output, "grad_output");
+  same_rows(dx, "dx");
+  const Tensor* w = weight && weight->defined() ? &*weight : nullptr;
+  if (w) {
+    check_cuda(*w, op, "weight");
+    check_same_device(*w, input, op, "weight", "input");
+    TORCH_CHECK(w->scalar_type() == input.scalar_type() && w->dim() == 1 && w->size(0) == n && w->is_contiguous(),
+                "warpforge_cuda::", op, ": 'weight' must be a contiguous vector of ", num(n),
+                " elements of the input's dtype; got ", dtype_name(w->scalar_type()), " ", dims(w->sizes()));
+  }
+  const Tensor* mu = mean && mean->defined() ? &*mean : nullptr;
+  TORCH_CHECK(rms || mu, "warpforge_cuda::", op, ": LayerNorm's backward (rms=False) needs 'mean'");
+  const Tensor* stats[2] = {mu, &rstd};
+  const char* stat_names[2] = {"mean", "rstd"};
+  for (int i = 0; i < 2; ++i) {
+    if (!stats[i]) continue;
+    check_cuda(*stats[i], op, stat_names[i]);
+    check_same_device(*stats[i], input, op, stat_names[i], "input");
+    TORCH_CHECK(stats[i]->scalar_type() == at::kFloat && stats[i]->dim() == 1 && stats[i]->size(0) == m &&
+                stats[i]->is_contiguous(), "warpforge_cuda::", op, ": '", stat_names[i],
+                "' must be a contiguous float32 vector of ", num(m), " elements; got ",
+                dtype_name(stats[i]->scalar_type()), " ", dims(stats[i]->sizes()));
+  }
+  const Tensor* parts_t[2] = {dw_part && dw_part->defined() ? &*dw_part : nullptr,
+                              db_part && db_part->defined() ? &*db_part : nullptr};
+  const char* part_names[2] = {"dw_part", "db_part"};
+  int64_t parts = 0;
+  for (int i = 0; i < 2; ++i) {
+    if (!parts_t[i]) continue;
+    const Tensor& p = *parts_t[i];
+    check_cuda(p, op, part_names[i]);
+    check_same_device(p, input, op, part_names[i], "input");
+    TORCH_CHECK(p.scalar_type() == at::kFloat && p.dim() == 2 && p.size(1) == n && p.size(0) >= 1 &&
+                p.is_contiguous() && (parts == 0 || p.size(0) == parts), "warpforge_cuda::", op, ": '",
+                part_names[i], "' must be a contiguous float32 (parts, ", num(n),
+                ") buffer (both buffers the same parts); got ", dtype_name(p.scalar_type()), " ", dims(p.sizes()));
+    parts = p.size(0);
+  }
+  TORCH_CHECK(config.size() == 5, "warpforge_cuda::", op,
+              ": 'config' must be [cluster, threads, vectors per thread, rows a group, stages]; got ",
+              num(config.size()), " values");
+  const wf::NormClusterConfig cfg{static_cast<int>(config[0]), static_cast<int>(config[1]),
+                                  static_cast<int>(config[2]), static_cast<int>(config[3]),
+                                  static_cast<int>(config[4])};
+  if (m == 0) return;
+  const char* why = wf::norm_bwd_cluster_config_error(dt, n, cfg);
+  TORCH_CHECK(why == nullptr, "warpforge_cuda::", op, ": launch shape 'config' [", num(cfg.cluster), ", ",
+              num(cfg.threads), ", ", num(cfg.vpt), ", ", num(cfg.rows), ", ", num(cfg.stages),
+              "] cannot run rows of ", num(n), " elements: ", why ? why : "");
+  const auto aligned = [](const Tensor& t, int64_t stride) {
+    return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && (stride * t.element_size()) % 16 == 0;
+  };
+  TORCH_CHECK(aligned(input, input.stride(0)) && aligned(grad_output, grad_output.stride(0)) &&
+              aligned(dx, dx.stride(0)) && (!w || aligned(*w, 0)), "warpforge_cuda::", op,
+              ": 'input', 'grad_output', 'dx' and 'weight' rows must start on 16-byte boundaries (aligned base, "
+              "row stride a multiple of 16 bytes)");
+  const c10::cuda::CUDAGuard guard(input.device());
+  C10_CUDA_CHECK(wf::norm_bwd_cluster(
+      dt, rms, input.data_ptr(), grad_output.data_ptr(), dx.data_ptr(), w ? w->data_ptr() : nullptr,
+      mu ? mu->data_ptr<float>() : nullptr, rstd.data_ptr<float>(),
+      parts_t[0] ? parts_t[0]->data_ptr<float>() : nullptr, parts_t[1] ? parts_t[1]->data_ptr<float>() : nullptr,
+      parts, m, n, input.stride(0), grad_output.stride(0), dx.stride(0), static_cast<float>(offset), cfg,
+      c10::cuda::getCurrentCUDAStream()));
+}
 
 }  // namespace
 
@@ -330,6 +413,8 @@ TORCH_LIBRARY(warpforge_cuda, m) {
   m.def("matmul(Tensor a, Tensor b, str variant) -> Tensor");
   m.def("layer_norm_fwd(Tensor input, Tensor? weight, Tensor? bias, float eps, int[] config, Tensor(a!) out, "
         "Tensor(b!) mean, Tensor(c!) rstd) -> ()");
+  m.def("norm_bwd(Tensor input, Tensor grad_output, Tensor? weight, Tensor? mean, Tensor rstd, float offset, "
+        "bool rms, int[] config, Tensor(a!) dx, Tensor(b!)? dw_part, Tensor(c!)? db_part) -> ()");
   m.def("reduce_tuning(int[] config) -> ()", &reduce_tuning);
 }
 
@@ -342,6 +427,7 @@ void register_impls(torch::Library& m) {
   m.impl("softmax_backward", &softmax_backward);
   m.impl("matmul", &matmul);
   m.impl("layer_norm_fwd", &layer_norm_fwd);
+  m.impl("norm_bwd", &norm_bwd);
 }
 }  // namespace
 
