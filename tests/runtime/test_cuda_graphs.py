@@ -130,6 +130,12 @@ CASES = {
     # 64K rows: the pipe exchange forward (heuristics.norm_fwd_config) and its backward
     "rms_norm_65536": Case(lambda: (_x(32, 65536, scale=2.0), _w(65536)),
                            lambda x, w: wf.rms_norm(x, (65536,), w, 1e-6)),
+    # more rows than SMs at 65K / 32K: on the H200 the CUDA backend's cluster kernels (LayerNorm's
+    # forward and both backwards; heuristics.NORM_LAYER_CLUSTER, NORM_BWD_CLUSTER), Triton elsewhere
+    "layer_norm_65536": Case(lambda: (_x(264, 65536, scale=2.0), _w(65536), _x(65536)),
+                             lambda x, w, b: wf.layer_norm(x, (65536,), w, b)),
+    "rms_norm_32768": Case(lambda: (_x(264, 32768, scale=2.0), _w(32768)),
+                           lambda x, w: wf.rms_norm(x, (32768,), w, 1e-6)),
     "add_rms_norm": Case(lambda: (_x(32, 4096), _x(32, 4096), _w(4096)),
                          lambda x, r, w: wf.add_rms_norm(x, r, w, 1e-6), fast=True),
     "swiglu": Case(lambda: (_x(32, 4096, scale=2.0), _x(32, 4096)), wf.swiglu, fast=True),
