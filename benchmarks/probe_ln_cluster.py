@@ -2,7 +2,7 @@
 bf16, M*N = 2^27: outputs and statistics checked against the Triton kernel and float32 torch, then
 timed (two rounds, alternating) on the bench's timer. A probe, not the benchmark (NOTES item 86).
 
-    WARPFORGE_FASTPATH=0 python benchmarks/probe_ln_cluster.py [--quick]
+    WARPFORGE_FASTPATH=0 python benchmarks/probe_ln_cluster.py [--quick] [32768 65536 262144]
 """
 import os, sys, time
 import torch
@@ -21,7 +21,7 @@ cfg_t = timing.TimingConfig.quick()
 print(torch.cuda.get_device_name(), "copy GB/s", copy, flush=True)
 
 CONFIGS = {   # n: [cluster, threads, vectors a thread, rows a group, stages]; cluster x threads x vectors x 8 = n
-    32768: [(4, 256, 4, 4, 3), (2, 512, 4, 2, 3), (8, 256, 2, 4, 4), (4, 512, 2, 4, 3), (4, 256, 4, 2, 6), (2, 1024, 2, 2, 3), (4, 1024, 1, 2, 6),
+    32768: [(4, 256, 4, 4, 3), (4, 256, 4, 2, 3), (4, 256, 4, 4, 2), (4, 256, 4, 6, 2), (2, 512, 4, 2, 3), (8, 256, 2, 4, 4), (4, 512, 2, 4, 3), (4, 256, 4, 2, 6), (2, 1024, 2, 2, 3), (4, 1024, 1, 2, 6),
             (8, 512, 1, 4, 4), (8, 256, 2, 2, 3)],
     65536: [(8, 256, 4, 4, 3), (4, 512, 4, 2, 3), (8, 256, 4, 2, 4), (8, 512, 2, 2, 4), (4, 1024, 2, 1, 6), (8, 1024, 1, 4, 3),
             (16, 256, 2, 2, 6), (4, 512, 4, 1, 6), (8, 256, 4, 1, 3)],
@@ -30,6 +30,9 @@ CONFIGS = {   # n: [cluster, threads, vectors a thread, rows a group, stages]; c
 }
 if "--quick" in sys.argv:
     CONFIGS = {k: v[:3] for k, v in CONFIGS.items()}
+ns = [int(a) for a in sys.argv[1:] if a.isdigit()]
+if ns:
+    CONFIGS = {k: v for k, v in CONFIGS.items() if k in ns}
 
 
 def triton_ln(x, w, b):   # the Triton route: the cluster kernel's switched off

@@ -1,6 +1,6 @@
 """The CUDA backend's cluster LayerNorm forward (``torch.ops.warpforge_cuda.layer_norm_fwd``,
 csrc/norm.cu) and LayerNorm / RMSNorm backward (``norm_bwd``) on a GPU, and the routes by which
-``warpforge.layer_norm`` and ``rms_norm`` take them (H200: the forward at 65,536 and 262,144,
+``warpforge.layer_norm`` and ``rms_norm`` take them (H200: the forward at 32,768, 65,536 and 262,144,
 heuristics.NORM_LAYER_CLUSTER; the backward at 32,768, 65,536 and 262,144, NORM_BWD_CLUSTER).
 
 Outputs are allocated by the caller and filled with NaN first, so an element, mean or rstd the kernel
@@ -81,6 +81,7 @@ SHAPES = [
     (4, 256, 1, 8, 2),    # 8,192, 8 rows a group
     (16, 128, 1, 2, 2),   # 16,384 over 16 blocks, two stages
     (2, 1024, 2, 1, 3),   # 32,768, parameters packed (1,024 threads)
+    (4, 256, 4, 4, 3),    # 32,768: the H200 route's shape
     (8, 256, 4, 4, 3),    # 65,536: the H200 route's shape
 ]
 
@@ -284,8 +285,9 @@ BWD_SHAPES = [
 # the H200 route's shapes (heuristics.NORM_BWD_CLUSTER), rows past one group a resident cluster
 ROUTE_BWD_SHAPES = [
     ((2, 256, 8, 1, 3), 301),   # 32,768: 8 vectors a thread, w held as fp32
-    ((4, 256, 4, 2, 3), 269),   # 32,768, RMSNorm's: 2 rows a group, a partial last group
-    ((4, 256, 8, 1, 3), 139),   # 65,536
+    ((4, 256, 4, 2, 3), 269),   # 32,768: 2 rows a group, a partial last group
+    ((4, 256, 8, 1, 3), 139),   # 65,536, LayerNorm's
+    ((8, 256, 4, 2, 3), 67),    # 65,536, RMSNorm's
     ((16, 256, 8, 1, 3), 21),   # 262,144 over 16 blocks (8 clusters fit)
 ]
 

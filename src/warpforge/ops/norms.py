@@ -30,7 +30,7 @@ Why the kernels look the way they do:
   one read and one write per element at N = 262,144, at 89-95% of the copy roof on an H100.
 - Forward, ``loop`` path (fallback, and the interpreter past 16,384): one program per row, two
   passes (statistics with a running Chan merge per chunk, then normalise): 1.5x the bytes.
-- Forward, LayerNorm rows of 65,536 and 262,144 on the H200 (heuristics.NORM_LAYER_CLUSTER):
+- Forward, LayerNorm rows of 32,768, 65,536 and 262,144 on the H200 (heuristics.NORM_LAYER_CLUSTER):
   the CUDA backend's cluster kernel (``warpforge/cuda/csrc/norm.cu``), where that backend builds
   (nvcc and ninja; built on first use, cached). A row is spread over a thread-block cluster whose
   blocks each keep their column slice of w and b in registers for every row and exchange partial

@@ -150,15 +150,17 @@ NORM_WIDE_LOOP = {"H200": {False: (16385, 32768, 8192, 32), True: (16385, 32768,
 NORM_LAYER_BLOCK = {"H200": {1024: (2, 2), 4096: (1, 4)}}  # device: {block_n: (rows, warps)}
 NORM_RMS_PIPE = {"H200": (2048, 4)}   # device: (chunk, warps) of RMSNorm's pipe at 32K < N <= 64K, many rows
 # Session 32 (NOTES item 86, benchmarks/probe_ln_cluster.py, M*N = 2^27 bf16): LayerNorm rows of
-# 65,536 and 262,144 on the H200 take the CUDA backend's cluster kernel (cuda/csrc/norm.cu: a row
+# 65,536 and 262,144 (32,768 since session 33) on the H200 take the CUDA backend's cluster kernel (cuda/csrc/norm.cu: a row
 # spread over a thread-block cluster, w and b held in registers, x staged by bulk copies, partial
 # statistics exchanged through distributed shared memory). 65K at 8 blocks x 256 threads x 4
 # vectors, 4 rows a group, 3 stages: 144.4-145.2 us, 87.4% of copy, against the pipe kernel's
 # 153.2-154.7 (82.5%); 262K at 16 x 512 x 4, 2 rows, 3 stages: 144.2-144.4 us, 87.6%, against
-# 170.6-171.0 (73.9%). At 32K its best shape (4 x 256 x 4, 4 rows) ties the loop kernel (147.3-147.5
-# against 147.6-147.8 us): not taken. Other row lengths, fp32, mixed-dtype parameters and
-# misaligned rows keep the Triton kernels, as does any machine where the CUDA backend cannot build.
-NORM_LAYER_CLUSTER = {"H200": {65536: (8, 256, 4, 4, 3), 262144: (16, 512, 4, 2, 3)}}
+# 170.6-171.0 (73.9%). At 32K its best shape (4 x 256 x 4, 4 rows) tied the loop kernel (147.3-147.5
+# against 147.6-147.8 us) until session 33 cut its instructions an element (bf16 pairs converted
+# by a shift and a mask): 144.8-145.1 us (87.8%) against 148.6-148.9 (85.5%), taken (NOTES item
+# 90). Other row lengths, fp32, mixed-dtype parameters and misaligned rows keep the Triton
+# kernels, as does any machine where the CUDA backend cannot build.
+NORM_LAYER_CLUSTER = {"H200": {32768: (4, 256, 4, 4, 3), 65536: (8, 256, 4, 4, 3), 262144: (16, 512, 4, 2, 3)}}
 # device: {N: (cluster, threads, vectors a thread, rows a group, stages)}
 
 
@@ -166,15 +168,15 @@ NORM_LAYER_CLUSTER = {"H200": {65536: (8, 256, 4, 4, 3), 262144: (16, 512, 4, 2,
 # over every row a block walks, x and dy staged by bulk copies, each group's saved statistics
 # loaded a group ahead): LayerNorm and RMSNorm without a residual gradient, outside the "llama"
 # casting mode. H200, bf16, M*N = 2^27, backward alone, us and % of copy against the Triton
-# backward in the same run (NOTES item 89, probes_s33): LayerNorm 32K 222.7 (85.1%) / 261.4
-# (72.5%), 65K 233.3 (81.2%) / 263.8 (71.8%), 262K 254.0 (74.6%) / 309.5 (61.2%); RMSNorm 32K
-# 217.0 (87.3%) / 252.5 (75.0%), 65K 207.3 (91.4%) / 253.6 (74.7%), 262K 225.0 (84.2%) / 264.2
-# (71.7%). The largest slice a thread (8 vectors, 256 threads: 255 registers, one block an SM)
-# won at every length but RMSNorm's 32K; 4-vector and 512-thread shapes with one row a group ran
-# 58-68%. device: {(LayerNorm?, N): (cluster, threads, vectors a thread, rows a group, stages)}.
-NORM_BWD_CLUSTER = {"H200": {(True, 32768): (2, 256, 8, 1, 3), (True, 65536): (4, 256, 8, 1, 3),
+# backward in the same run (NOTES item 90, probes_s33/probe_bwd_lean_sweep.log): LayerNorm 32K
+# 225.1 (84.7%) / 264.4 (72.1%), 65K 218.8 (87.1%) / 267.9 (71.2%), 262K 231.9 (82.2%) / 311.5
+# (61.2%); RMSNorm 32K 209.9 (90.8%) / 255.9 (74.5%), 65K 202.3 (94.2%) / 257.8 (73.9%), 262K
+# 211.0 (90.4%) / 266.2 (71.6%). Groups of 64 KB of x and dy a block won (4 vectors x 2 rows or 8
+# vectors x 1 row a thread at 256 threads); one row of 4 vectors, or 512 threads, ran 58-82%.
+# device: {(LayerNorm?, N): (cluster, threads, vectors a thread, rows a group, stages)}.
+NORM_BWD_CLUSTER = {"H200": {(True, 32768): (4, 256, 4, 2, 3), (True, 65536): (4, 256, 8, 1, 3),
                              (True, 262144): (16, 256, 8, 1, 3), (False, 32768): (4, 256, 4, 2, 3),
-                             (False, 65536): (4, 256, 8, 1, 3), (False, 262144): (16, 256, 8, 1, 3)}}
+                             (False, 65536): (8, 256, 4, 2, 3), (False, 262144): (16, 256, 8, 1, 3)}}
 
 
 def norm_bwd_cluster_config(n: int, m: int, layer: bool, device_name: str) -> tuple[int, int, int, int, int] | None:

@@ -25,9 +25,10 @@
 // - y = ((x - mean) * rstd) * w + b from shared memory to global, 16-byte stores.
 //
 // x is read once from HBM (and twice from shared memory); nothing is re-read from L2. Statistics
-// are fp32 for every dtype. Measured on an H200 (NOTES item 86): 65K and 262K at 88% of copy
-// against the Triton kernels' 82% and 74%; what made the difference after the first version was
-// instructions an element (the kernel was issue-bound at ~23, now ~7.5), so keep the inner loops lean.
+// are fp32 for every dtype. Measured on an H200 (NOTES items 86, 90): 32K, 65K and 262K at 88% of
+// copy against the Triton kernels' 85%, 82% and 74%; what made the difference after the first
+// version was instructions an element (the kernel was issue-bound at ~23, now ~7), so keep the inner
+// loops lean.
 #include <cooperative_groups.h>
 
 #include "cluster.cuh"
@@ -61,6 +62,19 @@ __device__ __forceinline__ float2 merge_equal(float2 a, float2 b, float c) {
 template <typename T>
 __device__ __forceinline__ float elem(const uint4& raw, int e) {
   return to_f32(reinterpret_cast<const T*>(&raw)[e]);
+}
+
+// Values e and e + 1 (e even) of a 16-byte vector of 16-bit values as floats. bf16: a shift and a
+// mask, one instruction each (the generic conversion spends two on the high half).
+__device__ __forceinline__ float2 pair_f32(uint32_t p, __nv_bfloat16) {
+  return make_float2(__uint_as_float(p << 16), __uint_as_float(p & 0xffff0000u));
+}
+__device__ __forceinline__ float2 pair_f32(uint32_t p, __half) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&p));
+}
+template <typename T>
+__device__ __forceinline__ float2 pair_at(const uint4& raw, int e) {
+  return pair_f32(reinterpret_cast<const uint32_t*>(&raw)[e / 2], T{});
 }
 
 // The two 16-bit values of `p` as floats, converted where they are used. For w and b held packed
@@ -193,10 +207,14 @@ __global__ void __launch_bounds__(THREADS, 1) layer_norm_fwd_cluster_kernel(
         const uint4 v = vec_at(s, r, k);
         if (k == 0) pivot = elem<T>(v, 0);
 #pragma unroll
-        for (int e = 0; e < N; ++e) {
-          const float d = elem<T>(v, e) - pivot;
-          s1 += d;
-          s2 = fmaf(d, d, s2);
+        for (int e = 0; e < N; e += 2) {
+          const float2 xp = pair_at<T>(v, e);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float d = (h ? xp.y : xp.x) - pivot;
+            s1 += d;
+            s2 = fmaf(d, d, s2);
+          }
         }
       }
       const float dm = s1 * (1.f / kThreadCount);
@@ -256,10 +274,10 @@ __global__ void __launch_bounds__(THREADS, 1) layer_norm_fwd_cluster_kernel(
         Vec<T> o;
 #pragma unroll
         for (int e = 0; e < N; e += 2) {
-          const float2 wv = wp.pair(k, e), bv = bp.pair(k, e);
+          const float2 wv = wp.pair(k, e), bv = bp.pair(k, e), xp = pair_at<T>(xv, e);
           // (x - mean) * rstd, not x * rstd - mean * rstd: no cancellation when |mean| >> std
-          o.set(e, fmaf((elem<T>(xv, e) - mean) * rstd, wv.x, bv.x));
-          o.set(e + 1, fmaf((elem<T>(xv, e + 1) - mean) * rstd, wv.y, bv.y));
+          o.set(e, fmaf((xp.x - mean) * rstd, wv.x, bv.x));
+          o.set(e + 1, fmaf((xp.y - mean) * rstd, wv.y, bv.y));
         }
         store_vec(yr + k * THREADS * N, o);
       }
@@ -282,12 +300,13 @@ __global__ void __launch_bounds__(THREADS, 1) layer_norm_fwd_cluster_kernel(
 // over every row it walks (deterministic: a fixed order a thread); x and dy arrive in shared memory
 // by bulk copies, `stages` groups ahead; the slices' sums of g * x_hat and g go to every partner by
 // st.async; the loop is pipelined by one group as in the forward (4 exchange slots), and each
-// group's saved mean and rstd are loaded during the group before. Measured on an H200 (NOTES item
-// 89), backward alone: LayerNorm 32K / 65K / 262K at 85 / 81 / 75% of copy, RMSNorm 87 / 91 / 84%,
-// against the Triton kernels' 61-75%. 8 vectors a thread (255 registers, 8 warps an SM) beat
-// smaller slices: per group the block pays a fixed ~0.5 us (barriers, the exchange), so the
-// bytes a group must be large. Holding x and dy in registers to free each stage after the first
-// pass (measured as a variant) did not help. At the end
+// group's saved mean and rstd are loaded during the group before. Measured on an H200 (NOTES items
+// 89, 90), backward alone: LayerNorm 32K / 65K / 262K at 85 / 87 / 82% of copy, RMSNorm 91 / 94 /
+// 90%, against the Triton kernels' 61-75%. Per group the block pays a fixed cost (barriers, the
+// exchange), so a group must be large (64 KB of x and dy a block); at 8 warps an SM the kernel is
+// latency- and issue-bound, so instructions an element count (SASS, LayerNorm: ~20 -> ~16 over
+// both passes was worth 2-8 points). Holding x and dy in registers to free each stage after the first pass (measured as
+// a variant) did not help. At the end
 // cluster c writes its dw/db slice into row c of the (parts, N) fp32 partial buffers, and zeros
 // into rows c + clusters, c + 2 clusters, ... < parts that no cluster ran; the caller sums the rows.
 template <typename T, int THREADS, int VPT, bool RMS>
@@ -382,10 +401,11 @@ __global__ void __launch_bounds__(THREADS, 1) norm_bwd_cluster_kernel(
         const uint4 xv = vec_at(s, r, 0, k), gv = vec_at(s, r, 1, k);
 #pragma unroll
         for (int e = 0; e < N; e += 2) {
-          const float2 wv = wp.pair(k, e);
+          const float2 wv = wp.pair(k, e), xp = pair_at<T>(xv, e), dp = pair_at<T>(gv, e);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const float xh = (elem<T>(xv, e + h) - mean) * rstd, d = elem<T>(gv, e + h);
+            const float x = h ? xp.y : xp.x, d = h ? dp.y : dp.x;
+            const float xh = (RMS ? x : x - mean) * rstd;
             const float g = d * (h ? wv.y : wv.x);
             sgx = fmaf(g, xh, sgx);
             if (!RMS) sg += g;
@@ -438,6 +458,8 @@ __global__ void __launch_bounds__(THREADS, 1) norm_bwd_cluster_kernel(
       const float c2 = RMS ? 0.f : __shfl_sync(0xffffffffu, p.y, r * static_cast<int>(csize)) * inv_n;
       const float2 st = sh.row_stats[slot][r];
       const float mean = st.x, rstd = st.y;
+      // dx = rstd (g - x_hat c1 - c2) = g rstd + (x - mean) a + b2: two FMAs an element
+      const float a = -c1 * rstd * rstd, b2 = -c2 * rstd;
       T* dr = dx + (row0 + r) * sdx + col0 + tid * N;
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
@@ -445,12 +467,12 @@ __global__ void __launch_bounds__(THREADS, 1) norm_bwd_cluster_kernel(
         Vec<T> o;
 #pragma unroll
         for (int e = 0; e < N; e += 2) {
-          const float2 wv = wp.pair(k, e);
+          const float2 wv = wp.pair(k, e), xp = pair_at<T>(xv, e), dp = pair_at<T>(gv, e);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const float xh = (elem<T>(xv, e + h) - mean) * rstd;
-            const float g = elem<T>(gv, e + h) * (h ? wv.y : wv.x);
-            o.set(e + h, (fmaf(-xh, c1, g) - c2) * rstd);
+            const float x = h ? xp.y : xp.x;
+            const float g = (h ? dp.y : dp.x) * (h ? wv.y : wv.x);
+            o.set(e + h, fmaf(g, rstd, RMS ? x * a : fmaf(x - mean, a, b2)));
           }
         }
         store_vec(dr + k * THREADS * N, o);
