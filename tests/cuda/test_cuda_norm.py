@@ -174,15 +174,11 @@ def test_opcheck_cluster_layer_norm():
 
 
 # ---- the route through warpforge.layer_norm -------------------------------------------------------
-@pytest.fixture
-def small_route(monkeypatch):
-    """warpforge.layer_norm takes the cluster kernel for rows of 2,048 (as the H200's table does for
-    65,536 and 262,144); records each launch shape it takes."""
+def route_rows_of_2048(monkeypatch, table_fn: str, route_fn: str) -> list:
+    """norms' cluster route (``route_fn``, reading heuristics' ``table_fn``) taken for rows of 2,048,
+    as the H200's tables do for the long rows; returns the list of launch shapes it takes."""
     taken = []
-    real = norms._layer_norm_cluster
-
-    def table(n, m, device_name):
-        return (2, 128, 1, 2, 2) if n == 2048 else None
+    real = getattr(norms, route_fn)
 
     def spy(*args):
         cfg = real(*args)
@@ -190,11 +186,17 @@ def small_route(monkeypatch):
             taken.append(cfg)
         return cfg
 
-    monkeypatch.setattr(norms, "layer_norm_cluster_config", table)
-    monkeypatch.setattr(norms, "_layer_norm_cluster", spy)
+    monkeypatch.setattr(norms, table_fn, lambda n, m, *rest: (2, 128, 1, 2, 2) if n == 2048 else None)
+    monkeypatch.setattr(norms, route_fn, spy)
     # the eager fast path replays Triton block kernels Python launched before for the same key
     monkeypatch.setattr(norms.fastpath, "door", lambda t: None)
     return taken
+
+
+@pytest.fixture
+def small_route(monkeypatch):
+    """warpforge.layer_norm takes the cluster forward for rows of 2,048."""
+    return route_rows_of_2048(monkeypatch, "layer_norm_cluster_config", "_layer_norm_cluster")
 
 
 @needs_hopper
@@ -352,22 +354,8 @@ def test_cluster_norm_backward_refuses_bad_calls():
 
 @pytest.fixture
 def small_bwd_route(monkeypatch):
-    taken = []
-    real = norms._norm_bwd_cluster
-
-    def table(n, m, layer, device_name):
-        return (2, 128, 1, 2, 2) if n == 2048 else None
-
-    def spy(*args):
-        cfg = real(*args)
-        if cfg is not None:
-            taken.append(cfg)
-        return cfg
-
-    monkeypatch.setattr(norms, "norm_bwd_cluster_config", table)
-    monkeypatch.setattr(norms, "_norm_bwd_cluster", spy)
-    monkeypatch.setattr(norms.fastpath, "door", lambda t: None)
-    return taken
+    """The LayerNorm / RMSNorm backward takes the cluster kernel for rows of 2,048."""
+    return route_rows_of_2048(monkeypatch, "norm_bwd_cluster_config", "_norm_bwd_cluster")
 
 
 @needs_hopper

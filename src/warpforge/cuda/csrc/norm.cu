@@ -127,6 +127,60 @@ struct Param<T, VPT, false, FILL, OFFSET> {
   }
 };
 
+// The groups of rows cluster `cid` of `clusters` walks: groups cid, cid + clusters, ... of `rows`
+// rows each (the last may be partial), `mine` of them.
+struct Groups {
+  int64_t m, cid, clusters, mine;
+  int rows;
+  __device__ Groups(int64_t m_, int rows_, unsigned csize) : m(m_), rows(rows_) {
+    cid = blockIdx.x / csize;
+    clusters = gridDim.x / csize;
+    const int64_t groups = (m + rows - 1) / rows;
+    mine = cid < groups ? (groups - cid + clusters - 1) / clusters : 0;
+  }
+  // the it-th group's first row, and how many rows it has
+  __device__ int at(int64_t it, int64_t& row0) const {
+    row0 = (cid + it * clusters) * rows;
+    return static_cast<int>(m - row0 < rows ? m - row0 : rows);
+  }
+};
+
+// Thread 0 initialises the stage and exchange barriers; the cluster barrier then makes them
+// visible to the partners before the first st.async into them.
+__device__ __forceinline__ void init_barriers(NormShared& sh, int stages, cg::cluster_group& cluster) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) mbar_init(smem_u32(&sh.full[s]), 1);
+    for (int s = 0; s < kSlots; ++s) mbar_init(smem_u32(&sh.xbar[s]), 1);
+    mbar_init_fence();
+  }
+  cluster.sync();
+}
+
+// The loop both kernels run, software-pipelined by one group: first(it) -- wait for group it's
+// tiles, reduce, send the partial sums to every partner -- runs a group ahead of second(it, stage,
+// slot, row0, rows), which starts once the partners' sums for group it have landed. Once every
+// thread is done with a stage, thread 0 refills it with group it + stages (issue(group, stage)).
+template <typename Issue, typename First, typename Second>
+__device__ __forceinline__ void run_groups(NormShared& sh, const Groups& g, int stages, Issue issue, First first,
+                                           Second second) {
+  if (threadIdx.x == 0)
+    for (int64_t it = 0; it < g.mine && it < stages; ++it) issue(it, static_cast<int>(it));
+  if (g.mine > 0) first(0);
+  for (int64_t it = 0; it < g.mine; ++it) {
+    if (it + 1 < g.mine) first(it + 1);
+    const int s = static_cast<int>(it % stages), slot = static_cast<int>(it % kSlots);
+    int64_t row0;
+    const int nr = g.at(it, row0);
+    mbar_wait(smem_u32(&sh.xbar[slot]), static_cast<uint32_t>((it / kSlots) & 1));
+    second(it, s, slot, row0, nr);
+    __syncthreads();   // every thread is done with stage s
+    if (threadIdx.x == 0 && it + stages < g.mine) {
+      fence_proxy_async_smem();
+      issue(it + stages, s);
+    }
+  }
+}
+
 // Block b of a cluster of csize owns columns [b * slice, (b + 1) * slice) of every row, exactly
 // THREADS x VPT 16-byte vectors: thread t owns vectors t + k * THREADS. A group is `rows`
 // consecutive rows; cluster c takes groups c, c + clusters, ...
@@ -152,9 +206,7 @@ __global__ void __launch_bounds__(THREADS, 1) layer_norm_fwd_cluster_kernel(
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t slice = static_cast<int64_t>(THREADS) * VPT * N, col0 = static_cast<int64_t>(crank) * slice;
   const uint32_t row_bytes = static_cast<uint32_t>(slice * sizeof(T));
-  const int64_t cid = blockIdx.x / csize, clusters = gridDim.x / csize;
-  const int64_t groups = (m + rows - 1) / rows;
-  const int64_t mine = cid < groups ? (groups - cid + clusters - 1) / clusters : 0;
+  const Groups groups(m, rows, csize);
   const uint32_t stage_bytes = static_cast<uint32_t>(rows) * row_bytes;
   const float slice_f = static_cast<float>(slice);
 
@@ -166,21 +218,12 @@ __global__ void __launch_bounds__(THREADS, 1) layer_norm_fwd_cluster_kernel(
     bp.load(b, col0 + static_cast<int64_t>(tid + k * THREADS) * N, k, 0.f);
   }
 
-  if (tid == 0) {
-    for (int s = 0; s < stages; ++s) mbar_init(smem_u32(&sh.full[s]), 1);
-    for (int s = 0; s < kSlots; ++s) mbar_init(smem_u32(&sh.xbar[s]), 1);
-    mbar_init_fence();
-  }
-  cluster.sync();   // partners' barriers are initialised before the first st.async into them
+  init_barriers(sh, stages, cluster);
 
-  auto group_rows = [&](int64_t it, int64_t& row0) {
-    row0 = (cid + it * clusters) * rows;
-    return static_cast<int>(m - row0 < rows ? m - row0 : rows);
-  };
   // the bulk copies of this block's slice of the it-th group's rows into stage `s`
   auto issue = [&](int64_t it, int s) {
     int64_t row0;
-    const int nr = group_rows(it, row0);
+    const int nr = groups.at(it, row0);
     const uint32_t bar = smem_u32(&sh.full[s]);
     mbar_arrive_expect_tx(bar, static_cast<uint32_t>(nr) * row_bytes);
     const uint32_t dst = smem_u32(stage_mem) + s * stage_bytes;
@@ -196,7 +239,7 @@ __global__ void __launch_bounds__(THREADS, 1) layer_norm_fwd_cluster_kernel(
   auto stats_and_send = [&](int64_t it) {
     const int s = static_cast<int>(it % stages), slot = static_cast<int>(it % kSlots);
     int64_t row0;
-    const int nr = group_rows(it, row0);
+    const int nr = groups.at(it, row0);
     const uint32_t xbar = smem_u32(&sh.xbar[slot]);
     if (tid == 0) mbar_arrive_expect_tx(xbar, csize * static_cast<uint32_t>(nr) * 8u);
     mbar_wait(smem_u32(&sh.full[s]), static_cast<uint32_t>((it / stages) & 1));
@@ -237,18 +280,9 @@ __global__ void __launch_bounds__(THREADS, 1) layer_norm_fwd_cluster_kernel(
     }
   };
 
-  if (tid == 0)
-    for (int64_t it = 0; it < mine && it < stages; ++it) issue(it, static_cast<int>(it));
-  if (mine > 0) stats_and_send(0);
-
-  for (int64_t it = 0; it < mine; ++it) {
-    if (it + 1 < mine) stats_and_send(it + 1);
-    const int s = static_cast<int>(it % stages), slot = static_cast<int>(it % kSlots);
-    int64_t row0;
-    const int nr = group_rows(it, row0);
-    mbar_wait(smem_u32(&sh.xbar[slot]), static_cast<uint32_t>((it / kSlots) & 1));
-
-    // every warp merges the group's slices: lane l holds (row l / csize, slice l % csize)
+  // group it, once its partners' statistics have landed: every warp merges the group's slices
+  // (lane l holds row l / csize, slice l % csize), then normalises the rows from shared memory
+  auto normalise = [&](int64_t, int s, int slot, int64_t row0, int nr) {
     const int lr = lane / static_cast<int>(csize), lc = lane % static_cast<int>(csize);
     const bool live = lr < nr;
     const float2 p = live ? sh.slots[slot][lc][lr] : make_float2(0.f, 0.f);
@@ -263,7 +297,6 @@ __global__ void __launch_bounds__(THREADS, 1) layer_norm_fwd_cluster_kernel(
       if (mean_out) mean_out[row0 + lr] = mean_l;
       rstd_out[row0 + lr] = rstd_l;
     }
-
     for (int r = 0; r < nr; ++r) {
       const float mean = __shfl_sync(0xffffffffu, mean_l, r * static_cast<int>(csize));
       const float rstd = __shfl_sync(0xffffffffu, rstd_l, r * static_cast<int>(csize));
@@ -282,12 +315,8 @@ __global__ void __launch_bounds__(THREADS, 1) layer_norm_fwd_cluster_kernel(
         store_vec(yr + k * THREADS * N, o);
       }
     }
-    __syncthreads();   // every thread is done with stage s
-    if (tid == 0 && it + stages < mine) {
-      fence_proxy_async_smem();
-      issue(it + stages, s);
-    }
-  }
+  };
+  run_groups(sh, groups, stages, issue, stats_and_send, normalise);
   cluster.sync();   // no block leaves while a partner's st.async may still target it
 }
 
@@ -305,10 +334,10 @@ __global__ void __launch_bounds__(THREADS, 1) layer_norm_fwd_cluster_kernel(
 // 90%, against the Triton kernels' 61-75%. Per group the block pays a fixed cost (barriers, the
 // exchange), so a group must be large (64 KB of x and dy a block); at 8 warps an SM the kernel is
 // latency- and issue-bound, so instructions an element count (SASS, LayerNorm: ~20 -> ~16 over
-// both passes was worth 2-8 points). Holding x and dy in registers to free each stage after the first pass (measured as
-// a variant) did not help. At the end
-// cluster c writes its dw/db slice into row c of the (parts, N) fp32 partial buffers, and zeros
-// into rows c + clusters, c + 2 clusters, ... < parts that no cluster ran; the caller sums the rows.
+// both passes was worth 2-8 points). Holding x and dy in registers to free each stage after the
+// first pass (measured as a variant) did not help. At the end cluster c writes its dw/db slice
+// into row c of the (parts, N) fp32 partial buffers, and zeros into rows c + clusters,
+// c + 2 clusters, ... < parts that no cluster ran; the caller sums the rows.
 template <typename T, int THREADS, int VPT, bool RMS>
 __global__ void __launch_bounds__(THREADS, 1) norm_bwd_cluster_kernel(
     const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, const T* __restrict__ w,
@@ -326,9 +355,7 @@ __global__ void __launch_bounds__(THREADS, 1) norm_bwd_cluster_kernel(
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t slice = static_cast<int64_t>(THREADS) * VPT * N, col0 = static_cast<int64_t>(crank) * slice;
   const uint32_t row_bytes = static_cast<uint32_t>(slice * sizeof(T));
-  const int64_t cid = blockIdx.x / csize, clusters = gridDim.x / csize;
-  const int64_t groups = (m + rows - 1) / rows;
-  const int64_t mine = cid < groups ? (groups - cid + clusters - 1) / clusters : 0;
+  const Groups groups(m, rows, csize);
   const uint32_t stage_bytes = 2u * static_cast<uint32_t>(rows) * row_bytes;
   const float inv_n = 1.f / static_cast<float>(n);
 
@@ -341,20 +368,11 @@ __global__ void __launch_bounds__(THREADS, 1) norm_bwd_cluster_kernel(
 #pragma unroll
     for (int e = 0; e < N; ++e) dwa[k][e] = dba[k][e] = 0.f;
 
-  if (tid == 0) {
-    for (int s = 0; s < stages; ++s) mbar_init(smem_u32(&sh.full[s]), 1);
-    for (int s = 0; s < kSlots; ++s) mbar_init(smem_u32(&sh.xbar[s]), 1);
-    mbar_init_fence();
-  }
-  cluster.sync();
+  init_barriers(sh, stages, cluster);
 
-  auto group_rows = [&](int64_t it, int64_t& row0) {
-    row0 = (cid + it * clusters) * rows;
-    return static_cast<int>(m - row0 < rows ? m - row0 : rows);
-  };
   auto issue = [&](int64_t it, int s) {
     int64_t row0;
-    const int nr = group_rows(it, row0);
+    const int nr = groups.at(it, row0);
     const uint32_t bar = smem_u32(&sh.full[s]);
     mbar_arrive_expect_tx(bar, 2u * static_cast<uint32_t>(nr) * row_bytes);
     const uint32_t dst = smem_u32(stage_mem) + s * stage_bytes;
@@ -370,7 +388,7 @@ __global__ void __launch_bounds__(THREADS, 1) norm_bwd_cluster_kernel(
   // this thread's row (tid < rows) of group it's saved statistics
   auto load_stats = [&](int64_t it) {
     int64_t row0;
-    const int nr = group_rows(it, row0);
+    const int nr = groups.at(it, row0);
     return tid < nr ? make_float2(RMS ? 0.f : mean_in[row0 + tid], rstd_in[row0 + tid]) : make_float2(0.f, 0.f);
   };
   float2 pre = make_float2(0.f, 0.f);
@@ -379,7 +397,7 @@ __global__ void __launch_bounds__(THREADS, 1) norm_bwd_cluster_kernel(
   auto sums_and_send = [&](int64_t it) {
     const int s = static_cast<int>(it % stages), slot = static_cast<int>(it % kSlots);
     int64_t row0;
-    const int nr = group_rows(it, row0);
+    const int nr = groups.at(it, row0);
     const uint32_t xbar = smem_u32(&sh.xbar[slot]);
     if (tid == 0) mbar_arrive_expect_tx(xbar, csize * static_cast<uint32_t>(nr) * 8u);
     // the group's saved statistics (thread r holds row r's) go to shared memory for both passes;
@@ -387,7 +405,7 @@ __global__ void __launch_bounds__(THREADS, 1) norm_bwd_cluster_kernel(
     // after this group's barrier, their latency (an L2 miss, ~1 us under this load) sat on every
     // group's chain: that cost 10-15 points of copy at 32K-262K (NOTES item 89)
     if (tid < nr) sh.row_stats[slot][tid] = pre;
-    if (it + 1 < mine) pre = load_stats(it + 1);
+    if (it + 1 < groups.mine) pre = load_stats(it + 1);
     mbar_wait(smem_u32(&sh.full[s]), static_cast<uint32_t>((it / stages) & 1));
     __syncthreads();
     for (int r = 0; r < nr; ++r) {
@@ -435,18 +453,9 @@ __global__ void __launch_bounds__(THREADS, 1) norm_bwd_cluster_kernel(
     }
   };
 
-  if (tid == 0)
-    for (int64_t it = 0; it < mine && it < stages; ++it) issue(it, static_cast<int>(it));
-  if (mine > 0) pre = load_stats(0);
-  if (mine > 0) sums_and_send(0);
-
-  for (int64_t it = 0; it < mine; ++it) {
-    if (it + 1 < mine) sums_and_send(it + 1);
-    const int s = static_cast<int>(it % stages), slot = static_cast<int>(it % kSlots);
-    int64_t row0;
-    const int nr = group_rows(it, row0);
-    mbar_wait(smem_u32(&sh.xbar[slot]), static_cast<uint32_t>((it / kSlots) & 1));
-    // lane l holds (row l / csize, slice l % csize); the segment sums are the rows' totals
+  // group it, once its partners' sums have landed (lane l holds row l / csize, slice l % csize; the
+  // segment sums are the rows' totals): dx from shared memory
+  auto finish = [&](int64_t, int s, int slot, int64_t row0, int nr) {
     const int lr = lane / static_cast<int>(csize), lc = lane % static_cast<int>(csize);
     float2 p = lr < nr ? sh.slots[slot][lc][lr] : make_float2(0.f, 0.f);
     for (int o = 1; o < static_cast<int>(csize); o <<= 1) {
@@ -478,15 +487,12 @@ __global__ void __launch_bounds__(THREADS, 1) norm_bwd_cluster_kernel(
         store_vec(dr + k * THREADS * N, o);
       }
     }
-    __syncthreads();
-    if (tid == 0 && it + stages < mine) {
-      fence_proxy_async_smem();
-      issue(it + stages, s);
-    }
-  }
+  };
+  if (groups.mine > 0) pre = load_stats(0);
+  run_groups(sh, groups, stages, issue, sums_and_send, finish);
   // this cluster's dw / db slice into row cid; zeros into the rows no cluster ran
-  for (int64_t part = cid; part < parts; part += clusters) {
-    const bool mine_row = part == cid;
+  for (int64_t part = groups.cid; part < parts; part += groups.clusters) {
+    const bool mine_row = part == groups.cid;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
       const int64_t col = col0 + static_cast<int64_t>(tid + k * THREADS) * N;

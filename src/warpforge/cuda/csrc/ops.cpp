@@ -250,6 +250,36 @@ Tensor matmul(const Tensor& a, const Tensor& b, c10::string_view variant) {
   return c;
 }
 
+// The cluster norm kernels' shared argument rules (csrc/norm.cu): saved statistics are contiguous
+// fp32 vectors of m; config is [cluster, threads, vectors a thread, rows a group, stages];
+// rows start on 16-byte boundaries.
+void check_row_stats(const Tensor& t, const Tensor& input, int64_t m, const char* op, const char* name) {
+  check_cuda(t, op, name);
+  check_same_device(t, input, op, name, "input");
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.dim() == 1 && t.size(0) == m && t.is_contiguous(),
+              "warpforge_cuda::", op, ": '", name, "' must be a contiguous float32 vector of ", num(m),
+              " elements; got ", dtype_name(t.scalar_type()), " ", dims(t.sizes()));
+}
+
+wf::NormClusterConfig norm_cluster_config(c10::IntArrayRef config, const char* op) {
+  TORCH_CHECK(config.size() == 5, "warpforge_cuda::", op,
+              ": 'config' must be [cluster, threads, vectors per thread, rows a group, stages]; got ",
+              num(config.size()), " values");
+  return {static_cast<int>(config[0]), static_cast<int>(config[1]), static_cast<int>(config[2]),
+          static_cast<int>(config[3]), static_cast<int>(config[4])};
+}
+
+void check_launch_shape(const char* why, const wf::NormClusterConfig& cfg, int64_t n, const char* op) {
+  TORCH_CHECK(why == nullptr, "warpforge_cuda::", op, ": launch shape 'config' [", num(cfg.cluster), ", ",
+              num(cfg.threads), ", ", num(cfg.vpt), ", ", num(cfg.rows), ", ", num(cfg.stages),
+              "] cannot run rows of ", num(n), " elements: ", why ? why : "");
+}
+
+// t's base (and, with a row stride, each row) on a 16-byte boundary
+bool rows_aligned(const Tensor& t, int64_t stride) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && (stride * t.element_size()) % 16 == 0;
+}
+
 // ---- LayerNorm forward over long rows -----------------------------------------------------------
 // Writes out (the normalised rows), mean and rstd, which the caller allocates (warpforge.ops.norms:
 // its allocations follow WARPFORGE_POISON); config [cluster, threads, vectors a thread, rows a
@@ -281,35 +311,16 @@ void layer_norm_fwd(const Tensor& input, const c10::optional<Tensor>& weight, co
   TORCH_CHECK(out.scalar_type() == input.scalar_type() && out.size(0) == m && out.size(1) == n,
               "warpforge_cuda::", op, ": 'out' must have the input's dtype and shape ", dims(input.sizes()),
               "; got ", dtype_name(out.scalar_type()), " ", dims(out.sizes()));
-  const Tensor* stats[2] = {&mean, &rstd};
-  const char* stat_names[2] = {"mean", "rstd"};
-  for (int i = 0; i < 2; ++i) {
-    check_cuda(*stats[i], op, stat_names[i]);
-    check_same_device(*stats[i], input, op, stat_names[i], "input");
-    TORCH_CHECK(stats[i]->scalar_type() == at::kFloat && stats[i]->dim() == 1 && stats[i]->size(0) == m &&
-                stats[i]->is_contiguous(), "warpforge_cuda::", op, ": '", stat_names[i],
-                "' must be a contiguous float32 vector of ", num(m), " elements; got ",
-                dtype_name(stats[i]->scalar_type()), " ", dims(stats[i]->sizes()));
-  }
-  TORCH_CHECK(config.size() == 5, "warpforge_cuda::", op,
-              ": 'config' must be [cluster, threads, vectors per thread, rows a group, stages]; got ",
-              num(config.size()), " values");
-  const wf::NormClusterConfig cfg{static_cast<int>(config[0]), static_cast<int>(config[1]),
-                                  static_cast<int>(config[2]), static_cast<int>(config[3]),
-                                  static_cast<int>(config[4])};
+  check_row_stats(mean, input, m, op, "mean");
+  check_row_stats(rstd, input, m, op, "rstd");
+  const wf::NormClusterConfig cfg = norm_cluster_config(config, op);
   if (m == 0) return;
-  const char* why = wf::layer_norm_cluster_config_error(dt, n, cfg);
-  TORCH_CHECK(why == nullptr, "warpforge_cuda::", op, ": launch shape 'config' [", num(cfg.cluster), ", ",
-              num(cfg.threads), ", ", num(cfg.vpt), ", ", num(cfg.rows), ", ", num(cfg.stages),
-              "] cannot run rows of ", num(n), " elements: ", why ? why : "");
-  const auto aligned = [](const Tensor& t, int64_t stride) {
-    return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && (stride * t.element_size()) % 16 == 0;
-  };
-  TORCH_CHECK(aligned(input, input.stride(0)) && aligned(out, out.stride(0)), "warpforge_cuda::", op,
+  check_launch_shape(wf::layer_norm_cluster_config_error(dt, n, cfg), cfg, n, op);
+  TORCH_CHECK(rows_aligned(input, input.stride(0)) && rows_aligned(out, out.stride(0)), "warpforge_cuda::", op,
               ": 'input' and 'out' rows must start on 16-byte boundaries (aligned base, row stride a multiple "
               "of 16 bytes)");
   for (int i = 0; i < 2; ++i)
-    TORCH_CHECK(!params[i] || aligned(*params[i], 0), "warpforge_cuda::", op, ": '", names[i],
+    TORCH_CHECK(!params[i] || rows_aligned(*params[i], 0), "warpforge_cuda::", op, ": '", names[i],
                 "' must start on a 16-byte boundary");
   const c10::cuda::CUDAGuard guard(input.device());
   C10_CUDA_CHECK(wf::layer_norm_fwd_cluster(dt, input.data_ptr(), out.data_ptr(),
@@ -349,17 +360,8 @@ void norm_bwd(const Tensor& input, const Tensor& grad_output, const c10::optiona
   }
   const Tensor* mu = mean && mean->defined() ? &*mean : nullptr;
   TORCH_CHECK(rms || mu, "warpforge_cuda::", op, ": LayerNorm's backward (rms=False) needs 'mean'");
-  const Tensor* stats[2] = {mu, &rstd};
-  const char* stat_names[2] = {"mean", "rstd"};
-  for (int i = 0; i < 2; ++i) {
-    if (!stats[i]) continue;
-    check_cuda(*stats[i], op, stat_names[i]);
-    check_same_device(*stats[i], input, op, stat_names[i], "input");
-    TORCH_CHECK(stats[i]->scalar_type() == at::kFloat && stats[i]->dim() == 1 && stats[i]->size(0) == m &&
-                stats[i]->is_contiguous(), "warpforge_cuda::", op, ": '", stat_names[i],
-                "' must be a contiguous float32 vector of ", num(m), " elements; got ",
-                dtype_name(stats[i]->scalar_type()), " ", dims(stats[i]->sizes()));
-  }
+  if (mu) check_row_stats(*mu, input, m, op, "mean");
+  check_row_stats(rstd, input, m, op, "rstd");
   const Tensor* parts_t[2] = {dw_part && dw_part->defined() ? &*dw_part : nullptr,
                               db_part && db_part->defined() ? &*db_part : nullptr};
   const char* part_names[2] = {"dw_part", "db_part"};
@@ -375,22 +377,11 @@ void norm_bwd(const Tensor& input, const Tensor& grad_output, const c10::optiona
                 ") buffer (both buffers the same parts); got ", dtype_name(p.scalar_type()), " ", dims(p.sizes()));
     parts = p.size(0);
   }
-  TORCH_CHECK(config.size() == 5, "warpforge_cuda::", op,
-              ": 'config' must be [cluster, threads, vectors per thread, rows a group, stages]; got ",
-              num(config.size()), " values");
-  const wf::NormClusterConfig cfg{static_cast<int>(config[0]), static_cast<int>(config[1]),
-                                  static_cast<int>(config[2]), static_cast<int>(config[3]),
-                                  static_cast<int>(config[4])};
+  const wf::NormClusterConfig cfg = norm_cluster_config(config, op);
   if (m == 0) return;
-  const char* why = wf::norm_bwd_cluster_config_error(dt, n, cfg);
-  TORCH_CHECK(why == nullptr, "warpforge_cuda::", op, ": launch shape 'config' [", num(cfg.cluster), ", ",
-              num(cfg.threads), ", ", num(cfg.vpt), ", ", num(cfg.rows), ", ", num(cfg.stages),
-              "] cannot run rows of ", num(n), " elements: ", why ? why : "");
-  const auto aligned = [](const Tensor& t, int64_t stride) {
-    return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && (stride * t.element_size()) % 16 == 0;
-  };
-  TORCH_CHECK(aligned(input, input.stride(0)) && aligned(grad_output, grad_output.stride(0)) &&
-              aligned(dx, dx.stride(0)) && (!w || aligned(*w, 0)), "warpforge_cuda::", op,
+  check_launch_shape(wf::norm_bwd_cluster_config_error(dt, n, cfg), cfg, n, op);
+  TORCH_CHECK(rows_aligned(input, input.stride(0)) && rows_aligned(grad_output, grad_output.stride(0)) &&
+              rows_aligned(dx, dx.stride(0)) && (!w || rows_aligned(*w, 0)), "warpforge_cuda::", op,
               ": 'input', 'grad_output', 'dx' and 'weight' rows must start on 16-byte boundaries (aligned base, "
               "row stride a multiple of 16 bytes)");
   const c10::cuda::CUDAGuard guard(input.device());
