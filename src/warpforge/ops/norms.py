@@ -800,26 +800,32 @@ def _cuda_backend_ready() -> bool:
     try:
         wcuda.load()
     except wcuda.CudaBackendUnavailable as e:
-        warnings.warn(f"warpforge: LayerNorm keeps its Triton kernels for long rows: {e}", RuntimeWarning,
-                      stacklevel=3)
+        warnings.warn(f"warpforge: LayerNorm and RMSNorm keep their Triton kernels for long rows: {e}",
+                      RuntimeWarning, stacklevel=3)
         return False
     return True
 
 
-def _layer_norm_cluster(x2, y, weight, bias, m: int, n: int):
-    """The CUDA cluster kernel's launch shape for this LayerNorm call, or None where the Triton
-    kernels keep it (heuristics.layer_norm_cluster_config; 16-bit rows, parameters of the input's
-    dtype, 16-byte aligned rows and parameters)."""
+def _cluster_route(x2, same_dtype, rows, shape):
+    """``shape()`` (a launch shape from heuristics' cluster tables, or None) where the CUDA cluster
+    kernels can take this call, else None: x2 16-bit on the GPU, every tensor of ``same_dtype``
+    (None skipped) of x2's dtype, every one of ``rows`` (None skipped) 16-byte aligned with aligned
+    rows, and the backend built. The table is read only once the cheap checks pass."""
     if x2.dtype not in (torch.bfloat16, torch.float16) or not x2.is_cuda:
         return None
-    if any(p is not None and p.dtype != x2.dtype for p in (weight, bias)):
+    if any(t is not None and t.dtype != x2.dtype for t in same_dtype):
         return None
-    cfg = layer_norm_cluster_config(n, m, _device_name(x2))
-    if cfg is None:
-        return None
-    if not _aligned_rows(x2, y, weight, bias):
+    cfg = shape()
+    if cfg is None or not _aligned_rows(*rows):
         return None
     return cfg if _cuda_backend_ready() else None
+
+
+def _layer_norm_cluster(x2, y, weight, bias, m: int, n: int):
+    """The CUDA cluster forward's launch shape for this LayerNorm call, or None where the Triton
+    kernels keep it (heuristics.layer_norm_cluster_config; parameters of the input's dtype)."""
+    return _cluster_route(x2, (weight, bias), (x2, y, weight, bias),
+                          lambda: layer_norm_cluster_config(n, m, _device_name(x2)))
 
 
 def _aligned_rows(*ts) -> bool:
@@ -830,16 +836,9 @@ def _aligned_rows(*ts) -> bool:
 
 def _norm_bwd_cluster(x2, dy2, dx, weight, m: int, n: int, rms: bool):
     """The CUDA cluster backward's launch shape for this call, or None where the Triton kernels keep
-    it (heuristics.norm_bwd_cluster_config; 16-bit x and dy of one dtype, a weight of that dtype,
-    16-byte aligned rows)."""
-    if x2.dtype not in (torch.bfloat16, torch.float16) or not x2.is_cuda or dy2.dtype != x2.dtype:
-        return None
-    if weight is not None and weight.dtype != x2.dtype:
-        return None
-    cfg = norm_bwd_cluster_config(n, m, not rms, _device_name(x2))
-    if cfg is None or not _aligned_rows(x2, dy2, dx, weight):
-        return None
-    return cfg if _cuda_backend_ready() else None
+    it (heuristics.norm_bwd_cluster_config; dy and the weight of the input's dtype)."""
+    return _cluster_route(x2, (dy2, weight), (x2, dy2, dx, weight),
+                          lambda: norm_bwd_cluster_config(n, m, not rms, _device_name(x2)))
 
 
 def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, llama: bool):

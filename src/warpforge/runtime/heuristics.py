@@ -150,9 +150,9 @@ NORM_WIDE_LOOP = {"H200": {False: (16385, 32768, 8192, 32), True: (16385, 32768,
 NORM_LAYER_BLOCK = {"H200": {1024: (2, 2), 4096: (1, 4)}}  # device: {block_n: (rows, warps)}
 NORM_RMS_PIPE = {"H200": (2048, 4)}   # device: (chunk, warps) of RMSNorm's pipe at 32K < N <= 64K, many rows
 # Session 32 (NOTES item 86, benchmarks/probe_ln_cluster.py, M*N = 2^27 bf16): LayerNorm rows of
-# 65,536 and 262,144 (32,768 since session 33) on the H200 take the CUDA backend's cluster kernel (cuda/csrc/norm.cu: a row
-# spread over a thread-block cluster, w and b held in registers, x staged by bulk copies, partial
-# statistics exchanged through distributed shared memory). 65K at 8 blocks x 256 threads x 4
+# 65,536 and 262,144 (32,768 since session 33) on the H200 take the CUDA backend's cluster kernel
+# (cuda/csrc/norm.cu: a row spread over a thread-block cluster, w and b held in registers, x staged
+# by bulk copies, partial statistics exchanged through distributed shared memory). 65K at 8 blocks x 256 threads x 4
 # vectors, 4 rows a group, 3 stages: 144.4-145.2 us, 87.4% of copy, against the pipe kernel's
 # 153.2-154.7 (82.5%); 262K at 16 x 512 x 4, 2 rows, 3 stages: 144.2-144.4 us, 87.6%, against
 # 170.6-171.0 (73.9%). At 32K its best shape (4 x 256 x 4, 4 rows) tied the loop kernel (147.3-147.5
@@ -179,26 +179,27 @@ NORM_BWD_CLUSTER = {"H200": {(True, 32768): (4, 256, 4, 2, 3), (True, 65536): (4
                              (False, 65536): (8, 256, 4, 2, 3), (False, 262144): (16, 256, 8, 1, 3)}}
 
 
+def _cluster_shape(tables: dict, key, m: int, device_name: str) -> tuple[int, int, int, int, int] | None:
+    """``key``'s launch shape in this device's cluster table (NORM_LAYER_CLUSTER, NORM_BWD_CLUSTER), or
+    None: not interpreting, and at least one row an SM."""
+    if interpreting():
+        return None
+    table = _by_device(tables, device_name)
+    if not table or key not in table or m < sm_count():
+        return None
+    return table[key]
+
+
 def norm_bwd_cluster_config(n: int, m: int, layer: bool, device_name: str) -> tuple[int, int, int, int, int] | None:
     """The cluster backward's launch shape for rows of ``n`` (``m`` rows), or None (NORM_BWD_CLUSTER;
     at least one row an SM)."""
-    if interpreting():
-        return None
-    table = _by_device(NORM_BWD_CLUSTER, device_name)
-    if not table or (layer, n) not in table or m < sm_count():
-        return None
-    return table[(layer, n)]
+    return _cluster_shape(NORM_BWD_CLUSTER, (layer, n), m, device_name)
 
 
 def layer_norm_cluster_config(n: int, m: int, device_name: str) -> tuple[int, int, int, int, int] | None:
     """The cluster kernel's launch shape for LayerNorm rows of ``n`` (``m`` rows) on this device, or
     None where the Triton kernels keep the call (NORM_LAYER_CLUSTER; at least one row an SM)."""
-    if interpreting():
-        return None
-    table = _by_device(NORM_LAYER_CLUSTER, device_name)
-    if not table or n not in table or m < sm_count():
-        return None
-    return table[n]
+    return _cluster_shape(NORM_LAYER_CLUSTER, n, m, device_name)
 
 
 def _device_match(names, device_name: str) -> str | None:

@@ -94,7 +94,7 @@ cudaError_t matmul_mma_tma(MatmulVariant v, DType dt, const void* a, const void*
                            int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int sms, cudaStream_t stream);
 bool mma_tma_available();
 
-// ---- LayerNorm forward over long rows (norm.cu) ------------------------------------------------
+// ---- LayerNorm forward, LayerNorm / RMSNorm backward over long rows (norm.cu) -----------------
 // A row spread over a thread-block cluster: block b of `cluster` owns columns [b n / cluster,
 // (b + 1) n / cluster) of every row, exactly threads x vpt 16-byte vectors of them (so n =
 // cluster x threads x vpt x 8); groups of `rows` rows reach shared memory `stages` groups ahead by
@@ -111,10 +111,10 @@ cudaError_t layer_norm_fwd_cluster(DType dt, const void* x, void* y, const void*
                                    NormClusterConfig cfg, cudaStream_t stream);
 // The backward of LayerNorm (rms false: mean read) or RMSNorm (rms true: mean unused; w + offset),
 // same layout rules, dx written with row stride sdx; x and dy staged together (2 x the forward's
-// shared memory); 128 or 256 threads, or 512 at up to 2 vectors a thread. dw_part / db_part (either may be null): (parts, n)
-// fp32 row-major; at most `parts` clusters run (when parts > 0); cluster c writes its partial sums
-// into row c and zeros into the rows past the clusters that ran; the caller sums the rows. w may be
-// null (weight 1).
+// shared memory); 128 or 256 threads, or 512 at up to 2 vectors a thread. dw_part / db_part
+// (either may be null): (parts, n) fp32 row-major; at most `parts` clusters run (when parts > 0);
+// cluster c writes its partial sums into row c and zeros into the rows past the clusters that ran;
+// the caller sums the rows. w may be null (weight 1).
 const char* norm_bwd_cluster_config_error(DType dt, int64_t n, NormClusterConfig cfg);
 cudaError_t norm_bwd_cluster(DType dt, bool rms, const void* x, const void* dy, void* dx, const void* w,
                              const float* mean, const float* rstd, float* dw_part, float* db_part, int64_t parts,

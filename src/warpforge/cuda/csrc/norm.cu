@@ -530,6 +530,10 @@ cudaError_t launch(Kernel kernel, const NormClusterConfig& c, int64_t m, size_t 
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
+// The backward's registers (w, dw and db held a thread) fit these block shapes only; the dispatch
+// instantiates no others.
+constexpr bool backward_fits(int threads, int vpt) { return threads <= 256 || (threads == 512 && vpt <= 2); }
+
 const char* config_error(DType dt, int64_t n, NormClusterConfig c, bool backward) {
   if (dt == DType::f32) return "16-bit dtypes only (float16, bfloat16)";
   if (c.cluster != 2 && c.cluster != 4 && c.cluster != 8 && c.cluster != 16) return "cluster must be 2, 4, 8 or 16";
@@ -537,7 +541,7 @@ const char* config_error(DType dt, int64_t n, NormClusterConfig c, bool backward
     return "threads must be 128, 256, 512 or 1024";
   if (c.vpt != 1 && c.vpt != 2 && c.vpt != 4 && c.vpt != 8) return "vectors per thread must be 1, 2, 4 or 8";
   if (c.threads == 1024 && c.vpt == 8) return "1024 threads hold at most 4 vectors a thread (registers)";
-  if (backward && !(c.threads <= 256 || (c.threads == 512 && c.vpt <= 2)))
+  if (backward && !backward_fits(c.threads, c.vpt))
     return "the backward runs 128 or 256 threads, or 512 at up to 2 vectors a thread (registers for dw and db)";
   if (c.rows < 1 || c.rows > kMaxRows) return "rows a group must be 1 to 8";
   if (c.rows > c.threads / 32) return "rows a group must not exceed the block's warps";
@@ -607,15 +611,15 @@ cudaError_t norm_bwd_cluster(DType dt, bool rms, const void* x, const void* dy, 
       const T* dyp = static_cast<const T*>(dy);
       T* dxp = static_cast<T*>(dx);
       const T* wp = static_cast<const T*>(w);
-#define WF_CASE(TH, V)                                                                                  \
-      if constexpr (TH <= 256 || (TH == 512 && V <= 2)) {                                                                   \
-        if (c.threads == TH && c.vpt == V)                                                              \
-          return rms ? launch(norm_bwd_cluster_kernel<T, TH, V, true>, c, m, smem, parts, stream, xp, dyp, dxp, wp, \
-                              mean, rstd, dw_part, db_part, parts, m, n, sx, sdy, sdx, offset, c.rows,   \
-                              c.stages)                                                                 \
-                     : launch(norm_bwd_cluster_kernel<T, TH, V, false>, c, m, smem, parts, stream, xp, dyp, dxp, wp, \
-                              mean, rstd, dw_part, db_part, parts, m, n, sx, sdy, sdx, offset, c.rows,   \
-                              c.stages);                                                                \
+#define WF_CASE(TH, V)                                                                            \
+      if constexpr (backward_fits(TH, V)) {                                                      \
+        if (c.threads == TH && c.vpt == V)                                                       \
+          return rms ? launch(norm_bwd_cluster_kernel<T, TH, V, true>, c, m, smem, parts, stream, \
+                              xp, dyp, dxp, wp, mean, rstd, dw_part, db_part, parts, m, n, sx,    \
+                              sdy, sdx, offset, c.rows, c.stages)                                 \
+                     : launch(norm_bwd_cluster_kernel<T, TH, V, false>, c, m, smem, parts, stream, \
+                              xp, dyp, dxp, wp, mean, rstd, dw_part, db_part, parts, m, n, sx,    \
+                              sdy, sdx, offset, c.rows, c.stages);                                \
       }
       WF_NORM_SHAPES(WF_CASE)
 #undef WF_CASE

@@ -275,6 +275,27 @@ void check_launch_shape(const char* why, const wf::NormClusterConfig& cfg, int64
               "] cannot run rows of ", num(n), " elements: ", why ? why : "");
 }
 
+// A 2-D tensor of the input's dtype and shape (out, grad_output, dx) on its device, rows dense.
+void check_like_input(const Tensor& t, const Tensor& input, const char* op, const char* name) {
+  check_cuda(t, op, name);
+  check_same_device(t, input, op, name, "input");
+  check_rows(t, op, name);
+  TORCH_CHECK(t.scalar_type() == input.scalar_type() && t.size(0) == input.size(0) && t.size(1) == input.size(1),
+              "warpforge_cuda::", op, ": '", name, "' must have the input's dtype and shape ", dims(input.sizes()),
+              "; got ", dtype_name(t.scalar_type()), " ", dims(t.sizes()));
+}
+
+// A parameter vector (weight, bias): the input's dtype and device, contiguous, n elements.
+void check_param(const Tensor& p, const Tensor& input, int64_t n, const char* op, const char* name) {
+  check_cuda(p, op, name);
+  check_same_device(p, input, op, name, "input");
+  TORCH_CHECK(p.scalar_type() == input.scalar_type(), "warpforge_cuda::", op, ": '", name, "' has dtype ",
+              dtype_name(p.scalar_type()), " but 'input' has ", dtype_name(input.scalar_type()),
+              "; expected the same dtype");
+  TORCH_CHECK(p.dim() == 1 && p.size(0) == n && p.is_contiguous(), "warpforge_cuda::", op, ": '", name,
+              "' must be a contiguous vector of ", num(n), " elements; got shape ", dims(p.sizes()));
+}
+
 // t's base (and, with a row stride, each row) on a 16-byte boundary
 bool rows_aligned(const Tensor& t, int64_t stride) {
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && (stride * t.element_size()) % 16 == 0;
@@ -294,23 +315,9 @@ void layer_norm_fwd(const Tensor& input, const c10::optional<Tensor>& weight, co
   const Tensor* params[2] = {weight && weight->defined() ? &*weight : nullptr,
                              bias && bias->defined() ? &*bias : nullptr};
   const char* names[2] = {"weight", "bias"};
-  for (int i = 0; i < 2; ++i) {
-    if (!params[i]) continue;
-    const Tensor& p = *params[i];
-    check_cuda(p, op, names[i]);
-    check_same_device(p, input, op, names[i], "input");
-    TORCH_CHECK(p.scalar_type() == input.scalar_type(), "warpforge_cuda::", op, ": '", names[i], "' has dtype ",
-                dtype_name(p.scalar_type()), " but 'input' has ", dtype_name(input.scalar_type()),
-                "; expected the same dtype");
-    TORCH_CHECK(p.dim() == 1 && p.size(0) == n && p.is_contiguous(), "warpforge_cuda::", op, ": '", names[i],
-                "' must be a contiguous vector of ", num(n), " elements; got shape ", dims(p.sizes()));
-  }
-  check_cuda(out, op, "out");
-  check_same_device(out, input, op, "out", "input");
-  check_rows(out, op, "out");
-  TORCH_CHECK(out.scalar_type() == input.scalar_type() && out.size(0) == m && out.size(1) == n,
-              "warpforge_cuda::", op, ": 'out' must have the input's dtype and shape ", dims(input.sizes()),
-              "; got ", dtype_name(out.scalar_type()), " ", dims(out.sizes()));
+  for (int i = 0; i < 2; ++i)
+    if (params[i]) check_param(*params[i], input, n, op, names[i]);
+  check_like_input(out, input, op, "out");
   check_row_stats(mean, input, m, op, "mean");
   check_row_stats(rstd, input, m, op, "rstd");
   const wf::NormClusterConfig cfg = norm_cluster_config(config, op);
@@ -340,24 +347,10 @@ void norm_bwd(const Tensor& input, const Tensor& grad_output, const c10::optiona
   check_rows(input, op, "input");
   const wf::DType dt = dtype_of(input.scalar_type(), op, "input");
   const int64_t m = input.size(0), n = input.size(1);
-  const auto same_rows = [&](const Tensor& t, const char* name) {
-    check_cuda(t, op, name);
-    check_same_device(t, input, op, name, "input");
-    check_rows(t, op, name);
-    TORCH_CHECK(t.scalar_type() == input.scalar_type() && t.size(0) == m && t.size(1) == n, "warpforge_cuda::", op,
-                ": '", name, "' must have the input's dtype and shape ", dims(input.sizes()), "; got ",
-                dtype_name(t.scalar_type()), " ", dims(t.sizes()));
-  };
-  same_rows(grad_output, "grad_output");
-  same_rows(dx, "dx");
+  check_like_input(grad_output, input, op, "grad_output");
+  check_like_input(dx, input, op, "dx");
   const Tensor* w = weight && weight->defined() ? &*weight : nullptr;
-  if (w) {
-    check_cuda(*w, op, "weight");
-    check_same_device(*w, input, op, "weight", "input");
-    TORCH_CHECK(w->scalar_type() == input.scalar_type() && w->dim() == 1 && w->size(0) == n && w->is_contiguous(),
-                "warpforge_cuda::", op, ": 'weight' must be a contiguous vector of ", num(n),
-                " elements of the input's dtype; got ", dtype_name(w->scalar_type()), " ", dims(w->sizes()));
-  }
+  if (w) check_param(*w, input, n, op, "weight");
   const Tensor* mu = mean && mean->defined() ? &*mean : nullptr;
   TORCH_CHECK(rms || mu, "warpforge_cuda::", op, ": LayerNorm's backward (rms=False) needs 'mean'");
   if (mu) check_row_stats(*mu, input, m, op, "mean");
