@@ -232,6 +232,67 @@ def test_bench_runner_plumbing_with_fake_timers(monkeypatch):
     assert all("vs_peers" not in r for r in rows), "no named peers: the rows are as before"
 
 
+def test_bench_runner_small_case_rounds(monkeypatch):
+    """A decode-like (small) case gets cfg.small_rounds alternating device-timing rounds, each with
+    its share of one measurement's calls (clean_calls and rep_ms divided by the rounds), and keeps
+    each row's least round; a large case of the same run is timed once with the full budget."""
+    seen = []
+    current = {}
+
+    def fake_ms(fn, cfg, nbytes=None):
+        fn()
+        impl = current["impl"]
+        k = sum(1 for i, *_ in seen if i == impl)
+        seen.append((impl, current["shape"], cfg.clean_calls, cfg.rep_ms))
+        return [5.0, 4.0, 6.0, 4.5, 5.5][k % 5] * (1.0 if impl == "warpforge" else 1.1)
+
+    real_measure, real_step = runner._measure, runner._impl_step
+
+    def measure(wl, case, dtype, mode, impl, *a):
+        current["impl"], current["shape"] = impl.name, case.label
+        return real_measure(wl, case, dtype, mode, impl, *a)
+
+    def impl_step(wl, mode, impl, args):
+        step = real_step(wl, mode, impl, args)
+
+        def tagged():
+            current["impl"] = impl.name
+            return step()
+        return tagged
+
+    monkeypatch.setattr(runner, "_measure", measure)
+    monkeypatch.setattr(runner, "_impl_step", impl_step)
+    monkeypatch.setattr(runner, "_host_times", lambda *a: None)
+    monkeypatch.setattr(timing, "warm", lambda fn, n: fn())
+    monkeypatch.setattr(timing, "device_ms", fake_ms)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(W, "cuda_backend_available", lambda: False)
+    wl = W.WORKLOADS["softmax"]
+    monkeypatch.setattr(wl, "cases", lambda quick: [W.Case("1x33", {"M": 1, "N": 33}, small=True),
+                                                    W.Case("4x33", {"M": 4, "N": 33}, headline=True)])
+    monkeypatch.setattr(wl, "liger_fn", lambda: (lambda x: torch.softmax(x, -1)))
+    cfg = timing.TimingConfig()
+    res = runner.run_bench([wl], ["fwd"], [torch.float32], use_compile=False, copy_gbps=1.0, device=DEVICE)
+    rows = {(r["shape"], r["impl"]): r for r in res.rows}
+    n = cfg.small_rounds
+    assert n > 1
+    small_impls = ("warpforge", "warpforge[dispatch]", "eager", "liger")
+    small = [s for s in seen if s[1] == "1x33"]
+    # the first round one implementation after another, then n - 1 rounds alternating over them
+    assert [s[0] for s in small] == list(small_impls) * n
+    assert {(c, r) for _, _, c, r in small} == {(cfg.clean_calls // n, cfg.rep_ms / n)}
+    for impl in small_impls:
+        r = rows[("1x33", impl)]
+        assert len(r["ms_rounds"]) == n and r["ms"] == min(r["ms_rounds"])
+    assert rows[("1x33", "warpforge")]["ms"] == 4.0
+    assert rows[("1x33", "warpforge")]["ratio"] == pytest.approx(1.1)   # least of rounds against least
+    big = [s for s in seen if s[1] == "4x33"]
+    assert [s[0] for s in big] == ["warpforge", "eager", "liger"]
+    assert {(c, r) for _, _, c, r in big} == {(cfg.clean_calls, cfg.rep_ms)}
+    assert all("ms_rounds" not in rows[("4x33", i)] for i in ("warpforge", "eager", "liger"))
+    assert any("decode-like (small) cases: device times are the least of" in note for note in res.notes)
+
+
 def test_bench_runner_device_rounds(monkeypatch):
     """A workload with device_rounds = 3: after the first round (one implementation after another),
     two more rounds alternate over the implementations; each row keeps its least time, lists all

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -234,21 +234,35 @@ def _set_ms(row: dict, ms: float, copy_gbps: float | None, flat_tflops: float | 
         row["pct_roof"] = 100.0 * row["tflops"] / roof if roof else None
 
 
+def _case_rounds(wl: Workload, case: Case, cfg: timing.TimingConfig) -> tuple[int, timing.TimingConfig]:
+    """How many device-timing rounds a case gets, and the timing config of each round: the
+    workload's ``device_rounds``, and for a small case at least ``cfg.small_rounds`` rounds that
+    share one measurement's budget of calls between them (timing.py: a few-microsecond call's
+    median moves by ~1 us from one measurement to the next)."""
+    if not case.small or cfg.small_rounds <= 1:
+        return wl.device_rounds, cfg
+    rounds = max(wl.device_rounds, cfg.small_rounds)
+    return rounds, replace(cfg, rep_ms=cfg.rep_ms / rounds,
+                                       clean_calls=max(10, cfg.clean_calls // rounds))
+
+
 def _device_rounds(wl: Workload, mode: str, impls: list[Impl], group: list[dict], base: tuple,
-                   cfg: timing.TimingConfig, copy_gbps: float | None, flat_tflops: float | None) -> None:
-    """``wl.device_rounds - 1`` more rounds of device timing after :func:`_measure`'s, each timing
-    every implementation of the case once in turn; each row keeps its least time and records all
-    of them (``ms_rounds``). Why: a large GEMM holds the H100 at its 700 W power cap from its first
+                   cfg: timing.TimingConfig, copy_gbps: float | None, flat_tflops: float | None,
+                   rounds: int) -> None:
+    """``rounds - 1`` more rounds of device timing after :func:`_measure`'s, each timing every
+    implementation of the case once in turn; each row keeps its least time and records all of them
+    (``ms_rounds``). Why: a large GEMM holds the H100 at its 700 W power cap from its first
     second, and the clock under the cap wanders (cuBLAS at 8192^3 timed 1.39, 1.46 and 1.58 ms in
     three consecutive measurements; benchmarks/NOTES.md), so two implementations timed once each,
-    one after the other, compare two moments of the clock as much as two kernels."""
-    if wl.device_rounds <= 1:
+    one after the other, compare two moments of the clock as much as two kernels; and a small
+    case's few-microsecond call reads ~1 us apart between measurements (:func:`_case_rounds`)."""
+    if rounds <= 1:
         return
     pairs = [(impl, row) for impl, row in zip(impls, group) if row["status"] == "ok" and row["ms"] is not None
              # a ladder rung: its place on the ladder does not hang on 5%
              and (wl.rounds_for_variants or impl.kind != "ours" or impl.name == "warpforge")]
     try:
-        timed = _alternating(wl, mode, pairs, base, wl.device_rounds - 1,
+        timed = _alternating(wl, mode, pairs, base, rounds - 1,
                              lambda step, row: timing.device_ms(step, cfg, row["bytes"]))
     except Exception as e:  # noqa: BLE001 -- a failure here leaves the first round's times standing
         for row in group:
@@ -412,6 +426,13 @@ def run_bench(workloads: list[Workload], modes: list[str], dtypes: list[torch.dt
                                 "over the implementations (each row's ms_rounds lists them)"
                                 + ("" if wl.rounds_for_variants else "; the named variants' rows are timed once"))
         plan.append((wl, ours, liger, wl_modes, named))
+    small_ops = [wl.name for wl, *_ in plan if any(c.small for c in wl.cases(quick))]
+    if small_ops and cfg.small_rounds > 1:
+        result.notes.append(f"decode-like (small) cases: device times are the least of {cfg.small_rounds} or more "
+                            f"rounds alternating over the implementations, {cfg.clean_calls // cfg.small_rounds} "
+                            "clean calls a round (one measurement's calls shared out; a few-microsecond call's "
+                            "median moves ~1 us between measurements; each row's ms_rounds lists them): "
+                            + ", ".join(small_ops))
     for why, ops in absent.items():
         result.notes.append(f"peer absent -- {why}: {', '.join(ops)}")
     if quick and use_compile:
@@ -469,10 +490,11 @@ def _bench_case(wl, case, dtype, device, ours, liger, modes, use_compile, cfg, c
         impls.append(Impl(name, "peer", p.fn, context=p.context) if isinstance(p, Peer) else Impl(name, "peer", p))
     refs = {ref.name: ref for ref in wl.references}
     impls += [Impl(name, "ref", ref.step) for name, ref in refs.items()]
+    rounds, case_cfg = _case_rounds(wl, case, cfg)
     for mode in modes:
         timed = [impl for impl in impls if impl.kind != "ref" or refs[impl.name].applies(mode)]
-        group = [_measure(wl, case, dtype, mode, impl, base, cfg, copy_gbps, flat) for impl in timed]
-        _device_rounds(wl, mode, timed, group, base, cfg, copy_gbps, flat)
+        group = [_measure(wl, case, dtype, mode, impl, base, case_cfg, copy_gbps, flat) for impl in timed]
+        _device_rounds(wl, mode, timed, group, base, case_cfg, copy_gbps, flat, rounds)
         if case.small:
             _host_times(wl, mode, timed, group, base, cfg)
         _fill_ratios(group)

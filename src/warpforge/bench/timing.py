@@ -17,6 +17,12 @@
     call's inputs come from DRAM and it writes back nothing it did not write. A GPU sleep between
     the flush and the first event covers the call's host time (a small forward+backward spends
     100+ us in autograd, longer than the flush), so here too the events bracket GPU work alone.
+    The decode-like (small) cases' few-microsecond calls have a second mode: the median of 1,000
+    calls of one kernel read ~4.3 us in one measurement and ~5.3 us in the next, the same kernel
+    through two host paths 1.1 us apart (H200, 2026-11-27, benchmarks/probe_small_rounds.py), while
+    each measurement's own samples sat within ~0.3 us (p10-p90). So the runner times a small case's
+    implementations in ``small_rounds`` alternating rounds of ``clean_calls / small_rounds`` calls
+    each (the same number of calls in all) and keeps each one's least round (``runner._device_rounds``).
 
   Why not ``triton.testing.do_bench``'s flush (a 256 MB memset before each call, which this module
   used until 2026-11-22): the memset's last ~L2 of writes is still dirty when the call starts, so the
@@ -55,10 +61,12 @@ class TimingConfig:
     warm_calls: int = 3       # explicit calls before timing: JIT/compile, autotune, allocator
     host_calls: int = 200     # back-to-back calls for host_us
     host_rounds: int = 5      # alternating host_us rounds over a small case's implementations (runner)
+    small_rounds: int = 5     # alternating device-time rounds over a small case's implementations (runner)
+    clean_calls: int = 1000   # most single calls one ``clean`` measurement times
 
     @classmethod
     def quick(cls) -> "TimingConfig":
-        return cls(warmup_ms=10.0, rep_ms=40.0, warm_calls=2, host_calls=200, host_rounds=5)
+        return cls(warmup_ms=10.0, rep_ms=40.0, warm_calls=2, host_calls=200, host_rounds=5, small_rounds=5)
 
 
 def warm(fn: Callable[[], object], calls: int) -> None:
@@ -159,7 +167,7 @@ def _clean_ms(fn: Callable[[], object], cfg: "TimingConfig", est: float) -> floa
     # A small call's host time (a forward+backward through autograd: 100+ us) can outlast the flush,
     # and the GPU would then sit between the events waiting for kernels the host has not issued yet.
     sleep = _cover(_host_ms(fn))
-    n = min(max(int(cfg.rep_ms / est), 10), 1000)
+    n = min(max(int(cfg.rep_ms / est), 10), cfg.clean_calls)
     start, end = _events(n), _events(n)
     for i in range(n):
         flush_l2()
