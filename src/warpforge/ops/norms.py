@@ -371,57 +371,12 @@ LN_GROUP = tl.constexpr(8)   # the LayerNorm loop's in-thread group: one 16-byte
 
 
 @triton.jit
-def _ln_loop_stats_step(x_ptr, base_x, offs, live, start, N, g_mean, g_m2, g_n, EVEN_N: tl.constexpr,
-                        EVICT: tl.constexpr):
-    """One step of the LayerNorm loop's pass 1: load the rows' columns [start, start + BLOCK_N) and
-    merge each 8-column group into its position's running (count, mean, M2). Returns x (fp32) too."""
-    G: tl.constexpr = g_mean.shape[1]
-    if EVEN_N:
-        x = tl.load(x_ptr + base_x + start + offs, mask=live, other=0.0, eviction_policy=EVICT).to(tl.float32)
-        m_c = tl.sum(x, axis=2) * (1.0 / LN_GROUP)
-        d = x - m_c[:, :, None]
-        n_old = start / G                                    # a position's columns before this step
-        frac = LN_GROUP / (n_old + LN_GROUP)                 # this step's share of them after
-    else:
-        mask = live & (start + offs < N)
-        x = tl.load(x_ptr + base_x + start + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
-        # the group's count, tied to x (masked columns load 0) so that it is computed in x's
-        # layout: from the mask alone the compiler reduces it in another and converts (a barrier)
-        c = tl.sum(tl.where(mask, 1.0, x * 0.0), axis=2)
-        m_c = tl.sum(x, axis=2) / tl.maximum(c, 1.0)
-        d = tl.where(mask, x - m_c[:, :, None], 0.0)
-        n_old = g_n
-        g_n += c
-        frac = c / tl.maximum(g_n, 1.0)
-    delta = m_c - g_mean
-    g_mean += delta * frac
-    g_m2 += tl.sum(d * d, axis=2) + delta * delta * (n_old * frac)
-    return x, g_mean, g_m2, g_n
-
-
-@triton.jit
-def _ln_loop_out_step(x, y_ptr, base_y, w_ptr, b_ptr, offs, live, start, N, mean, rstd,
-                      HAS_W: tl.constexpr, HAS_B: tl.constexpr):
-    """One step of the LayerNorm loop's pass 2: normalise x (fp32, columns [start, start +
-    BLOCK_N) of the rows) and store it."""
-    cmask = start + offs < N
-    y = (x - mean) * rstd
-    if HAS_W:
-        y = y * tl.load(w_ptr + start + offs, mask=cmask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-    if HAS_B:
-        y += tl.load(b_ptr + start + offs, mask=cmask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-    tl.store(y_ptr + base_y + start + offs, y.to(y_ptr.dtype.element_ty), mask=live & cmask)
-
-
-@triton.jit
 def _layer_norm_fwd_loop_kernel(
     x_ptr, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr,   # as the block kernel (no residual)
     M, N, stride_x, stride_y, eps,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,        # rows a program (pass 2 loads each weight and bias step once for all)
     EVEN_N: tl.constexpr,      # BLOCK_N divides N: no step masks a column
-    HOLD_LAST: tl.constexpr = False,   # pass 2 takes the last step from pass 1's registers
-    REVERSE: tl.constexpr = False,     # pass 2 walks the re-read steps last to first
 ):
     """LayerNorm in two passes over rows too long to hold (pass 2 re-reads them from L2).
 
@@ -434,8 +389,7 @@ def _layer_norm_fwd_loop_kernel(
     What still separates it from RMSNorm at 32K is pass 2's weight and bias, a 64 KB stream each
     a row through an L2 already near its limit (H200, benchmarks/NOTES.md item 66). ROWS > 1
     (rows held in the thread) shares those loads between rows, but measured 1.3-2x slower there;
-    the heuristics take 1 and ROWS stays for the probes. HOLD_LAST keeps pass 1's last step in
-    registers for pass 2 (one step fewer re-read; REVERSE then re-reads the most recent first)."""
+    the heuristics take 1 and ROWS stays for the probes."""
     G: tl.constexpr = BLOCK_N // LN_GROUP
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     live = (rows < M)[:, None, None]
@@ -444,14 +398,30 @@ def _layer_norm_fwd_loop_kernel(
     g_mean = tl.zeros((ROWS, G), tl.float32)
     g_m2 = tl.zeros((ROWS, G), tl.float32)
     g_n = tl.zeros((ROWS, G), tl.float32)      # columns merged so far at each group position
-    last = (tl.cdiv(N, BLOCK_N) - 1) * BLOCK_N  # the last step's first column
-    # pass 2 re-reads the rows: keep x in L2 (evict-last) until then
-    for start in range(0, last if HOLD_LAST else N, BLOCK_N):
-        _x, g_mean, g_m2, g_n = _ln_loop_stats_step(x_ptr, base_x, offs, live, start, N, g_mean, g_m2, g_n,
-                                                    EVEN_N, "evict_last")
-    if HOLD_LAST:   # never re-read: it stays in registers
-        x_last, g_mean, g_m2, g_n = _ln_loop_stats_step(x_ptr, base_x, offs, live, last, N, g_mean, g_m2, g_n,
-                                                        EVEN_N, "evict_first")
+    for start in range(0, N, BLOCK_N):
+        # pass 2 re-reads the rows: keep x in L2 (evict-last) until then
+        if EVEN_N:
+            x = tl.load(x_ptr + base_x + start + offs, mask=live, other=0.0,
+                        eviction_policy="evict_last").to(tl.float32)
+            m_c = tl.sum(x, axis=2) * (1.0 / LN_GROUP)
+            d = x - m_c[:, :, None]
+            n_old = start / G                                    # a position's columns before this step
+            frac = LN_GROUP / (n_old + LN_GROUP)                 # this step's share of them after
+        else:
+            mask = live & (start + offs < N)
+            x = tl.load(x_ptr + base_x + start + offs, mask=mask, other=0.0,
+                        eviction_policy="evict_last").to(tl.float32)
+            # the group's count, tied to x (masked columns load 0) so that it is computed in x's
+            # layout: from the mask alone the compiler reduces it in another and converts (a barrier)
+            c = tl.sum(tl.where(mask, 1.0, x * 0.0), axis=2)
+            m_c = tl.sum(x, axis=2) / tl.maximum(c, 1.0)
+            d = tl.where(mask, x - m_c[:, :, None], 0.0)
+            n_old = g_n
+            g_n += c
+            frac = c / tl.maximum(g_n, 1.0)
+        delta = m_c - g_mean
+        g_mean += delta * frac
+        g_m2 += tl.sum(d * d, axis=2) + delta * delta * (n_old * frac)
     if EVEN_N:
         mean = tl.sum(g_mean, axis=1) / G
         dm = g_mean - mean[:, None]
@@ -467,17 +437,17 @@ def _layer_norm_fwd_loop_kernel(
     rstd = rstd[:, None, None]
     base_y = rows.to(tl.int64)[:, None, None] * stride_y
     # pass 2: normalise
-    if HOLD_LAST:
-        _ln_loop_out_step(x_last, y_ptr, base_y, w_ptr, b_ptr, offs, live, last, N, mean, rstd, HAS_W, HAS_B)
-    for i in range(0, tl.cdiv(last if HOLD_LAST else N, BLOCK_N)):
-        start = i * BLOCK_N
-        if REVERSE:
-            start = last - start
-            if HOLD_LAST:
-                start -= BLOCK_N
-        x = tl.load(x_ptr + base_x + start + offs, mask=live & (start + offs < N), other=0.0,
+    for start in range(0, N, BLOCK_N):
+        cmask = start + offs < N
+        mask = live & cmask
+        x = tl.load(x_ptr + base_x + start + offs, mask=mask, other=0.0,
                     eviction_policy="evict_first").to(tl.float32)
-        _ln_loop_out_step(x, y_ptr, base_y, w_ptr, b_ptr, offs, live, start, N, mean, rstd, HAS_W, HAS_B)
+        y = (x - mean) * rstd
+        if HAS_W:
+            y = y * tl.load(w_ptr + start + offs, mask=cmask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        if HAS_B:
+            y += tl.load(b_ptr + start + offs, mask=cmask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        tl.store(y_ptr + base_y + start + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
