@@ -108,6 +108,13 @@ def test_norm_fwd_h200_routes(monkeypatch):
         assert f(n, True, True, h200) == f(n, True, False, h200) == RowConfig("block", 4096, 1, 4), n
         assert f(n, True, True, h100).num_warps == f(n, False, True, h200).num_warps == 8, n
     assert f(1024, True, True, h200) == f(600, True, False, h200) == RowConfig("block", 1024, 2, 2)
+    # add+RMSNorm (residual) rows of 4K < N <= 8K: the block kernel at 32 warps (NORM_ADD_BLOCK);
+    # RMSNorm without a residual, other lengths and other devices keep theirs
+    for n in (4097, 8192):
+        assert f(n, False, False, h200, residual=True) == RowConfig("block", 8192, 1, 32), n
+        assert f(n, False, False, h100, residual=True) == f(n, False, False, h200) == RowConfig("block", 8192, 1, 8), n
+    assert f(4096, False, False, h200, residual=True) == f(4096, False, False, h200)
+    assert f(16384, False, False, h200, residual=True) == f(16384, False, False, h200)
     assert f(1024, True, True, h100) == f(1024, False, True, h200) == heuristics.row_config(1024)
     assert f(512, True, True, h200) == heuristics.row_config(512)
     assert heuristics.norm_loop_max_n(h200) == 32768

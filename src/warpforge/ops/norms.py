@@ -862,7 +862,7 @@ def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, l
         wcuda.ops().layer_norm_fwd(x2, weight, bias, float(eps), list(cluster), y, mean, rstd)
     elif m > 0:
         cfg = norm_fwd_config(n, layer=not rms, many=residual is None and m >= NORM_LOOP_ROWS_PER_SM * sm_count(),
-                              device_name=_device_name(x))
+                              device_name=_device_name(x), residual=residual is not None)
         args = (x2, x2 if r2 is None else r2, y, y if h is None else h,
                 x2 if weight is None else weight, x2 if bias is None else bias,
                 rstd if mean is None else mean, rstd,
