@@ -232,20 +232,10 @@ def test_bench_runner_plumbing_with_fake_timers(monkeypatch):
     assert all("vs_peers" not in r for r in rows), "no named peers: the rows are as before"
 
 
-def test_bench_runner_small_case_rounds(monkeypatch):
-    """A decode-like (small) case gets cfg.small_rounds alternating device-timing rounds, each with
-    its share of one measurement's calls (clean_calls and rep_ms divided by the rounds), and keeps
-    each row's least round; a large case of the same run is timed once with the full budget."""
-    seen = []
-    current = {}
-
-    def fake_ms(fn, cfg, nbytes=None):
-        fn()
-        impl = current["impl"]
-        k = sum(1 for i, *_ in seen if i == impl)
-        seen.append((impl, current["shape"], cfg.clean_calls, cfg.rep_ms))
-        return [5.0, 4.0, 6.0, 4.5, 5.5][k % 5] * (1.0 if impl == "warpforge" else 1.1)
-
+def _tag_timed_impl(monkeypatch, current: dict) -> None:
+    """Keep ``current["impl"]`` (and ``current["shape"]``) naming what the runner is timing: set by
+    runner._measure before a row's first timing and by every step it builds, which the alternating
+    rounds call."""
     real_measure, real_step = runner._measure, runner._impl_step
 
     def measure(wl, case, dtype, mode, impl, *a):
@@ -262,6 +252,23 @@ def test_bench_runner_small_case_rounds(monkeypatch):
 
     monkeypatch.setattr(runner, "_measure", measure)
     monkeypatch.setattr(runner, "_impl_step", impl_step)
+
+
+def test_bench_runner_small_case_rounds(monkeypatch):
+    """A decode-like (small) case gets cfg.small_rounds alternating device-timing rounds, each with
+    its share of one measurement's calls (clean_calls and rep_ms divided by the rounds), and keeps
+    each row's least round; a large case of the same run is timed once with the full budget."""
+    seen = []
+    current = {}
+
+    def fake_ms(fn, cfg, nbytes=None):
+        fn()
+        impl = current["impl"]
+        k = sum(1 for i, *_ in seen if i == impl)
+        seen.append((impl, current["shape"], cfg.clean_calls, cfg.rep_ms))
+        return [5.0, 4.0, 6.0, 4.5, 5.5][k % 5] * (1.0 if impl == "warpforge" else 1.1)
+
+    _tag_timed_impl(monkeypatch, current)
     monkeypatch.setattr(runner, "_host_times", lambda *a: None)
     monkeypatch.setattr(timing, "warm", lambda fn, n: fn())
     monkeypatch.setattr(timing, "device_ms", fake_ms)
@@ -308,22 +315,7 @@ def test_bench_runner_device_rounds(monkeypatch):
         order.append(impl)
         return scripted[impl][sum(1 for o in order if o == impl) - 1]
 
-    real_measure, real_step = runner._measure, runner._impl_step
-
-    def measure(wl, case, dtype, mode, impl, *a):
-        current["impl"] = impl.name
-        return real_measure(wl, case, dtype, mode, impl, *a)
-
-    def impl_step(wl, mode, impl, args):
-        step = real_step(wl, mode, impl, args)
-
-        def tagged():
-            current["impl"] = impl.name
-            return step()
-        return tagged
-
-    monkeypatch.setattr(runner, "_measure", measure)
-    monkeypatch.setattr(runner, "_impl_step", impl_step)
+    _tag_timed_impl(monkeypatch, current)
     monkeypatch.setattr(timing, "warm", lambda fn, n: fn())
     monkeypatch.setattr(timing, "device_ms", fake_ms)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
