@@ -429,8 +429,8 @@ def run_bench(workloads: list[Workload], modes: list[str], dtypes: list[torch.dt
     small_ops = [wl.name for wl, *_ in plan if any(c.small for c in wl.cases(quick))]
     if small_ops and cfg.small_rounds > 1:
         result.notes.append(f"decode-like (small) cases: device times are the least of {cfg.small_rounds} or more "
-                            f"rounds alternating over the implementations, {cfg.clean_calls // cfg.small_rounds} "
-                            "clean calls a round (one measurement's calls shared out; a few-microsecond call's "
+                            "rounds alternating over the implementations, at most "
+                            f"{cfg.clean_calls // cfg.small_rounds} clean calls a round (one measurement's calls shared out; a few-microsecond call's "
                             "median moves ~1 us between measurements; each row's ms_rounds lists them): "
                             + ", ".join(small_ops))
     for why, ops in absent.items():
