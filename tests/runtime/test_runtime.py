@@ -81,7 +81,7 @@ def test_norm_fwd_loop_rows(monkeypatch):
 
 
 def test_norm_fwd_h200_routes(monkeypatch):
-    """H200 only (NORM_WIDE_LOOP, NORM_LAYER_BLOCK, NORM_RMS_PIPE): rows of 16K < N <= 32K with rows
+    """H200 only (NORM_WIDE_LOOP, NORM_BLOCK_SHAPES, NORM_RMS_PIPE): rows of 16K < N <= 32K with rows
     enough take the loop, RMSNorm in 8,192-element steps of 32 warps and LayerNorm in 16,384-element
     steps of 32; LayerNorm rows of 2K < N <= 4K the block kernel at 4 warps, of 512 < N <= 1K two
     rows a program at 2 warps; RMSNorm rows of 32K < N <= 64K with rows enough the pipe in 2,048-column
@@ -108,7 +108,7 @@ def test_norm_fwd_h200_routes(monkeypatch):
         assert f(n, True, True, h200) == f(n, True, False, h200) == RowConfig("block", 4096, 1, 4), n
         assert f(n, True, True, h100).num_warps == f(n, False, True, h200).num_warps == 8, n
     assert f(1024, True, True, h200) == f(600, True, False, h200) == RowConfig("block", 1024, 2, 2)
-    # add+RMSNorm (residual) rows of 4K < N <= 8K: the block kernel at 32 warps (NORM_ADD_BLOCK);
+    # add+RMSNorm (residual) rows of 4K < N <= 8K: the block kernel at 32 warps (NORM_BLOCK_SHAPES);
     # RMSNorm without a residual, other lengths and other devices keep theirs
     for n in (4097, 8192):
         assert f(n, False, False, h200, residual=True) == RowConfig("block", 8192, 1, 32), n

@@ -242,8 +242,7 @@ def _case_rounds(wl: Workload, case: Case, cfg: timing.TimingConfig) -> tuple[in
     if not case.small or cfg.small_rounds <= 1:
         return wl.device_rounds, cfg
     rounds = max(wl.device_rounds, cfg.small_rounds)
-    return rounds, replace(cfg, rep_ms=cfg.rep_ms / rounds,
-                                       clean_calls=max(10, cfg.clean_calls // rounds))
+    return rounds, replace(cfg, rep_ms=cfg.rep_ms / rounds, clean_calls=max(10, cfg.clean_calls // rounds))
 
 
 def _device_rounds(wl: Workload, mode: str, impls: list[Impl], group: list[dict], base: tuple,

@@ -147,12 +147,13 @@ NORM_LOOP_NO_LAYER = ("H200",)
 # copy, against the previous loop's 154.6-155.9 at 16,384 x 16 (the new kernel at 16 warps: 166).
 NORM_WIDE_LOOP = {"H200": {False: (16385, 32768, 8192, 32), True: (16385, 32768, 16384, 32)}}
 # device: {LayerNorm?: (min N, max N, elements a step, warps)}
-NORM_LAYER_BLOCK = {"H200": {1024: (2, 2), 4096: (1, 4)}}  # device: {block_n: (rows, warps)}
-# add+RMSNorm (a residual: x, r, h and y, four row streams) on the H200 at 4K < N <= 8K: the block
-# kernel at 32 warps, not 8. 16384 x 8192 bf16 (NOTES item 96, benchmarks/probe_norm_long.py, two
+# The block kernel's shape where a device's measurements moved it off _wide_row's: LayerNorm's
+# (above), and add+RMSNorm's (a residual: x, r, h and y, four row streams) at 4K < N <= 8K on the
+# H200, 32 warps, not 8. 16384 x 8192 bf16 (NOTES item 96, benchmarks/probe_norm_long.py, two
 # runs): 260.3-260.7 us (97.5% of copy) against 265.2-265.4 at 8 warps and 263.0-263.1 at 16; the
 # loop shapes 269-298. (RMSNorm alone there: 32 warps 173.6 against its loop's 129.3.)
-NORM_ADD_BLOCK = {"H200": {8192: 32}}   # device: {block_n: warps}
+NORM_BLOCK_SHAPES = {"H200": {("layer", 1024): (2, 2), ("layer", 4096): (1, 4), ("add", 8192): (1, 32)}}
+# device: {(norm: "layer", "rms" or "add", block_n): (rows, warps)}
 NORM_RMS_PIPE = {"H200": (2048, 4)}   # device: (chunk, warps) of RMSNorm's pipe at 32K < N <= 64K, many rows
 # Session 32 (NOTES item 86, benchmarks/probe_ln_cluster.py, M*N = 2^27 bf16): LayerNorm rows of
 # 65,536 and 262,144 (32,768 since session 33) on the H200 take the CUDA backend's cluster kernel
@@ -230,8 +231,8 @@ def norm_fwd_config(n: int, layer: bool, many: bool = False, device_name: str = 
                     residual: bool = False) -> RowConfig:
     """The norm forward's path for rows of ``n`` (LayerNorm if ``layer``, else RMSNorm); ``many``:
     at least NORM_LOOP_ROWS_PER_SM rows an SM and no residual; ``device_name``: the GPU's name
-    (NORM_LOOP_NO_LAYER, NORM_WIDE_LOOP, NORM_LAYER_BLOCK, NORM_RMS_PIPE); ``residual``:
-    add+RMSNorm (NORM_ADD_BLOCK)."""
+    (NORM_LOOP_NO_LAYER, NORM_WIDE_LOOP, NORM_BLOCK_SHAPES, NORM_RMS_PIPE); ``residual``:
+    add+RMSNorm."""
     loop_ok = not (layer and _device_match(NORM_LOOP_NO_LAYER, device_name))
     if many and loop_ok and not interpreting() and NORM_LOOP_MIN_N <= n <= NORM_LOOP_MAX_N:
         block, warps = NORM_LOOP[layer]
@@ -240,12 +241,10 @@ def norm_fwd_config(n: int, layer: bool, many: bool = False, device_name: str = 
     if many and wide_loop and wide_loop[0] <= n <= wide_loop[1]:
         return RowConfig("loop", wide_loop[2], 1, wide_loop[3])
     wide = _wide_row(n)
-    add_warps = _by_device(NORM_ADD_BLOCK, device_name) if residual and not interpreting() else None
-    if add_warps and wide is not None and wide.mode == "block" and wide.block_n in add_warps:
-        return dataclasses.replace(wide, num_warps=add_warps[wide.block_n])
-    shapes = _by_device(NORM_LAYER_BLOCK, device_name) if layer and not interpreting() else None
-    if shapes and wide is not None and wide.mode == "block" and wide.block_n in shapes:
-        rows, warps = shapes[wide.block_n]
+    shapes = None if interpreting() else _by_device(NORM_BLOCK_SHAPES, device_name)
+    key = ("layer" if layer else "add" if residual else "rms", None if wide is None else wide.block_n)
+    if shapes and wide is not None and wide.mode == "block" and key in shapes:
+        rows, warps = shapes[key]
         return dataclasses.replace(wide, rows=rows, num_warps=warps)
     if wide is not None:
         return wide
