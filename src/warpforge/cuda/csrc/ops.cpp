@@ -296,6 +296,9 @@ void check_param(const Tensor& p, const Tensor& input, int64_t n, const char* op
               "' must be a contiguous vector of ", num(n), " elements; got shape ", dims(p.sizes()));
 }
 
+// An optional tensor argument as a pointer: null when it is absent or undefined.
+const Tensor* present(const c10::optional<Tensor>& t) { return t && t->defined() ? &*t : nullptr; }
+
 // t's base (and, with a row stride, each row) on a 16-byte boundary
 bool rows_aligned(const Tensor& t, int64_t stride) {
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && (stride * t.element_size()) % 16 == 0;
@@ -312,8 +315,7 @@ void layer_norm_fwd(const Tensor& input, const c10::optional<Tensor>& weight, co
   check_rows(input, op, "input");
   const wf::DType dt = dtype_of(input.scalar_type(), op, "input");
   const int64_t m = input.size(0), n = input.size(1);
-  const Tensor* params[2] = {weight && weight->defined() ? &*weight : nullptr,
-                             bias && bias->defined() ? &*bias : nullptr};
+  const Tensor* params[2] = {present(weight), present(bias)};
   const char* names[2] = {"weight", "bias"};
   for (int i = 0; i < 2; ++i)
     if (params[i]) check_param(*params[i], input, n, op, names[i]);
@@ -349,14 +351,13 @@ void norm_bwd(const Tensor& input, const Tensor& grad_output, const c10::optiona
   const int64_t m = input.size(0), n = input.size(1);
   check_like_input(grad_output, input, op, "grad_output");
   check_like_input(dx, input, op, "dx");
-  const Tensor* w = weight && weight->defined() ? &*weight : nullptr;
+  const Tensor* w = present(weight);
   if (w) check_param(*w, input, n, op, "weight");
-  const Tensor* mu = mean && mean->defined() ? &*mean : nullptr;
+  const Tensor* mu = present(mean);
   TORCH_CHECK(rms || mu, "warpforge_cuda::", op, ": LayerNorm's backward (rms=False) needs 'mean'");
   if (mu) check_row_stats(*mu, input, m, op, "mean");
   check_row_stats(rstd, input, m, op, "rstd");
-  const Tensor* parts_t[2] = {dw_part && dw_part->defined() ? &*dw_part : nullptr,
-                              db_part && db_part->defined() ? &*db_part : nullptr};
+  const Tensor* parts_t[2] = {present(dw_part), present(db_part)};
   const char* part_names[2] = {"dw_part", "db_part"};
   int64_t parts = 0;
   for (int i = 0; i < 2; ++i) {
