@@ -17,6 +17,11 @@ from moe_probe_inputs import SHAPES, make
 p = argparse.ArgumentParser()
 p.add_argument("--shapes", default="mixtral,dsv2,qwen3,olmoe")
 p.add_argument("--T", default="1,8,64,256")
+p.add_argument("--routing", default="random", help="random (the probe's own draw), or the bench's: random/zipf/balanced as "
+               "bench:NAME (workloads.make_moe_routing)")
+p.add_argument("--tall", default="", help="comma-separated MOE_DECODE_TALL values to run each variant under "
+               "(the pointer kernels' tile for experts of more than one short tile; 0 = off)")
+p.add_argument("--variants", default="", help="comma-separated labels to run (default all), e.g. 'shipped default'")
 p.add_argument("--kernels", action="store_true",
                help="per-kernel GPU time (profiler) of the TMA up/down kernels under a few tiles instead")
 a = p.parse_args()
@@ -106,15 +111,30 @@ for name in a.shapes.split(","):
     d, n, E, k = SHAPES[name]
     for T in map(int, a.T.split(",")):
         args = make(T, d, n, E, k)
+        if a.routing.startswith("bench:"):
+            from warpforge.bench.workloads import make_moe_routing
+            ids_cpu, w_cpu = make_moe_routing(T, E, k, a.routing[6:])
+            args = (*args[:3], w_cpu.to(dev), ids_cpu.to(dev))
         active = int(torch.unique(args[4]).numel())
+        counts = sorted(torch.bincount(args[4].view(-1).long(), minlength=E).tolist(), reverse=True)
+        print(f"{name} T={T} {a.routing}: {active} experts active, most rows {counts[:8]}", flush=True)
         nbytes = 3 * active * d * n * 2
         M._TMA_ON = False
         M.moe_block_m = real_bm
+        tall0 = H.MOE_DECODE_TALL
+        H.MOE_DECODE_TALL = 0
         ref = M.moe_experts(*args, validate=False).float()
+        H.MOE_DECODE_TALL = tall0
         gm = lambda: moe_grouped_mm(*args)
         res = {"grouped_mm": (timing.device_ms(gm, cfg, nbytes), graph_us(gm), timing.host_us(gm))}
-        for path, bm, tile in VARIANTS:
+        talls = [int(t) for t in a.tall.split(",")] if a.tall else [None]
+        for (path, bm, tile), tall in ((v, t) for v in VARIANTS for t in talls):
             label = f"{path}" + (f" bm{bm}" if bm else " default") + (f" {tile[0]}x{tile[1]}" if tile else "")
+            if a.variants and label not in a.variants.split(","):
+                continue
+            if tall is not None:
+                label += f" tall{tall}"
+                H.MOE_DECODE_TALL = tall
             M._TMA_ON = path != "pointer"
             if path != "shipped":
                 M._TMA_DECODE_MIN_BLOCK_M, M._TMA_DECODE_MIN_WEIGHTS = 16, 0
@@ -128,14 +148,21 @@ for name in a.shapes.split(","):
                 res[label] = (timing.device_ms(fn, cfg, nbytes), graph_us(fn), timing.host_us(fn), err)
             except Exception as exc:
                 res[label] = (float("nan"), float("nan"), float("nan"), repr(exc)[:120])
+            H.MOE_DECODE_TALL = tall0
         M._TMA_ON, M.moe_block_m = True, real_bm
         M._TMA_DECODE_MIN_BLOCK_M, M._TMA_DECODE_MIN_WEIGHTS = 32, 1 << 24
         H.MOE_TMA_DECODE.update(default_decode)
         g0 = res["grouped_mm"][0]
         for lab, r in res.items():
             extra = "" if lab == "grouped_mm" else (f" err {r[3]:.1e}" if isinstance(r[3], float) else f" {r[3]}")
-            line = (f"{name} T={T} bm={real_bm(T * k, E, 2)} {lab}: gpu {r[0] * 1e3:.1f} us ({nbytes / r[0] / 1e9:.0f} GB/s, "
+            line = (f"{name} T={T} bm={real_bm(T * k, E, 2)} {lab}: gpu {r[0] * 1e3:.1f} us ({nbytes / r[0] / 1e6:.0f} GB/s, "
                     f"{g0 / r[0]:.2f}x gmm) graph {r[1]:.1f} us host {r[2]:.1f} us{extra}")
             rows.append(line)
             print(line, flush=True)
         del args
+for plan in M._GEMM.plans.values():
+    try:
+        kern = plan[0] if isinstance(plan, tuple) else plan
+        print("pointer GEMM plan", plan[1][:3], plan[1][-1], "regs", kern.n_regs, "spills", kern.n_spills, flush=True)
+    except Exception:  # noqa: BLE001
+        pass
