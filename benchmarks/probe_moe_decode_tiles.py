@@ -19,8 +19,6 @@ p.add_argument("--shapes", default="mixtral,dsv2,qwen3,olmoe")
 p.add_argument("--T", default="1,8,64,256")
 p.add_argument("--routing", default="random", help="random (the probe's own draw), or the bench's: random/zipf/balanced as "
                "bench:NAME (workloads.make_moe_routing)")
-p.add_argument("--tall", default="", help="comma-separated MOE_DECODE_TALL values to run each variant under "
-               "(the pointer kernels' tile for experts of more than one short tile; 0 = off)")
 p.add_argument("--variants", default="", help="comma-separated labels to run (default all), e.g. 'shipped default'")
 p.add_argument("--kernels", action="store_true",
                help="per-kernel GPU time (profiler) of the TMA up/down kernels under a few tiles instead")
@@ -121,20 +119,13 @@ for name in a.shapes.split(","):
         nbytes = 3 * active * d * n * 2
         M._TMA_ON = False
         M.moe_block_m = real_bm
-        tall0 = H.MOE_DECODE_TALL
-        H.MOE_DECODE_TALL = 0
         ref = M.moe_experts(*args, validate=False).float()
-        H.MOE_DECODE_TALL = tall0
         gm = lambda: moe_grouped_mm(*args)
         res = {"grouped_mm": (timing.device_ms(gm, cfg, nbytes), graph_us(gm), timing.host_us(gm))}
-        talls = [int(t) for t in a.tall.split(",")] if a.tall else [None]
-        for (path, bm, tile), tall in ((v, t) for v in VARIANTS for t in talls):
+        for path, bm, tile in VARIANTS:
             label = f"{path}" + (f" bm{bm}" if bm else " default") + (f" {tile[0]}x{tile[1]}" if tile else "")
             if a.variants and label not in a.variants.split(","):
                 continue
-            if tall is not None:
-                label += f" tall{tall}"
-                H.MOE_DECODE_TALL = tall
             M._TMA_ON = path != "pointer"
             if path != "shipped":
                 M._TMA_DECODE_MIN_BLOCK_M, M._TMA_DECODE_MIN_WEIGHTS = 16, 0
@@ -148,7 +139,6 @@ for name in a.shapes.split(","):
                 res[label] = (timing.device_ms(fn, cfg, nbytes), graph_us(fn), timing.host_us(fn), err)
             except Exception as exc:
                 res[label] = (float("nan"), float("nan"), float("nan"), repr(exc)[:120])
-            H.MOE_DECODE_TALL = tall0
         M._TMA_ON, M.moe_block_m = True, real_bm
         M._TMA_DECODE_MIN_BLOCK_M, M._TMA_DECODE_MIN_WEIGHTS = 32, 1 << 24
         H.MOE_TMA_DECODE.update(default_decode)
@@ -160,9 +150,3 @@ for name in a.shapes.split(","):
             rows.append(line)
             print(line, flush=True)
         del args
-for plan in M._GEMM.plans.values():
-    try:
-        kern = plan[0] if isinstance(plan, tuple) else plan
-        print("pointer GEMM plan", plan[1][:3], plan[1][-1], "regs", kern.n_regs, "spills", kern.n_spills, flush=True)
-    except Exception:  # noqa: BLE001
-        pass

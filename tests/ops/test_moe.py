@@ -68,53 +68,6 @@ def test_all_tokens_on_one_expert_and_repeats():
     _check(*_inputs(T, d, n, E, k, torch.float32, ids), torch.float32)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_busy_expert_tall_tiles(dtype):
-    """A skewed decode-sized batch: expert 5 takes every token's first choice (70 rows: 5 short
-    tiles, done as tall tiles of 2-4 short ones, the last one partial) between experts that keep
-    the short tile; the rows past the busy expert's end belong to its neighbour and must stay
-    untouched."""
-    from warpforge.runtime.heuristics import moe_block_m, moe_tall_rows
-
-    T, d, n, E, k = 70, 32, 24, 12, 2
-    other = torch.randint(0, E - 1, (T,), device=DEVICE)
-    other = other + (other >= 5).to(other.dtype)                              # never expert 5 twice
-    ids = torch.stack([torch.full_like(other, 5), other], 1).int()
-    bm = moe_block_m(T * k, E, torch.tensor([], dtype=dtype).element_size())
-    if dtype == torch.bfloat16 or not ON_GPU:
-        assert moe_tall_rows(bm, torch.tensor([], dtype=dtype).element_size()) > bm   # the tall branch runs
-    _check(*_inputs(T, d, n, E, k, dtype, ids), dtype)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_tall_tiles_stay_in_their_expert(dtype):
-    """The tall tiles' row bound, at the kernel: with the programs of the expert after the busy one
-    switched off, that expert's rows keep their sentinel, and the busy expert's rows are right."""
-    import warpforge.ops.moe as M
-    from warpforge.runtime.heuristics import moe_block_m, moe_config, moe_tall_rows
-
-    T, d, n, E, k = 70, 32, 24, 12, 2
-    other = torch.arange(T, device=DEVICE) % (E - 1)
-    other = other + (other >= 5).to(other.dtype)
-    ids = torch.stack([torch.full_like(other, 5), other], 1).int()
-    x, w1, w2, wts, ids = _inputs(T, d, n, E, k, dtype, ids)
-    es = x.element_size()
-    bm = moe_block_m(T * k, E, es)
-    tall = moe_tall_rows(bm, es) or 2 * bm
-    sorted_slot, _, tile_expert, start, _ = M._align(ids.reshape(-1), E, bm)
-    s5, s6, s7 = (int(v) for v in start[5:8])
-    assert s6 - s5 > tall > bm and (s6 - s5) % tall and s7 > s6       # a partial tall tile, then a neighbour
-    te = tile_expert.clone()
-    te[s6 // bm:s7 // bm] = -1
-    h = torch.full((sorted_slot.numel(), n), 7.0, dtype=dtype, device=DEVICE)
-    M._gemm(x.detach(), M._b_fwd_up(w1.detach()), h, meta=(sorted_slot, te), K=d, N=n,
-            cfg=moe_config("up", bm, es), topk=k, gather_a=True, epi=1, start=start, tall=tall)
-    assert torch.equal(h[s6:s7], torch.full_like(h[s6:s7], 7.0))
-    z = x.detach().double() @ w1[5].detach().double().T
-    ref = torch.nn.functional.silu(z[:, :n]) * z[:, n:]
-    assert_close(h[s5:s5 + T], ref, dtype, what="busy expert's h")
-
-
 def test_layouts():
     """3-d x, strided x rows, weights stored transposed (non-contiguous), bf16 routing weights."""
     T, d, n, E, k = 10, 32, 24, 5, 2

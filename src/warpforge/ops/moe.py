@@ -82,7 +82,7 @@ from ..runtime import interpreting, new_empty, unit_last_dim
 from ..runtime.amp import autocast_inputs
 from ..runtime.checks import check_same, check_tensor, host_sync_unavailable
 from ..runtime.device import sm_count
-from ..runtime.heuristics import MOE_ALIGN_CHUNK, MoEConfig, moe_block_m, moe_config, moe_tall_rows, moe_tma_config
+from ..runtime.heuristics import MOE_ALIGN_CHUNK, MoEConfig, moe_block_m, moe_config, moe_tma_config
 from ..runtime.launch import LaunchCache
 from ..runtime.registry import Op
 from .matmul import _column_halves, _dot, _precision, _tile_coords, _tma_store_tile, _tma_view, _upcast
@@ -199,16 +199,13 @@ def _moe_scatter_kernel(
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def _moe_epilogue(acc, acc_u, rows64, offs_n, N, c_ptr, s_cm, z_ptr, s_zm, w_ptr, slot,
-                  EPI: tl.constexpr, SCALE_ROWS: tl.constexpr, STORE_Z: tl.constexpr, row_ok=None):
-    """A finished tile of the row GEMMs, columns past N masked (and rows where ``row_ok`` is
-    false, if given). EPI 0: C = acc, times each row's routing weight (``slot``'s, 0 on padding
-    rows) with SCALE_ROWS. EPI 1 (acc = z_g, acc_u = z_u): C = silu(z_g) * z_u, and z = [z_g, z_u]
-    with STORE_Z."""
+                  EPI: tl.constexpr, SCALE_ROWS: tl.constexpr, STORE_Z: tl.constexpr):
+    """A finished tile of the row GEMMs, columns past N masked. EPI 0: C = acc, times each row's
+    routing weight (``slot``'s, 0 on padding rows) with SCALE_ROWS. EPI 1 (acc = z_g, acc_u =
+    z_u): C = silu(z_g) * z_u, and z = [z_g, z_u] with STORE_Z."""
     out_ty = c_ptr.dtype.element_ty
     c_ptrs = c_ptr + rows64[:, None] * s_cm + offs_n[None, :]
     mask = (offs_n < N)[None, :]
-    if row_ok is not None:
-        mask = mask & row_ok[:, None]
     if EPI == 0:
         if SCALE_ROWS:
             acc = acc * tl.load(w_ptr + slot, mask=slot >= 0, other=0.0)[:, None]
@@ -223,21 +220,31 @@ def _moe_epilogue(acc, acc_u, rows64, offs_n, N, c_ptr, s_cm, z_ptr, s_zm, w_ptr
 
 
 @triton.jit
-def _moe_gemm_tile(a_ptr, b_ptr, c_ptr, z_ptr, w_ptr, sorted_ptr, e, row0, row_end, pid_n, K, N,
-                   s_am, s_ak, s_be, s_bk, s_bn, s_cm, s_zm,
-                   TOPK: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GATHER_A: tl.constexpr, EPI: tl.constexpr, SCALE_ROWS: tl.constexpr, STORE_Z: tl.constexpr,
-                   EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROW_MASK: tl.constexpr):
-    """Rows row0 .. row0 + ROWS of expert ``e`` (ROW_MASK: only those under row_end are read or
-    written; the rest belong to the next expert) times one BLOCK_N column tile of its B."""
-    rows = row0 + tl.arange(0, ROWS)
+def _moe_gemm_kernel(
+    a_ptr,              # A: (T, K) read at row slot // TOPK (GATHER_A), or (P, K) at the padded row
+    b_ptr,              # B: (E, K, N) any strides (a view of w_gate_up or w_down)
+    c_ptr,              # C: (P, N)
+    z_ptr,              # (P, 2 * N) pre-activations [z_g, z_u], written by EPI 1 with STORE_Z
+    w_ptr,              # (S,) fp32 routing weight of each slot (SCALE_ROWS)
+    sorted_ptr,         # (P,) int32 slot of each padded row, -1 padding
+    tile_expert_ptr,    # (tiles_max,) int32
+    K, N, tiles_n,
+    s_am, s_ak, s_be, s_bk, s_bn, s_cm, s_zm,
+    TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, GATHER_A: tl.constexpr, EPI: tl.constexpr, SCALE_ROWS: tl.constexpr,
+    STORE_Z: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """One BLOCK_M x BLOCK_N tile of one expert's rows. EPI 0: C = acc (times the routing weight
+    with SCALE_ROWS); EPI 1: gate and up accumulators (B columns N apart), C = silu(z_g) * z_u."""
+    pid = tl.program_id(0)
+    tiles_m = tl.num_programs(0) // tiles_n
+    pid_m, pid_n = _tile_coords(pid, tiles_m, tiles_n, GROUP_M)
+    e = tl.load(tile_expert_ptr + pid_m)
+    if e < 0:
+        return
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows64 = rows.to(tl.int64)
-    if ROW_MASK:
-        in_tile = rows < row_end
-        slot = tl.load(sorted_ptr + rows, mask=in_tile, other=-1)
-    else:
-        in_tile = None
-        slot = tl.load(sorted_ptr + rows)
+    slot = tl.load(sorted_ptr + rows)
     valid = slot >= 0
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
@@ -248,8 +255,8 @@ def _moe_gemm_tile(a_ptr, b_ptr, c_ptr, z_ptr, w_ptr, sorted_ptr, e, row0, row_e
         a_rows = rows64
     a_ptrs = a_ptr + a_rows[:, None] * s_am + offs_k[None, :] * s_ak
     b_ptrs = b_ptr + e.to(tl.int64) * s_be + offs_k[:, None] * s_bk + offs_n[None, :] * s_bn
-    acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-    acc_u = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)    # EPI 1 only (dead code otherwise)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)    # EPI 1 only (dead code otherwise)
     up_off = N * s_bn
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
@@ -268,54 +275,8 @@ def _moe_gemm_tile(a_ptr, b_ptr, c_ptr, z_ptr, w_ptr, sorted_ptr, e, row0, row_e
             acc_u = _dot(a, bu, acc_u, PRECISION, UPCAST)
         a_ptrs += BLOCK_K * s_ak
         b_ptrs += BLOCK_K * s_bk
-    _moe_epilogue(acc, acc_u, rows64, offs_n, N, c_ptr, s_cm, z_ptr, s_zm, w_ptr, slot, EPI, SCALE_ROWS, STORE_Z,
-                  in_tile)
 
-
-@triton.jit
-def _moe_gemm_kernel(
-    a_ptr,              # A: (T, K) read at row slot // TOPK (GATHER_A), or (P, K) at the padded row
-    b_ptr,              # B: (E, K, N) any strides (a view of w_gate_up or w_down)
-    c_ptr,              # C: (P, N)
-    z_ptr,              # (P, 2 * N) pre-activations [z_g, z_u], written by EPI 1 with STORE_Z
-    w_ptr,              # (S,) fp32 routing weight of each slot (SCALE_ROWS)
-    sorted_ptr,         # (P,) int32 slot of each padded row, -1 padding
-    tile_expert_ptr,    # (tiles_max,) int32
-    start_ptr,          # (E + 1,) int32 first padded row of each expert (TALL only)
-    K, N, tiles_n,
-    s_am, s_ak, s_be, s_bk, s_bn, s_cm, s_zm,
-    TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, GATHER_A: tl.constexpr, EPI: tl.constexpr, SCALE_ROWS: tl.constexpr,
-    STORE_Z: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    TALL: tl.constexpr,
-):
-    """One BLOCK_M x BLOCK_N tile of one expert's rows. EPI 0: C = acc (times the routing weight
-    with SCALE_ROWS); EPI 1: gate and up accumulators (B columns N apart), C = silu(z_g) * z_u.
-    TALL > 0 (a multiple of BLOCK_M): an expert with more than one BLOCK_M-row tile is done in
-    TALL-row tiles instead, each taken by the program of its first BLOCK_M-row tile (the others
-    exit), so a skewed batch's busy experts stream their weights once a TALL rows, not once a
-    BLOCK_M rows, while the rest keep the short tile."""
-    pid = tl.program_id(0)
-    tiles_m = tl.num_programs(0) // tiles_n
-    pid_m, pid_n = _tile_coords(pid, tiles_m, tiles_n, GROUP_M)
-    e = tl.load(tile_expert_ptr + pid_m)
-    if e < 0:
-        return
-    row0 = pid_m * BLOCK_M
-    if TALL > 0:
-        e_start = tl.load(start_ptr + e)
-        e_end = tl.load(start_ptr + e + 1)
-        tall = e_end - e_start > BLOCK_M
-        if tall & ((row0 - e_start) % TALL != 0):
-            return
-        if tall:
-            _moe_gemm_tile(a_ptr, b_ptr, c_ptr, z_ptr, w_ptr, sorted_ptr, e, row0, e_end, pid_n, K, N,
-                           s_am, s_ak, s_be, s_bk, s_bn, s_cm, s_zm, TOPK, TALL, BLOCK_N, BLOCK_K, GATHER_A, EPI,
-                           SCALE_ROWS, STORE_Z, EVEN_K, PRECISION, UPCAST, True)
-            return
-    _moe_gemm_tile(a_ptr, b_ptr, c_ptr, z_ptr, w_ptr, sorted_ptr, e, row0, row0 + BLOCK_M, pid_n, K, N,
-                   s_am, s_ak, s_be, s_bk, s_bn, s_cm, s_zm, TOPK, BLOCK_M, BLOCK_N, BLOCK_K, GATHER_A, EPI,
-                   SCALE_ROWS, STORE_Z, EVEN_K, PRECISION, UPCAST, False)
+    _moe_epilogue(acc, acc_u, rows64, offs_n, N, c_ptr, s_cm, z_ptr, s_zm, w_ptr, slot, EPI, SCALE_ROWS, STORE_Z)
 
 
 @triton.jit
@@ -644,22 +605,19 @@ def _align(ids: torch.Tensor, experts: int, block_m: int):
 
 
 def _gemm(a, b_view, c, *, meta, K: int, N: int, cfg: MoEConfig, topk: int, gather_a: bool, epi: int,
-          weights=None, scale_rows=False, z=None, store_z=False, start=None, tall: int = 0) -> None:
-    """Launch _moe_gemm_kernel over every possible tile. ``b_view``: (E, K, N) strides of B.
-    ``tall`` > 0 (with ``start``, the experts' first padded rows): experts of more than one tile
-    take ``tall``-row tiles (the kernel's TALL)."""
+          weights=None, scale_rows=False, z=None, store_z=False) -> None:
+    """Launch _moe_gemm_kernel over every possible tile. ``b_view``: (E, K, N) strides of B."""
     sorted_slot, tile_expert = meta
     tiles_n = triton.cdiv(N, cfg.block_n)
     grid = (tile_expert.numel() * tiles_n,)
     s_be, s_bk, s_bn, b = b_view
     dummy = sorted_slot
     args = (a, b, c, dummy if z is None else z, dummy if weights is None else weights, sorted_slot, tile_expert,
-            dummy if start is None else start, K, N, tiles_n, a.stride(0), a.stride(1), s_be, s_bk, s_bn,
-            c.stride(0), 0 if z is None else z.stride(0))
+            K, N, tiles_n, a.stride(0), a.stride(1), s_be, s_bk, s_bn, c.stride(0),
+            0 if z is None else z.stride(0))
     _launch(_GEMM, grid, args, cfg, TOPK=topk, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             GROUP_M=cfg.group_m, GATHER_A=gather_a, EPI=epi, SCALE_ROWS=scale_rows, STORE_Z=store_z,
-            EVEN_K=(K % cfg.block_k == 0), PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype),
-            TALL=tall if start is not None else 0)
+            EVEN_K=(K % cfg.block_k == 0), PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype))
 
 
 def _wgrad(a, b, c, *, sorted_slot, start, M: int, N: int, topk: int, gather_a: bool, gather_b: bool,
@@ -828,11 +786,10 @@ def _moe_fwd(x, w1, w2, weights, ids, block_m: int, save_z: bool):
         _gemm_tma(h, w2, y, meta=meta, K=n, N=d, kind="down", b_t=True, weights=weights.view(-1))
         out = _combine(y, slot_pos, T, topk, d, x.dtype)
         return out, z, sorted_slot, slot_pos, tile_expert, start, counts
-    tall = moe_tall_rows(block_m, x.element_size())
     _gemm(x, _b_fwd_up(w1), h, meta=meta, K=d, N=n, cfg=moe_config("up", block_m, x.element_size()), topk=topk,
-          gather_a=True, epi=1, z=z if save_z else None, store_z=save_z, start=start, tall=tall)
+          gather_a=True, epi=1, z=z if save_z else None, store_z=save_z)
     _gemm(h, _b_fwd_down(w2), y, meta=meta, K=n, N=d, cfg=moe_config("down", block_m, x.element_size()),
-          topk=topk, gather_a=False, epi=0, weights=weights.view(-1), scale_rows=True, start=start, tall=tall)
+          topk=topk, gather_a=False, epi=0, weights=weights.view(-1), scale_rows=True)
     out = _combine(y, slot_pos, T, topk, d, x.dtype)
     return out, z, sorted_slot, slot_pos, tile_expert, start, counts
 

@@ -933,21 +933,6 @@ def moe_block_m(slots: int, experts: int, elem_bytes: int) -> int:
     return cap
 
 
-# decode: experts with more rows than one short tile (a skewed batch's busy experts) take tiles of
-# this many rows in the pointer kernels (ops/moe.py, _moe_gemm_kernel's TALL): each extra short tile
-# streamed the expert's weights again (benchmarks/NOTES.md, item 97)
-MOE_DECODE_TALL = 64
-
-
-def moe_tall_rows(block_m: int, elem_bytes: int) -> int:
-    """TALL of the forward pointer kernels: 0 (off) or the row tile of experts with more rows than
-    one ``block_m`` tile. On at the decode tiles (block_m <= 32, 16-bit); under the interpreter at
-    twice the tile, so the CPU tests run both branches."""
-    if interpreting():
-        return 2 * block_m
-    return MOE_DECODE_TALL if block_m <= 32 and elem_bytes == 2 and MOE_DECODE_TALL > block_m else 0
-
-
 MOE_TMA_CONFIGS = {
     # kind: (tile, programs an SM (0: one program a tile), warp specialisation, flattened tile and K
     # loops), for 128-row tiles. H200, T = 8192 (benchmarks/NOTES.md, items 53 and 57), TFLOP/s at
