@@ -16,7 +16,8 @@ def test_unknown_op_is_a_clear_error(capsys):
 
 
 @pytest.mark.parametrize("argv, what", [(["bench", "--modes", "fwd,sideways"], "unknown mode: sideways"),
-                                        (["bench", "--dtype", "fp8"], "unknown dtype: fp8")])
+                                        (["bench", "--dtype", "fp8"], "unknown dtype: fp8"),
+                                        (["bench", "--match", "T(256"], "--match: not a regular expression")])
 def test_bad_mode_and_dtype(argv, what, capsys):
     with pytest.raises(SystemExit):
         main(argv)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import re
 import sys
 
 
@@ -39,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, from {','.join(DTYPES)} (default: bf16; the correctness run: fp32,bf16)")
     b.add_argument("--quick", action="store_true", help="trimmed sweep and fewer repetitions (~5 GPU minutes)")
     b.add_argument("--small", action="store_true", help="the decode-like (host-bound) cases only")
+    b.add_argument("--match", metavar="REGEX",
+                   help="only the cases whose shape label matches (re.search), e.g. 'T256|zipf' (both runs)")
     b.add_argument("--out", metavar="DIR", help="output folder (default: bench-out/<gpu>-<date>/)")
     b.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     b.add_argument("--no-liger", action="store_true", help="skip the Liger-Kernel peer")
@@ -113,9 +116,14 @@ def _bench(args, parser) -> int:
     bad = [d for d in dtypes or [] if d not in DTYPES]
     if bad:
         parser.error(f"unknown dtype: {', '.join(bad)} (known: {', '.join(DTYPES)})")
+    if args.match is not None:
+        try:
+            re.compile(args.match)
+        except re.error as e:
+            parser.error(f"--match: not a regular expression ({e}): {args.match!r}")
     return bench(args.ops or None, modes=modes, dtypes=dtypes, quick=args.quick, out=args.out,
                  use_compile=not args.no_compile, use_liger=not args.no_liger, check=args.check,
-                 small_only=args.small)
+                 small_only=args.small, match=args.match)
 
 
 def _info(args) -> int:

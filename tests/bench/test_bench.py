@@ -146,6 +146,29 @@ def test_check_run_fails_on_wrong_results(monkeypatch, capsys):
     assert "FAILED: softmax" in capsys.readouterr().out
 
 
+def test_match_selects_cases(monkeypatch, capsys, tmp_path):
+    """--match: the correctness run and the timing run take only the cases whose label the regular
+    expression finds (and the timing run says so in its notes)."""
+    wl = W.WORKLOADS["softmax"]
+    monkeypatch.setattr(wl, "check_cases", lambda: [W.Case("2x37", {"M": 2, "N": 37}), W.Case("3x5", {"M": 3, "N": 5})])
+    assert wbench.bench(["softmax"], dtypes=["fp32"], out=tmp_path, check=True, match=r"^3x") == 0
+    rows = json.loads((tmp_path / "correctness.json").read_text())["rows"]
+    assert {r["shape"] for r in rows} == {"3x5"} and len(rows) == 2
+
+    monkeypatch.setattr(runner, "_host_times", lambda *a: None)
+    monkeypatch.setattr(timing, "warm", lambda fn, n: fn())
+    monkeypatch.setattr(timing, "device_ms", lambda fn, cfg, nbytes=None: (fn(), 1.0)[1])
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(W, "cuda_backend_available", lambda: False)
+    monkeypatch.setattr(wl, "cases", lambda quick: [W.Case("1x33", {"M": 1, "N": 33}, small=True),
+                                                    W.Case("4x33", {"M": 4, "N": 33}, headline=True)])
+    res = runner.run_bench([wl], ["fwd"], [torch.float32], use_compile=False, use_liger=False, copy_gbps=1.0,
+                           device=DEVICE, match="4x")
+    assert {r["shape"] for r in res.rows} == {"4x33"}
+    assert "cases matching '4x' only" in res.notes
+    assert not any("decode-like (small) cases" in n for n in res.notes), "the small case did not run"
+
+
 def test_check_run_skips_unavailable_op(monkeypatch):
     wl = W.WORKLOADS["softmax"]
     monkeypatch.setattr(wl, "check_cases", lambda: [W.Case("2x37", {"M": 2, "N": 37})])
@@ -779,10 +802,13 @@ def test_moe_workloads(capsys):
 
     # decode: a workload of its own (forward only), bytes = the weights of the experts it touches
     dfull, dquick = de.cases(False), de.cases(True)
-    assert [(c.dims["model"], c.dims["T"]) for c in dfull] == [(m, t) for m in MOE_SHAPES for t in (1, 8, 64, 256)]
+    assert [(c.dims["model"], c.dims["T"], c.dims["routing"]) for c in dfull] == [
+        (m, t, r) for m in MOE_SHAPES for t in (1, 8, 64, 256)
+        for r in (("random",) if t == 1 else ("balanced", "random", "zipf"))]
+    assert len({c.label for c in dfull}) == len(dfull) == 40
     assert [(c.dims["model"], c.dims["T"]) for c in dquick] == [
         (m, t) for m in ("DeepSeek-V2-Lite", "Qwen3-30B-A3B", "Mixtral-8x7B") for t in (1, 64)]
-    assert all(c.small and c.dims["routing"] == "random" for c in dfull + dquick)
+    assert all(c.small for c in dfull) and all(c.small and c.dims["routing"] == "random" for c in dquick)
     assert [c.label for c in dfull if c.headline] == [c.label for c in dquick if c.headline] == [
         "DeepSeek-V2-Lite T64 d2048 n1408 E64 k6 random"]
     assert de.modes == ("fwd",) and de.measure_memory and not de.compile_peer and de.eager is W.moe_loop

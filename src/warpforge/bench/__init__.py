@@ -58,9 +58,10 @@ def metadata(*, quick: bool, modes: list[str], dtypes: list[str], ceilings: dict
 
 def bench(ops: list[str] | None = None, *, modes: list[str] | None = None, dtypes: list[str] | None = None,
           quick: bool = False, out: str | Path | None = None, use_compile: bool = True, use_liger: bool = True,
-          check: bool = False, small_only: bool = False) -> int:
+          check: bool = False, small_only: bool = False, match: str | None = None) -> int:
     """Run the benchmark (CUDA) or the correctness run (no CUDA, or ``check``). Returns the exit code.
-    ``small_only``: the decode-like (host-bound) cases alone."""
+    ``small_only``: the decode-like (host-bound) cases alone. ``match``: a regular expression; only
+    the cases whose label it finds (re.search) run."""
     wls = workloads.get(ops)
     modes = list(modes or MODES)
     notice = report.extras_notice()
@@ -70,7 +71,7 @@ def bench(ops: list[str] | None = None, *, modes: list[str] | None = None, dtype
     if check or not torch.cuda.is_available():
         # the correctness run is cheap: fp32 (tight tolerance) and bf16 unless told otherwise
         dtype_names = list(dtypes or ["fp32", "bf16"])
-        return _check(wls, [DTYPES[d] for d in dtype_names], dtype_names, out)
+        return _check(wls, [DTYPES[d] for d in dtype_names], dtype_names, out, match)
 
     dtype_names = list(dtypes or ["bf16"])
     dts = [DTYPES[d] for d in dtype_names]
@@ -86,7 +87,7 @@ def bench(ops: list[str] | None = None, *, modes: list[str] | None = None, dtype
     # winners persist in the tuning cache. WARPFORGE_AUTOTUNE=0 keeps the heuristic defaults.
     with tuning.tuning(os.environ.get("WARPFORGE_AUTOTUNE", "1") != "0"):
         res = runner.run_bench(wls, modes, dts, quick=quick, use_compile=use_compile, use_liger=use_liger,
-                               small_only=small_only,
+                               small_only=small_only, match=match,
                                copy_gbps=ceil.get("copy_gbps"),
                                gemm_tflops={torch.bfloat16: ceil.get("bf16_tflops"),
                                             torch.float16: ceil.get("fp16_tflops")},
@@ -135,7 +136,7 @@ def merge(inputs: list[str | Path], out: str | Path) -> int:
     return 0
 
 
-def _check(wls, dts, dtype_names, out) -> int:
+def _check(wls, dts, dtype_names, out, match=None) -> int:
     on_gpu = torch.cuda.is_available()
     banner = (report.BANNER_CPU if not on_gpu else
               "Correctness run on the GPU: its times are single wall-clock calls including JIT compilation, "
@@ -144,7 +145,8 @@ def _check(wls, dts, dtype_names, out) -> int:
     with warnings.catch_warnings():
         # the interpreter evaluates masked-off lanes too (log(0), 0/0): numpy warns, results are right
         warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
-        res = runner.run_check(wls, dts, device="cuda" if on_gpu else "cpu", progress=report.Progress("check"))
+        res = runner.run_check(wls, dts, device="cuda" if on_gpu else "cpu", progress=report.Progress("check"),
+                               match=match)
     report.print_table(res.rows, report.CHECK_COLUMNS, title="correctness against float64")
     failed = [r for r in res.rows if str(r["status"]).startswith("failed")]
     for n in res.notes:

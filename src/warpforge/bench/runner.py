@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -372,13 +373,18 @@ def _fill_ratios(rows: list[dict]) -> None:
             r["ratio"] = best["ms"] / r["ms"]
 
 
+def _matches(case: Case, match: str | None) -> bool:
+    return match is None or re.search(match, case.label) is not None
+
+
 def run_bench(workloads: list[Workload], modes: list[str], dtypes: list[torch.dtype], *, quick: bool = False,
               use_compile: bool = True, use_liger: bool = True, copy_gbps: float | None = None,
               gemm_tflops: dict | None = None, progress=None, device: str = "cuda",
-              small_only: bool = False) -> BenchResult:
+              small_only: bool = False, match: str | None = None) -> BenchResult:
     """Time every implementation of every workload on the current CUDA device. ``gemm_tflops``:
     measured GEMM rate by dtype (the roofline's flat part). (``device`` exists for the tests, which
-    run this on the CPU with the timers replaced.) ``small_only``: the decode-like cases alone."""
+    run this on the CPU with the timers replaced.) ``small_only``: the decode-like cases alone;
+    ``match``: only the cases whose label this regular expression finds (re.search)."""
     progress = progress or NullProgress()
     cfg = timing.TimingConfig.quick() if quick else timing.TimingConfig()
     device = torch.device(device)
@@ -425,7 +431,13 @@ def run_bench(workloads: list[Workload], modes: list[str], dtypes: list[torch.dt
                                 "over the implementations (each row's ms_rounds lists them)"
                                 + ("" if wl.rounds_for_variants else "; the named variants' rows are timed once"))
         plan.append((wl, ours, liger, wl_modes, named))
-    small_ops = [wl.name for wl, *_ in plan if any(c.small for c in wl.cases(quick))]
+
+    def cases(wl):
+        return [c for c in wl.cases(quick) if (c.small or not small_only) and _matches(c, match)]
+
+    if match is not None:
+        result.notes.append(f"cases matching {match!r} only")
+    small_ops = [wl.name for wl, *_ in plan if any(c.small for c in cases(wl))]
     if small_ops and cfg.small_rounds > 1:
         result.notes.append(f"decode-like (small) cases: device times are the least of {cfg.small_rounds} or more "
                             "rounds alternating over the implementations, at most "
@@ -443,9 +455,6 @@ def run_bench(workloads: list[Workload], modes: list[str], dtypes: list[torch.dt
     if use_compile:
         import torch._dynamo as dynamo   # binds only `dynamo`: `torch` stays the module global
         dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 64)
-
-    def cases(wl):
-        return [c for c in wl.cases(quick) if c.small or not small_only]
 
     total = sum(len(cases(wl)) * len(wl.dtypes_of(dtypes)) for wl, *_ in plan)
     progress.start(total)
@@ -519,8 +528,9 @@ def _float64(args: tuple, grad_args: tuple[int, ...], grad: bool) -> tuple:
 
 
 def run_check(workloads: list[Workload], dtypes: list[torch.dtype], *, device: str | torch.device = "cpu",
-              progress=None) -> BenchResult:
-    """Every op, forward and backward, on small odd shapes, against a float64 reference."""
+              progress=None, match: str | None = None) -> BenchResult:
+    """Every op, forward and backward, on small odd shapes, against a float64 reference (the cases
+    whose label ``match`` finds, if given)."""
     progress = progress or NullProgress()
     result = BenchResult()
     plan = []
@@ -531,11 +541,14 @@ def run_check(workloads: list[Workload], dtypes: list[torch.dtype], *, device: s
             result.notes.append(f"{wl.name}: not available ({e}); skipped")
     for note in result.notes:
         progress.log(note)
-    progress.start(sum(len(wl.check_cases()) * len(wl.dtypes_of(dtypes)) for wl, _ in plan))
+    def cases(wl):
+        return [c for c in wl.check_cases() if _matches(c, match)]
+
+    progress.start(sum(len(cases(wl)) * len(wl.dtypes_of(dtypes)) for wl, _ in plan))
     try:
         for wl, ours in plan:
             for dtype in wl.dtypes_of(dtypes):
-                for case in wl.check_cases():
+                for case in cases(wl):
                     progress.advance(f"{wl.name} {DTYPE_NAMES[dtype]} {case.label}")
                     for name, fn in ours.items():
                         result.rows.extend(_check_case(wl, case, dtype, torch.device(device), name, fn))

@@ -806,14 +806,18 @@ def moe_cases(quick: bool) -> list[Case]:
 
 
 def moe_decode_cases(quick: bool) -> list[Case]:
-    """Decode batches, T in {1, 8, 64, 256} tokens, random routing, each of the four models (quick:
-    DeepSeek-V2-Lite, Qwen3, Mixtral at T 1 and 64); all small: per-call overhead counts here."""
+    """Decode batches, T in {1, 8, 64, 256} tokens, each of the four models, balanced, random and
+    Zipf routing (T = 1: random only -- one token's k experts get a row each, whatever the routing);
+    quick: DeepSeek-V2-Lite, Qwen3, Mixtral at T 1 and 64, random. All small: per-call overhead
+    counts here."""
     out = []
     for name, d, n, e, k in MOE_MODELS:
         if quick and name not in MOE_QUICK_MODELS:
             continue
         for t in (MOE_DECODE_QUICK_TOKENS if quick else MOE_DECODE_TOKENS):
-            out.append(_moe_case(name, d, n, e, k, t, "random", small=True, headline=(name, t) == MOE_DECODE_HEADLINE))
+            for r in (("random",) if quick or t == 1 else MOE_ROUTINGS):
+                out.append(_moe_case(name, d, n, e, k, t, r, small=True,
+                                     headline=(name, t, r) == (*MOE_DECODE_HEADLINE, "random")))
     return out
 
 
@@ -1305,7 +1309,8 @@ _register(Workload(
     liger=("liger_kernel.ops.fused_moe", "LigerFusedMoEFunction", _liger_moe),
     measure_memory=True, bytes_fn=moe_bytes, flops_fn=moe_flops, only_dtypes=(torch.bfloat16,),
     modes=("fwd",),
-    notes="the moe workload at decode batches (T 1 to 256 tokens, random routing), forward only (a "
+    notes="the moe workload at decode batches (T 1 to 256 tokens; balanced, random and zipf routing from T 8), "
+          "forward only (a "
           "warpforge = validate=False, warpforge[validated] = the default: one host check of the ids; "
           "[graph] rows = the same call captured once in a CUDA graph and replayed, as a serving loop runs "
           "a decode step: their host us is the latency of one step; "
