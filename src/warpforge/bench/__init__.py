@@ -83,6 +83,8 @@ def bench(ops: list[str] | None = None, *, modes: list[str] | None = None, dtype
     ceil = ceilings()
     print(f"ceilings: copy {ceil['copy_gbps']:,.0f} GB/s, bf16 GEMM {ceil['bf16_tflops']:,.0f} TFLOP/s", flush=True)
     meta = metadata(quick=quick, modes=modes, dtypes=dtype_names, ceilings=ceil)
+    if match is not None:
+        meta["match"] = match
     # tune on first use of each shape bucket (in the warm-up calls, outside every timing); the
     # winners persist in the tuning cache. WARPFORGE_AUTOTUNE=0 keeps the heuristic defaults.
     with tuning.tuning(os.environ.get("WARPFORGE_AUTOTUNE", "1") != "0"):
@@ -112,7 +114,8 @@ def merge(inputs: list[str | Path], out: str | Path) -> int:
     metadata from the first run plus each run's command; for an (op, dtype, mode) timed in several
     runs, the rows of the last run that timed it (pass the runs oldest first): a later fp16 run of
     an op does not displace an earlier bf16 one. Decode-sized rows and large ones count apart: a
-    ``--small`` run replaces an op's small rows and leaves its large ones."""
+    ``--small`` run replaces an op's small rows and leaves its large ones. A ``--match`` run covers
+    only some shapes: it replaces the rows of those shapes and leaves the rest of the group."""
     runs = [json.loads((Path(d) / "results.json").read_text()) for d in inputs]
     names = {r["device"]["name"] for r in runs}
     if len(names) != 1:
@@ -122,8 +125,13 @@ def merge(inputs: list[str | Path], out: str | Path) -> int:
     def group(row):
         return row["op"], row["dtype"], row["mode"], bool(row.get("small"))
 
-    latest = {group(row): i for i, r in enumerate(runs) for row in r["rows"]}
-    rows = [row for i, r in enumerate(runs) for row in r["rows"] if latest[group(row)] == i]
+    def partial(run):   # a --match run (runs written before the "match" key: its command says)
+        return run.get("match") is not None or " --match" in (run.get("command") or "")
+
+    whole = {group(row): i for i, r in enumerate(runs) if not partial(r) for row in r["rows"]}
+    latest = {(group(row), row["shape"]): i for i, r in enumerate(runs) for row in r["rows"]}
+    rows = [row for i, r in enumerate(runs) for row in r["rows"]
+            if latest[group(row), row["shape"]] == i and i >= whole.get(group(row), -1)]
     for row in rows:   # runs from before the timing column were all timed after do_bench's memset
         if row.get("status") == "ok":
             row.setdefault("timing", "memset")
