@@ -154,6 +154,10 @@ def test_match_selects_cases(monkeypatch, capsys, tmp_path):
     assert wbench.bench(["softmax"], dtypes=["fp32"], out=tmp_path, check=True, match=r"^3x") == 0
     rows = json.loads((tmp_path / "correctness.json").read_text())["rows"]
     assert {r["shape"] for r in rows} == {"3x5"} and len(rows) == 2
+    capsys.readouterr()
+    assert wbench.bench(["softmax"], dtypes=["fp32"], check=True, match="T256") == 2
+    err = capsys.readouterr().err
+    assert "--match 'T256' matches none of the 2 correctness cases of softmax" in err and "'2x37'" in err
 
     monkeypatch.setattr(runner, "_host_times", lambda *a: None)
     monkeypatch.setattr(timing, "warm", lambda fn, n: fn())

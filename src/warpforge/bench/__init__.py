@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -67,6 +68,16 @@ def bench(ops: list[str] | None = None, *, modes: list[str] | None = None, dtype
     notice = report.extras_notice()
     if notice:
         print(notice)
+
+    if match is not None:
+        checking = check or not torch.cuda.is_available()
+        labels = [c.label for wl in wls for c in (wl.check_cases() if checking else wl.cases(quick))
+                  if checking or c.small or not small_only]
+        if not any(re.search(match, label) for label in labels):
+            print(f"warpforge bench: --match {match!r} matches none of the {len(labels)} "
+                  f"{'correctness' if checking else 'timing'} cases of {', '.join(wl.name for wl in wls)} "
+                  f"(e.g. {', '.join(repr(x) for x in labels[:3])})", file=sys.stderr)
+            return 2
 
     if check or not torch.cuda.is_available():
         # the correctness run is cheap: fp32 (tight tolerance) and bf16 unless told otherwise
