@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
 import sys
 import warnings
 from pathlib import Path
@@ -71,9 +70,9 @@ def bench(ops: list[str] | None = None, *, modes: list[str] | None = None, dtype
 
     if match is not None:
         checking = check or not torch.cuda.is_available()
-        labels = [c.label for wl in wls for c in (wl.check_cases() if checking else wl.cases(quick))
-                  if checking or c.small or not small_only]
-        if not any(re.search(match, label) for label in labels):
+        picked = dict(check=checking, quick=quick, small_only=small_only)
+        if not any(runner.select_cases(wl, **picked, match=match) for wl in wls):
+            labels = [c.label for wl in wls for c in runner.select_cases(wl, **picked)]
             print(f"warpforge bench: --match {match!r} matches none of the {len(labels)} "
                   f"{'correctness' if checking else 'timing'} cases of {', '.join(wl.name for wl in wls)} "
                   f"(e.g. {', '.join(repr(x) for x in labels[:3])})", file=sys.stderr)
@@ -136,10 +135,7 @@ def merge(inputs: list[str | Path], out: str | Path) -> int:
     def group(row):
         return row["op"], row["dtype"], row["mode"], bool(row.get("small"))
 
-    def partial(run):   # a --match run (runs written before the "match" key: its command says)
-        return run.get("match") is not None or " --match" in (run.get("command") or "")
-
-    whole = {group(row): i for i, r in enumerate(runs) if not partial(r) for row in r["rows"]}
+    whole = {group(row): i for i, r in enumerate(runs) if r.get("match") is None for row in r["rows"]}
     latest = {(group(row), row["shape"]): i for i, r in enumerate(runs) for row in r["rows"]}
     rows = [row for i, r in enumerate(runs) for row in r["rows"]
             if latest[group(row), row["shape"]] == i and i >= whole.get(group(row), -1)]

@@ -373,8 +373,12 @@ def _fill_ratios(rows: list[dict]) -> None:
             r["ratio"] = best["ms"] / r["ms"]
 
 
-def _matches(case: Case, match: str | None) -> bool:
-    return match is None or re.search(match, case.label) is not None
+def select_cases(wl: Workload, *, check: bool = False, quick: bool = False, small_only: bool = False,
+                 match: str | None = None) -> list[Case]:
+    """The cases a run takes of ``wl``: its correctness cases (``check``) or its timing sweep (the
+    decode-like ones alone with ``small_only``), those whose label ``match`` finds (re.search)."""
+    cases = wl.check_cases() if check else [c for c in wl.cases(quick) if c.small or not small_only]
+    return [c for c in cases if match is None or re.search(match, c.label)]
 
 
 def run_bench(workloads: list[Workload], modes: list[str], dtypes: list[torch.dtype], *, quick: bool = False,
@@ -433,7 +437,7 @@ def run_bench(workloads: list[Workload], modes: list[str], dtypes: list[torch.dt
         plan.append((wl, ours, liger, wl_modes, named))
 
     def cases(wl):
-        return [c for c in wl.cases(quick) if (c.small or not small_only) and _matches(c, match)]
+        return select_cases(wl, quick=quick, small_only=small_only, match=match)
 
     if match is not None:
         result.notes.append(f"cases matching {match!r} only")
@@ -541,8 +545,9 @@ def run_check(workloads: list[Workload], dtypes: list[torch.dtype], *, device: s
             result.notes.append(f"{wl.name}: not available ({e}); skipped")
     for note in result.notes:
         progress.log(note)
+
     def cases(wl):
-        return [c for c in wl.check_cases() if _matches(c, match)]
+        return select_cases(wl, check=True, match=match)
 
     progress.start(sum(len(cases(wl)) * len(wl.dtypes_of(dtypes)) for wl, _ in plan))
     try:
