@@ -1,4 +1,7 @@
-"""The MoE probes' shapes and inputs (imported by benchmarks/probe_moe*.py; not a probe itself)."""
+"""The MoE probes' shapes and inputs, and their CUDA-graph latency timer (imported by
+benchmarks/probe_moe*.py; not a probe itself)."""
+import time
+
 import torch
 
 SHAPES = {"dsv2": (2048, 1408, 64, 6), "qwen3": (2048, 768, 128, 8), "mixtral": (4096, 14336, 8, 2),
@@ -15,3 +18,25 @@ def make(T, d, n, E, k, seed=0, dev="cuda", dtype=torch.bfloat16):
     ids = torch.rand(T, E, device=dev, generator=g).topk(k, -1).indices.int()
     wts = torch.softmax(torch.randn(T, k, device=dev, generator=g), -1)
     return x, w1, w2, wts, ids
+
+
+def graph_us(fn, reps=200):
+    """Latency of ``fn`` as a serving loop sees it: captured once in a CUDA graph (after warm-up
+    calls on a side stream), replayed ``reps`` times back to back, microseconds a replay."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(10):
+        g.replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        g.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps * 1e6

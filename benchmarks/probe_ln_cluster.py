@@ -4,21 +4,14 @@ timed (two rounds, alternating) on the bench's timer. A probe, not the benchmark
 
     WARPFORGE_FASTPATH=0 python benchmarks/probe_ln_cluster.py [--quick] [32768 65536 262144]
 """
-import os, sys, time
+import os, sys
 import torch
-import warpforge as wf
-import warpforge.cuda as wcuda
 from warpforge.bench import timing
 from warpforge.ops import norms
-from warpforge.runtime import device as dev
 
-t0 = time.time()
-wcuda.load()
-print(f"CUDA backend built/loaded in {time.time() - t0:.1f} s", flush=True)
-ops = torch.ops.warpforge_cuda
-copy = dev.ceilings()["copy_gbps"]
-cfg_t = timing.TimingConfig.quick()
-print(torch.cuda.get_device_name(), "copy GB/s", copy, flush=True)
+from cluster_probe_setup import setup
+
+ops, copy, cfg_t = setup()
 
 CONFIGS = {   # n: [cluster, threads, vectors a thread, rows a group, stages]; cluster x threads x vectors x 8 = n
     32768: [(4, 256, 4, 4, 3), (4, 256, 4, 2, 3), (4, 256, 4, 4, 2), (4, 256, 4, 6, 2), (2, 512, 4, 2, 3), (8, 256, 2, 4, 4), (4, 512, 2, 4, 3), (4, 256, 4, 2, 6), (2, 1024, 2, 2, 3), (4, 1024, 1, 2, 6),

@@ -61,15 +61,13 @@ def read_ceiling(t):
     return best
 
 
+REAL_TMA_CONFIG = M.moe_tma_config
+
+
 def force(kind_cfgs):
     """moe_tma_config replaced: {kind: (MoEConfig, programs an SM, ws, flatten)} for the forced
     kinds, the shipped table otherwise."""
-    real = M.moe_tma_config.__wrapped__ if hasattr(M.moe_tma_config, "__wrapped__") else M.moe_tma_config
-
-    def cfg(kind, block_m=128):
-        return kind_cfgs.get(kind) or real(kind, block_m)
-    cfg.__wrapped__ = real
-    M.moe_tma_config = cfg
+    M.moe_tma_config = lambda kind, block_m=128: kind_cfgs.get(kind) or REAL_TMA_CONFIG(kind, block_m)
 
 
 def dec(bm, bn, bk, w, st, pps=0, ws=False, fl=False):
@@ -118,8 +116,6 @@ for T in map(int, a.T.split(",")):
     print(f"T={T} rows an expert: {counts}", flush=True)
     for label, bm, up, down in VARIANTS:
         bm_eff = real_bm(T * k, E, 2) if bm is None else bm
-        if label != "shipped" and bm is None:
-            continue
         force({kk: v for kk, v in (("up", up), ("down", down)) if v is not None})
         M.moe_block_m = lambda *_a, _b=bm_eff: _b
         try:

@@ -6,14 +6,14 @@ back to back (what a serving loop sees), and the eager host time per call.
 
     python benchmarks/probe_moe_decode_tiles.py [--shapes mixtral,dsv2] [--T 64,256]
 """
-import argparse, time, torch
+import argparse, torch
 import warpforge.ops.moe as M
 import warpforge.runtime.heuristics as H
 from warpforge.bench import timing
 from warpforge.bench.workloads import moe_grouped_mm
 from warpforge.runtime.heuristics import MoEConfig
 
-from moe_probe_inputs import SHAPES, make
+from moe_probe_inputs import SHAPES, graph_us, make
 p = argparse.ArgumentParser()
 p.add_argument("--shapes", default="mixtral,dsv2,qwen3,olmoe")
 p.add_argument("--T", default="1,8,64,256")
@@ -26,26 +26,6 @@ a = p.parse_args()
 dev, bf16 = "cuda", torch.bfloat16
 cfg = timing.TimingConfig()
 real_bm = M.moe_block_m
-
-
-def graph_us(fn, reps=200):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(10):
-        g.replay()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        g.replay()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / reps * 1e6
 
 
 VARIANTS = [("shipped", None, None), ("pointer", None, None), ("pointer", 32, None), ("pointer", 64, None), ("pointer", 128, None),

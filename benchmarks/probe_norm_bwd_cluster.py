@@ -8,21 +8,15 @@ cluster call, and not inside the Triton one; the cluster figures of item 87 carr
 
     WARPFORGE_FASTPATH=0 python benchmarks/probe_norm_bwd_cluster.py [ln|rms] [32768 65536 262144]
 """
-import os, sys, time
+import os, sys
 import torch
-import warpforge.cuda as wcuda
 from warpforge.bench import timing
 from warpforge.ops import norms
-from warpforge.runtime import device as dev
 
-t0 = time.time()
-wcuda.load()
-print(f"CUDA backend built/loaded in {time.time() - t0:.1f} s", flush=True)
-ops = torch.ops.warpforge_cuda
-copy = dev.ceilings()["copy_gbps"]
-cfg_t = timing.TimingConfig.quick()
+from cluster_probe_setup import setup
+
+ops, copy, cfg_t = setup()
 sms = torch.cuda.get_device_properties(0).multi_processor_count
-print(torch.cuda.get_device_name(), "copy GB/s", copy, flush=True)
 
 # n: [cluster, threads, vectors a thread, rows a group, stages]; the first is the H200 route's
 CONFIGS = {
