@@ -68,6 +68,37 @@ def test_all_tokens_on_one_expert_and_repeats():
     _check(*_inputs(T, d, n, E, k, torch.float32, ids), torch.float32)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swapped_decode_kernels(monkeypatch, dtype):
+    """The decode kernels with A and B swapped (ops/moe.py, _moe_swap_kernel), forced on: experts
+    with no rows, fewer than the short token box (TM), more (passes of TW rows: two of them a tile
+    under the interpreter's 64-row tiles, the second skipped where it has no real row) and more
+    than one tile, against the float64 loop."""
+    import warpforge.ops.moe as M
+
+    if dtype == torch.float32 and ON_GPU:
+        pytest.skip("the swapped kernels are 16-bit only on a GPU (TMA path)")
+    block_m = 128 if ON_GPU else 64
+    d, n = (512, 256) if ON_GPU else (32, 32)
+    counts = [0, 10, 20, 40, 70, 100, 150] if ON_GPU else [0, 10, 20, 40, 70, 100]
+    E = len(counts)
+    ids = torch.cat([torch.full((c,), e, dtype=torch.int32) for e, c in enumerate(counts)])
+    ids = ids[torch.randperm(ids.numel())].to(DEVICE)[:, None]                   # k = 1, tokens shuffled
+    x, w1, w2, wts, ids = _inputs(ids.shape[0], d, n, E, 1, dtype, ids)
+    calls = []
+    real = M._gemm_swap
+    monkeypatch.setattr(M, "_gemm_swap", lambda *a, **kw: (calls.append(kw["epi"]), real(*a, **kw))[1])
+    monkeypatch.setattr(M, "_SWAP_INTERP", True)
+    monkeypatch.setattr(M, "MOE_SWAP_MAX_ROWS", 1 << 20)
+    monkeypatch.setattr(M, "moe_block_m", lambda *a: block_m)
+    monkeypatch.setattr(M, "_TMA_DECODE_MIN_WEIGHTS", 0)
+    with torch.no_grad():
+        out = moe_experts(x, w1, w2, wts, ids)
+        ref = moe_experts_reference(x.double(), w1.double(), w2.double(), wts.double(), ids)
+    assert calls == [1, 0], "the swapped kernels ran (gate/up, then down)"
+    assert_close(out, ref, dtype, what="out")
+
+
 def test_layouts():
     """3-d x, strided x rows, weights stored transposed (non-contiguous), bf16 routing weights."""
     T, d, n, E, k = 10, 32, 24, 5, 2

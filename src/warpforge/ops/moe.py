@@ -82,7 +82,7 @@ from ..runtime import interpreting, new_empty, unit_last_dim
 from ..runtime.amp import autocast_inputs
 from ..runtime.checks import check_same, check_tensor, host_sync_unavailable
 from ..runtime.device import sm_count
-from ..runtime.heuristics import MOE_ALIGN_CHUNK, MoEConfig, moe_block_m, moe_config, moe_tma_config
+from ..runtime.heuristics import MOE_ALIGN_CHUNK, MOE_SWAP, MOE_SWAP_MAX_ROWS, MoEConfig, moe_block_m, moe_config, moe_tma_config
 from ..runtime.launch import LaunchCache
 from ..runtime.registry import Op
 from .matmul import _column_halves, _dot, _precision, _tile_coords, _tma_store_tile, _tma_view, _upcast
@@ -505,6 +505,68 @@ def _moe_gemm_tma_kernel(
 
 
 @triton.jit
+def _moe_swap_pass(w_desc, x_desc, c_desc, w_ptr, sorted_ptr, e, row, on, K, R, ROWS: tl.constexpr,
+                   MW: tl.constexpr, BJ: tl.constexpr, BK: tl.constexpr, PAIRED: tl.constexpr, EPI: tl.constexpr,
+                   SCALE_ROWS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """One pass of _moe_swap_kernel: C[row .. row + ROWS, on .. on + BJ] from MW weight rows (gate
+    and up: 2 * BJ) against ROWS token rows (x_desc's and c_desc's box), K walked by BK."""
+    acc = tl.zeros([MW, ROWS], dtype=tl.float32)
+    for ks in range(tl.cdiv(K, BK)):
+        ok = ks * BK
+        if PAIRED:
+            w = w_desc.load([e, 0, on, ok]).reshape([MW, BK])
+        else:
+            w = w_desc.load([e * R + on, ok])
+        acc = _dot(w, x_desc.load([row, ok]).T, acc, PRECISION, UPCAST)
+    out = tl.trans(acc)
+    if EPI == 1:
+        g, u = _column_halves(out, ROWS, 2 * BJ)
+        out = g * tl.sigmoid(g) * u
+    elif SCALE_ROWS:
+        slot = tl.load(sorted_ptr + row + tl.arange(0, ROWS))
+        out = out * tl.load(w_ptr + slot, mask=slot >= 0, other=0.0)[:, None]
+    c_desc.store([row, on], out.to(c_desc.dtype))
+
+
+@triton.jit
+def _moe_swap_kernel(
+    w_desc,             # PAIRED: w_gate_up as (E, 2, n, d), box [1, 2, BJ, BK]; else the weights as 2-D (E * R, K), box [BJ, BK]
+    x_desc, xw_desc,    # the token rows (P, K) in padded order, boxes [TM, BK] and [TW, BK]
+    c_desc, cw_desc,    # C (P, N), boxes [TM, BJ] and [TW, BJ]
+    w_ptr,              # (S,) fp32 routing weight of each slot (SCALE_ROWS)
+    sorted_ptr, tile_expert_ptr, start_ptr, counts_ptr,
+    K, N, R,
+    BLOCK_M: tl.constexpr, TM: tl.constexpr, TW: tl.constexpr, BJ: tl.constexpr, BK: tl.constexpr,
+    PAIRED: tl.constexpr, EPI: tl.constexpr, SCALE_ROWS: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """Decode's row GEMMs with A and B swapped: the weights are the MMA's M side (a program takes BJ
+    output columns: 2 * BJ weight rows for gate and up) and an expert's tokens its N side, so a
+    program reads only TM token rows once for its BJ columns where the tile has at most TM real
+    rows, and the tile's rows in passes of TW (> TM; BLOCK_M: one pass) where it has more, each
+    pass reading the weights again. Token rows arrive in the padded order of BLOCK_M-row tiles;
+    rows past an expert's count are zeros there."""
+    tiles_n = tl.cdiv(N, BJ)
+    pid = tl.program_id(0)
+    pid_m = pid // tiles_n
+    on = (pid % tiles_n) * BJ
+    e = tl.load(tile_expert_ptr + pid_m)
+    if e < 0:
+        return
+    row = pid_m * BLOCK_M
+    rows = tl.load(start_ptr + e) + tl.load(counts_ptr + e) - row     # real rows in this tile (>= 1)
+    MW: tl.constexpr = 2 * BJ if EPI == 1 else BJ
+    if rows > TM:
+        for part in tl.static_range(BLOCK_M // TW):
+            if part * TW < rows:
+                _moe_swap_pass(w_desc, xw_desc, cw_desc, w_ptr, sorted_ptr, e, row + part * TW, on, K, R, TW,
+                               MW, BJ, BK, PAIRED, EPI, SCALE_ROWS, PRECISION, UPCAST)
+    else:
+        _moe_swap_pass(w_desc, x_desc, c_desc, w_ptr, sorted_ptr, e, row, on, K, R, TM,
+                       MW, BJ, BK, PAIRED, EPI, SCALE_ROWS, PRECISION, UPCAST)
+
+
+@triton.jit
 def _moe_wgrad_tma_kernel(
     a_desc,             # A (P, M) in padded row order, box [BLOCK_K, BLOCK_M] (read transposed)
     b_desc,             # B (P, N) in padded row order, box [BLOCK_K, BLOCK_N]
@@ -563,6 +625,7 @@ _SWIGLU_BWD = LaunchCache(_moe_swiglu_bwd_kernel)
 _COMBINE = LaunchCache(_moe_combine_kernel)
 _GATHER = LaunchCache(_moe_gather_kernel)
 _GEMM_TMA = LaunchCache(_moe_gemm_tma_kernel)
+_SWAP = LaunchCache(_moe_swap_kernel)
 _WGRAD_TMA = LaunchCache(_moe_wgrad_tma_kernel)
 
 
@@ -671,6 +734,30 @@ def tma_path(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, block_m: int) 
     return _weights_2d(w1) is not None and _weights_2d(w2) is not None
 
 
+def swap_path(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, block_m: int, slots: int, experts: int,
+              save_z: bool) -> bool:
+    """Whether a forward takes the swapped decode kernels (``_moe_swap_kernel``): a call on the
+    Hopper path at tiles of a multiple of both kinds' TW rows (128) whose experts get at most
+    ``MOE_SWAP_MAX_ROWS`` rows on average (decode: the unswapped kernels would multiply and re-read
+    the tiles' padding rows; benchmarks/NOTES.md, items 100-101), with no pre-activations to save.
+    ``_SWAP_ON`` off turns it off."""
+    if not _SWAP_ON or save_z or slots == 0:
+        return False
+    if any(block_m % _swap_config(kind)[1] for kind in ("up", "down")):
+        return False                        # a tile's rows must split into TW-row passes
+    if interpreting():
+        return _SWAP_INTERP
+    return slots <= MOE_SWAP_MAX_ROWS * min(experts, slots) and tma_path(x, w1, w2, block_m)
+
+
+_SWAP_ON = os.environ.get("WARPFORGE_MOE_SWAP", "1") != "0"
+_SWAP_INTERP = False                        # the tests turn it on to run the kernel under the interpreter
+MOE_SWAP_INTERP = (16, 32, 16, 16, 4, 1)    # (TM, TW, BJ, BK, warps, stages) there
+
+
+def _swap_config(kind: str) -> tuple:
+    """The swapped kernel's (TM, TW, BJ, BK, warps, stages) for ``kind`` ("up" or "down")."""
+    return MOE_SWAP_INTERP if interpreting() else MOE_SWAP[kind]
 _TMA_ON = os.environ.get("WARPFORGE_MOE_TMA", "1") != "0"
 _TMA_DECODE_MIN_BLOCK_M = 32
 _PAIRED_UP = True           # 128-row gate/up tiles take one [BLOCK_M, 2 * BLOCK_N] accumulator
@@ -722,6 +809,32 @@ def _gemm_tma(a, w, c, *, meta, K: int, N: int, kind: str, b_t: bool, epi: int =
             BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, B_T=b_t, EPI=epi, SCALE_ROWS=weights is not None,
             STORE_Z=z is not None, PRECISION=_precision(a.dtype), WARP_SPECIALIZE=ws, FLATTEN=flatten,
             PAIRED=paired, STORE_SPLIT=split)
+
+
+def _gemm_swap(a, w, c, *, meta, K: int, N: int, epi: int, weights=None, cfg=None) -> None:
+    """_moe_swap_kernel: C (P, N) = A (P, K) @ W_e^T over the used BLOCK_M-row tiles (decode). ``w``:
+    the (E, R, K) weights, read row-major (gate/up: w_gate_up, both halves of a column tile in one
+    box); ``cfg``: (TM, TW, BJ, BK, warps, stages), default ``MOE_SWAP``'s for the kind."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    sorted_slot, tile_expert, start, counts = meta
+    block_m = sorted_slot.numel() // tile_expert.numel()
+    tm, tw, bj, bk, warps, stages = cfg or _swap_config("up" if epi == 1 else "down")
+    E, R = w.shape[0], w.shape[1]
+    if epi == 1:
+        wv = w.as_strided((E, 2, N, w.shape[2]), (w.stride(0), N * w.stride(1), w.stride(1), 1))
+        w_desc = TensorDescriptor.from_tensor(wv, [1, 2, bj, bk])
+    else:
+        w_desc = TensorDescriptor.from_tensor(_weights_2d(w), [bj, bk])
+    x_desc = TensorDescriptor.from_tensor(a, [tm, bk])
+    xw_desc = TensorDescriptor.from_tensor(a, [tw, bk])
+    c_desc = TensorDescriptor(c, [c.shape[0], N], [c.stride(0), 1], [tm, bj])
+    cw_desc = TensorDescriptor(c, [c.shape[0], N], [c.stride(0), 1], [tw, bj])
+    grid = (tile_expert.numel() * triton.cdiv(N, bj),)
+    args = (w_desc, x_desc, xw_desc, c_desc, cw_desc, sorted_slot if weights is None else weights, sorted_slot,
+            tile_expert, start, counts, K, N, R)
+    _launch(_SWAP, grid, args, (warps, stages), BLOCK_M=block_m, TM=tm, TW=tw, BJ=bj, BK=bk, PAIRED=epi == 1,
+            EPI=epi, SCALE_ROWS=weights is not None, PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype))
 
 
 def _wgrad_tma(a, b, c, *, start, M: int, N: int, block_m: int) -> None:
@@ -778,6 +891,14 @@ def _moe_fwd(x, w1, w2, weights, ids, block_m: int, save_z: bool):
     h = new_empty((P, n), dtype=x.dtype, device=x.device)
     z = new_empty((P, n2), dtype=x.dtype, device=x.device) if save_z else x.new_empty((0, n2))
     y = new_empty((P, d), dtype=x.dtype, device=x.device)
+    if swap_path(x, w1, w2, block_m, S, E, save_z):
+        xg = _gather_rows(x, sorted_slot, tile_expert, topk, block_m)
+        meta = (sorted_slot, tile_expert, start, counts)
+        _gemm_swap(xg, w1, h, meta=meta, K=d, N=n, epi=1)
+        del xg
+        _gemm_swap(h, w2, y, meta=meta, K=n, N=d, epi=0, weights=weights.view(-1))
+        out = _combine(y, slot_pos, T, topk, d, x.dtype)
+        return out, z, sorted_slot, slot_pos, tile_expert, start, counts
     if tma_path(x, w1, w2, block_m):
         meta = (sorted_slot, tile_expert, start)
         xg = _gather_rows(x, sorted_slot, tile_expert, topk, block_m)

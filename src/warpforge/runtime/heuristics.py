@@ -952,6 +952,13 @@ MOE_TMA_CONFIGS = {
 # (benchmarks/NOTES.md, item 54)
 MOE_TMA_DECODE = {32: MoEConfig(32, 128, 128, 4, 4), 64: MoEConfig(64, 128, 64, 4, 4)}
 MOE_TMA_DECODE_WGRAD = MoEConfig(128, 128, 64, 8, 3)
+# decode with A and B swapped (ops/moe.py, _moe_swap_kernel): (TM, TW, BJ, BK, warps, stages) --
+# TM token rows where a 128-row tile has at most that many real rows, else passes of TW; BJ output
+# columns a program (gate/up: 2 * BJ weight rows); for 128-row tiles whose experts average at most
+# MOE_SWAP_MAX_ROWS rows. H200, Mixtral T = 256 graph latency (benchmarks/NOTES.md, item 101):
+# balanced / random / zipf 720 / 779 / 925 us, against 782 / 788 / 959 for the 128-row kernels
+MOE_SWAP = {"up": (64, 128, 64, 64, 4, 4), "down": (64, 128, 128, 128, 4, 3)}
+MOE_SWAP_MAX_ROWS = 64
 
 
 def moe_tma_config(kind: str, block_m: int = 128) -> tuple[MoEConfig, int, bool, bool]:
