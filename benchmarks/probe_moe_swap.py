@@ -1,13 +1,15 @@
 """Device probe for the swapped decode kernels (ops/moe.py, _moe_swap_kernel; NOTES items 100-101):
-Mixtral decode under the bench's routings, all latencies as a serving loop sees them (each call or
+Decode (Mixtral by default) under the bench's routings, all latencies as a serving loop sees them (each call or
 kernel captured once in a CUDA graph and replayed back to back; moe_probe_inputs.graph_us).
 
 For each routing: the torch._grouped_mm pipeline, the shipped unswapped call, then a sweep of the
 gate/up kernel's (TM, TW, BJ, BK, warps, stages) with the down kernel at its default, the down
 kernel's with gate/up at its default, each kernel alone and in the whole call, and the best pair.
-``--force`` runs the swapped kernels at 128-row tiles where the shipped heuristics would not (T = 64).
+``--force`` runs the swapped kernels at 128-row tiles where the shipped heuristics would not (T = 64,
+smaller experts); the shipped route is timed first either way.
 
-    python benchmarks/probe_moe_swap.py [--T 256] [--routings balanced,random,zipf] [--force]
+    python benchmarks/probe_moe_swap.py [--shape mixtral] [--T 256] [--routings balanced,random,zipf]
+        [--force] [--defaults-only]
 """
 import argparse
 
@@ -22,15 +24,18 @@ p = argparse.ArgumentParser()
 p.add_argument("--T", type=int, default=256)
 p.add_argument("--routings", default="balanced,random,zipf")
 p.add_argument("--force", action="store_true")
+p.add_argument("--shape", default="mixtral", choices=sorted(SHAPES))
+p.add_argument("--defaults-only", action="store_true", help="time MOE_SWAP's configs only, no sweep")
 a = p.parse_args()
 UP = [(64, 128, 64, 64, 4, 4), (64, 128, 128, 64, 8, 4), (64, 128, 64, 64, 4, 3), (64, 128, 64, 128, 4, 3)]
 DOWN = [(64, 128, 128, 128, 4, 3), (64, 128, 128, 128, 8, 3), (64, 128, 64, 128, 4, 4), (64, 128, 128, 64, 4, 4)]
 
-d, n, E, k = SHAPES["mixtral"]
+d, n, E, k = SHAPES[a.shape]
 x, w1, w2, _, _ = make(a.T, d, n, E, k)
 real = M.MOE_SWAP.copy()
-if a.force:
-    M.moe_block_m = lambda *args: 128
+if a.defaults_only:
+    UP, DOWN = [real["up"]], [real["down"]]
+shipped_block_m = M.moe_block_m
 rows = []
 
 
@@ -46,6 +51,11 @@ for r in a.routings.split(","):
     say(f"-- T={a.T} {r}: rows an expert {counts}")
     fn = lambda: M.moe_experts(x, w1, w2, wts, ids, validate=False)  # noqa: E731
     g0 = graph_us(lambda: moe_grouped_mm(x, w1, w2, wts, ids))
+    M.moe_block_m = shipped_block_m
+    t = graph_us(fn)
+    say(f"T={a.T} {r}: shipped route {t:.1f} us ({g0 / t:.2f}x)")
+    if a.force:
+        M.moe_block_m = lambda *args: 128
     M._SWAP_ON = False
     base = fn().float()
     t = graph_us(fn)

@@ -50,7 +50,10 @@ How the work is laid out, and why:
 The decode path (T <= 256) is the same pipeline with BLOCK_M = 16 (or 32/64 as the rows per expert
 grow; a tile with room to spare, since each extra row tile of an expert streams its weights again)
 and K tiles of 128: each program streams a strip of an expert's weights, the tokens of that expert
-riding along as the M side of the dot.
+riding along as the M side of the dot. Where decode reaches 128-row tiles on the Hopper path
+(Mixtral T = 256: ``swap_path``), A and B are swapped instead (``_moe_swap_kernel``): the weights
+are the MMA's M side and an expert's tokens its N side, 64 rows where a tile has that few, so
+the tiles' padding rows are neither multiplied nor stored.
 
 The Hopper path (sm_90+, fp16/bf16; every call with 128-row tiles, and Mixtral-sized experts at 32-
 and 64-row tiles: ``tma_path``) runs the same steps with every GEMM operand a TMA box:
