@@ -79,7 +79,7 @@ def test_swapped_decode_kernels(monkeypatch, dtype):
     if dtype == torch.float32 and ON_GPU:
         pytest.skip("the swapped kernels are 16-bit only on a GPU (TMA path)")
     block_m = 128 if ON_GPU else 64
-    d, n = (512, 256) if ON_GPU else (32, 32)
+    d, n = (1000, 256) if ON_GPU else (48, 32)      # the gather in several column blocks, the last partial
     counts = [0, 10, 20, 40, 70, 100, 150] if ON_GPU else [0, 10, 20, 40, 70, 100]
     E = len(counts)
     ids = torch.cat([torch.full((c,), e, dtype=torch.int32) for e, c in enumerate(counts)])
@@ -97,6 +97,38 @@ def test_swapped_decode_kernels(monkeypatch, dtype):
         ref = moe_experts_reference(x.double(), w1.double(), w2.double(), wts.double(), ids)
     assert calls == [1, 0], "the swapped kernels ran (gate/up, then down)"
     assert_close(out, ref, dtype, what="out")
+
+
+@pytest.mark.parametrize("S,E,block_m", [(1, 5, 16), (77, 5, 16), (128, 60, 16), (300, 5, 64), (512, 60, 16),
+                                           (700, 5, 64)])
+def test_align_paths(monkeypatch, S, E, block_m):
+    """The padded expert layout from one program (decode, S <= MOE_ALIGN_ONE_MAX) and from the three
+    chunked launches, each against a Python construction: counts, starts, tile owners, every slot in
+    order within its expert, and out-of-range ids (-1, E) dropped."""
+    import warpforge.ops.moe as M
+
+    g = torch.Generator().manual_seed(S * 100 + E)
+    ids = torch.randint(-1, E + 1, (S,), generator=g, dtype=torch.int32)
+    ok = (ids >= 0) & (ids < E)
+    counts = torch.bincount(ids[ok].long(), minlength=E)
+    tiles = (counts + block_m - 1) // block_m
+    start = torch.cat([torch.zeros(1, dtype=torch.long), tiles.cumsum(0)]) * block_m
+    tiles_max = M._tiles_max(S, E, block_m)
+    owner = torch.full((tiles_max,), -1, dtype=torch.long)
+    for e in range(E):
+        owner[start[e] // block_m:start[e + 1] // block_m] = e
+    sorted_slot = torch.full((tiles_max * block_m,), -1, dtype=torch.long)
+    pos = torch.full((S,), -1, dtype=torch.long)
+    for e in range(E):
+        mine = (ids == e).nonzero().flatten()
+        sorted_slot[start[e]:start[e] + mine.numel()] = mine
+        pos[mine] = start[e] + torch.arange(mine.numel())
+    want = (sorted_slot, pos, owner, start, counts)
+    for one_max in (0, 1 << 20):
+        monkeypatch.setattr(M, "MOE_ALIGN_ONE_MAX", one_max)
+        got = M._align(ids.to(DEVICE), E, block_m)
+        for name, w, o in zip(("sorted_slot", "slot_pos", "tile_expert", "start", "counts"), want, got):
+            assert torch.equal(o.cpu().long(), w), f"{name}, one program: {one_max > 0}"
 
 
 def test_layouts():

@@ -85,7 +85,8 @@ from ..runtime import interpreting, new_empty, unit_last_dim
 from ..runtime.amp import autocast_inputs
 from ..runtime.checks import check_same, check_tensor, host_sync_unavailable
 from ..runtime.device import sm_count
-from ..runtime.heuristics import MOE_ALIGN_CHUNK, MOE_SWAP, MOE_SWAP_MAX_ROWS, MoEConfig, moe_block_m, moe_config, moe_tma_config
+from ..runtime.heuristics import (MOE_ALIGN_CHUNK, MOE_ALIGN_ONE_MAX, MOE_SWAP, MOE_SWAP_MAX_ROWS, MoEConfig, moe_block_m,
+                                  moe_config, moe_tma_config)
 from ..runtime.launch import LaunchCache
 from ..runtime.registry import Op
 from .matmul import _column_halves, _dot, _precision, _tile_coords, _tma_store_tile, _tma_view, _upcast
@@ -162,14 +163,59 @@ def _moe_offsets_kernel(
         tl.store(ptrs, incl - hist + running[None, :], mask=m)
         running += tl.sum(hist, axis=0)
     tl.store(counts_ptr + bins, running, mask=emask)
-    tiles = tl.where(emask, (running + BLOCK_M - 1) // BLOCK_M, 0)
+    _moe_layout(running, emask, start_ptr, tile_expert_ptr, tiles_max, E, BLOCK_M, TB)
+
+
+@triton.jit
+def _moe_layout(counts, emask, start_ptr, tile_expert_ptr, tiles_max, E: tl.constexpr, BLOCK_M: tl.constexpr,
+                TB: tl.constexpr):
+    """From the slots per expert ([NB], emask: the real experts): each expert's first padded row
+    (and the padded total at E), and the owner of every BLOCK_M-row tile (-1 past the end)."""
+    tiles = tl.where(emask, (counts + BLOCK_M - 1) // BLOCK_M, 0)
     tile_end = tl.cumsum(tiles, axis=0)
+    bins = tl.arange(0, counts.shape[0])
     tl.store(start_ptr + bins, (tile_end - tiles) * BLOCK_M, mask=emask)
     tl.store(start_ptr + E, tl.sum(tiles, axis=0) * BLOCK_M)
     for t0 in range(0, tiles_max, TB):
         t = t0 + tl.arange(0, TB)
         owner = tl.sum(((tile_end[None, :] <= t[:, None]) & emask[None, :]).to(tl.int32), axis=1)
         tl.store(tile_expert_ptr + t, tl.where(owner < E, owner, -1), mask=t < tiles_max)
+
+
+@triton.jit
+def _moe_align_one_kernel(
+    ids_ptr,            # (S,) int32 expert of each slot
+    sorted_ptr, pos_ptr, counts_ptr, start_ptr, tile_expert_ptr,   # out: as the three kernels above
+    S, P, tiles_max,
+    E: tl.constexpr, NB: tl.constexpr, SB: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr,
+    TB: tl.constexpr,
+):
+    """The whole alignment in one program, for S <= SB slots (decode, where the three launches of
+    count, offsets and scatter cost more than the work): the histogram of all slots at once, the
+    layout, then each CHUNK of slots ranked against the slots before it."""
+    lane = tl.arange(0, SB)
+    ids = tl.load(ids_ptr + lane, mask=lane < S, other=-1)
+    ok = (lane < S) & (ids >= 0) & (ids < E)
+    counts = tl.histogram(tl.where(ok, ids, 0), NB, mask=ok)
+    bins = tl.arange(0, NB)
+    emask = bins < E
+    tl.store(counts_ptr + bins, counts, mask=emask)
+    _moe_layout(counts, emask, start_ptr, tile_expert_ptr, tiles_max, E, BLOCK_M, TB)
+    for r0 in range(0, P, SB):
+        tl.store(sorted_ptr + r0 + lane, tl.full([SB], -1, tl.int32), mask=r0 + lane < P)
+    tl.debug_barrier()              # the starts and the -1 fill before the scatter below
+    for c0 in range(0, S, CHUNK):
+        offs = c0 + tl.arange(0, CHUNK)
+        mine = tl.load(ids_ptr + offs, mask=offs < S, other=-1)
+        ok_c = (offs < S) & (mine >= 0) & (mine < E)
+        rank = tl.zeros([CHUNK], dtype=tl.int32)
+        for c2 in range(0, c0 + CHUNK, 32):       # the earlier slots 32 at a time: a [CHUNK, 32] compare
+            offs2 = c2 + tl.arange(0, 32)
+            other = tl.load(ids_ptr + offs2, mask=offs2 < S, other=-1)
+            rank += tl.sum(((mine[:, None] == other[None, :]) & (offs2[None, :] < offs[:, None])).to(tl.int32), axis=1)
+        pos = tl.load(start_ptr + tl.where(ok_c, mine, 0), mask=ok_c, other=0) + rank
+        tl.store(sorted_ptr + pos, offs, mask=ok_c)
+        tl.store(pos_ptr + offs, tl.where(ok_c, pos, -1), mask=offs < S)
 
 
 @triton.jit
@@ -402,7 +448,9 @@ def _moe_gather_kernel(
     D, s_src, s_dst,
     TOPK: tl.constexpr, TILE_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """The token rows in the padded expert order, so that the grouped GEMMs read A by TMA boxes."""
+    """The token rows in the padded expert order, so that the grouped GEMMs read A by TMA boxes. A
+    program copies ROWS rows' BLOCK_D columns (program_id(1): the column block), one load and
+    store each, so the copy is one memory round trip deep."""
     r0 = tl.program_id(0) * ROWS
     if tl.load(tile_expert_ptr + r0 // TILE_M) < 0:
         return
@@ -410,12 +458,10 @@ def _moe_gather_kernel(
     slot = tl.load(sorted_ptr + rows)
     valid = slot >= 0
     tok = tl.where(valid, slot // TOPK, 0).to(tl.int64)
-    dst_rows = rows.to(tl.int64)[:, None] * s_dst
-    for c0 in range(0, D, BLOCK_D):
-        cols = c0 + tl.arange(0, BLOCK_D)
-        m = cols < D
-        v = tl.load(src_ptr + tok[:, None] * s_src + cols[None, :], mask=valid[:, None] & m[None, :], other=0.0)
-        tl.store(dst_ptr + dst_rows + cols[None, :], v, mask=m[None, :])
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    m = cols < D
+    v = tl.load(src_ptr + tok[:, None] * s_src + cols[None, :], mask=valid[:, None] & m[None, :], other=0.0)
+    tl.store(dst_ptr + rows.to(tl.int64)[:, None] * s_dst + cols[None, :], v, mask=m[None, :])
 
 
 @triton.jit
@@ -533,7 +579,8 @@ def _moe_swap_pass(w_desc, x_desc, c_desc, w_ptr, sorted_ptr, e, row, on, K, R, 
 
 @triton.jit
 def _moe_swap_kernel(
-    w_desc,             # PAIRED: w_gate_up as (E, 2, n, d), box [1, 2, BJ, BK]; else the weights as 2-D (E * R, K), box [BJ, BK]
+    w_desc,             # PAIRED: w_gate_up as (E, 2, n, d), box [1, 2, BJ, BK]; else the weights as 2-D
+                        # (E * R, K), box [BJ, BK]
     x_desc, xw_desc,    # the token rows (P, K) in padded order, boxes [TM, BK] and [TW, BK]
     c_desc, cw_desc,    # C (P, N), boxes [TM, BJ] and [TW, BJ]
     w_ptr,              # (S,) fp32 routing weight of each slot (SCALE_ROWS)
@@ -621,6 +668,7 @@ def _moe_wgrad_tma_kernel(
 # ----------------------------------------------------------------------------------------------
 _COUNT = LaunchCache(_moe_count_kernel)
 _OFFSETS = LaunchCache(_moe_offsets_kernel)
+_ALIGN_ONE = LaunchCache(_moe_align_one_kernel)
 _SCATTER = LaunchCache(_moe_scatter_kernel)
 _GEMM = LaunchCache(_moe_gemm_kernel)
 _WGRAD = LaunchCache(_moe_wgrad_kernel)
@@ -654,16 +702,21 @@ def _align(ids: torch.Tensor, experts: int, block_m: int):
     chunk = MOE_ALIGN_CHUNK
     chunks = triton.cdiv(S, chunk)
     nb = triton.next_power_of_2(experts + 1)
-    hist = torch.empty((chunks, experts), dtype=torch.int32, device=dev)
     sorted_slot = torch.empty(P, dtype=torch.int32, device=dev)
     slot_pos = torch.empty(S, dtype=torch.int32, device=dev)
     tile_expert = torch.empty(tiles_max, dtype=torch.int32, device=dev)
     start = torch.empty(experts + 1, dtype=torch.int32, device=dev)
     counts = torch.empty(experts, dtype=torch.int32, device=dev)
+    tb = max(1, min(64, 4096 // nb))
+    if 0 < S <= MOE_ALIGN_ONE_MAX:
+        _launch(_ALIGN_ONE, (1,), (ids, sorted_slot, slot_pos, counts, start, tile_expert, S, P, tiles_max), (8, 1),
+                E=experts, NB=nb, SB=max(chunk, triton.next_power_of_2(S)), CHUNK=chunk, BLOCK_M=block_m,
+                TB=triton.next_power_of_2(tb))
+        return sorted_slot, slot_pos, tile_expert, start, counts
+    hist = torch.empty((chunks, experts), dtype=torch.int32, device=dev)
     fill_per = triton.cdiv(triton.cdiv(P, chunks), chunk) * chunk
     _launch(_COUNT, (chunks,), (ids, hist, sorted_slot, S, P, fill_per), (4, 1), E=experts, NB=nb, CHUNK=chunk)
     cb = max(1, min(64, 4096 // nb))
-    tb = max(1, min(64, 4096 // nb))
     _launch(_OFFSETS, (1,), (hist, counts, start, tile_expert, chunks, tiles_max), (4, 1),
             E=experts, NB=nb, BLOCK_M=block_m, CB=triton.next_power_of_2(cb), TB=triton.next_power_of_2(tb))
     _launch(_SCATTER, (chunks,), (ids, hist, start, sorted_slot, slot_pos, S), (8, 1), E=experts, CHUNK=chunk)
@@ -772,8 +825,10 @@ def _gather_rows(src: torch.Tensor, sorted_slot, tile_expert, topk: int, block_m
     P, D = sorted_slot.numel(), src.shape[1]
     dst = new_empty((P, D), dtype=src.dtype, device=src.device)
     rows = 16
-    _launch(_GATHER, (P // rows,), (src, sorted_slot, tile_expert, dst, D, src.stride(0), dst.stride(0)), (4, 1),
-            TOPK=topk, TILE_M=block_m, ROWS=rows, BLOCK_D=min(512, triton.next_power_of_2(D)))
+    block_d = min(32 if interpreting() else 512, triton.next_power_of_2(D))   # the tests: several blocks
+    _launch(_GATHER, (P // rows, triton.cdiv(D, block_d)), (src, sorted_slot, tile_expert, dst, D, src.stride(0),
+                                                            dst.stride(0)), (4, 1),
+            TOPK=topk, TILE_M=block_m, ROWS=rows, BLOCK_D=block_d)
     return dst
 
 

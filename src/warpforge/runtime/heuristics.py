@@ -901,6 +901,9 @@ def attention_config(kind: str, head_dim: int, elem_bytes: int, pattern: str = "
 # Mixture of Experts (ops/moe.py)
 # ----------------------------------------------------------------------------------------------
 MOE_ALIGN_CHUNK = 128   # slots per alignment program: the rank step is a 128 x 128 compare
+# up to this many slots (T * k) the alignment is one program (ops/moe.py, _moe_align_one_kernel)
+# instead of three launches: decode, where each launch's latency is most of its cost
+MOE_ALIGN_ONE_MAX = 512
 
 
 @dataclasses.dataclass(frozen=True)
