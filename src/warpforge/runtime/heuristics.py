@@ -902,8 +902,11 @@ def attention_config(kind: str, head_dim: int, elem_bytes: int, pattern: str = "
 # ----------------------------------------------------------------------------------------------
 MOE_ALIGN_CHUNK = 128   # slots per alignment program: the rank step is a 128 x 128 compare
 # up to this many slots (T * k) the alignment is one program (ops/moe.py, _moe_align_one_kernel)
-# instead of three launches: decode, where each launch's latency is most of its cost
-MOE_ALIGN_ONE_MAX = 512
+# instead of three launches: decode, where each launch's latency is most of its cost. H200 decode
+# graph latency (benchmarks/NOTES.md, item 102): 3-5 us faster at 16-128 slots; slower past one
+# 128-slot chunk, as its serial rank loop grows with the square of the slots (DeepSeek-V2-Lite
+# T = 64, 384 slots, +3-4 us; OLMoE T = 64, 512 slots, +8-10 us)
+MOE_ALIGN_ONE_MAX = 128
 
 
 @dataclasses.dataclass(frozen=True)
