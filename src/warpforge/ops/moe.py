@@ -814,6 +814,8 @@ MOE_SWAP_INTERP = (16, 32, 16, 16, 4, 1)    # (TM, TW, BJ, BK, warps, stages) th
 def _swap_config(kind: str) -> tuple:
     """The swapped kernel's (TM, TW, BJ, BK, warps, stages) for ``kind`` ("up" or "down")."""
     return MOE_SWAP_INTERP if interpreting() else MOE_SWAP[kind]
+
+
 _TMA_ON = os.environ.get("WARPFORGE_MOE_TMA", "1") != "0"
 _TMA_DECODE_MIN_BLOCK_M = 32
 _PAIRED_UP = True           # 128-row gate/up tiles take one [BLOCK_M, 2 * BLOCK_N] accumulator
