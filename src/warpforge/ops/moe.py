@@ -834,6 +834,19 @@ def _gather_rows(src: torch.Tensor, sorted_slot, tile_expert, topk: int, block_m
     return dst
 
 
+def _weights_desc(w: torch.Tensor, N: int, box: list[int], paired: bool):
+    """TMA descriptor of the (E, R, C) expert weights with ``box``-shaped boxes: with ``paired``,
+    w_gate_up (E, 2n, d) viewed as (E, 2, n, d) (``N`` = n), so that one [1, 2, *box] box brings a
+    column tile's gate and up rows; else the (E * R, C) matrix (``_weights_2d``)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if paired:
+        E = w.shape[0]
+        wv = w.as_strided((E, 2, N, w.shape[2]), (w.stride(0), N * w.stride(1), w.stride(1), 1))
+        return TensorDescriptor.from_tensor(wv, [1, 2, *box])
+    return TensorDescriptor.from_tensor(_weights_2d(w), box)
+
+
 def _gemm_tma(a, w, c, *, meta, K: int, N: int, kind: str, b_t: bool, epi: int = 0, weights=None,
               z=None) -> None:
     """_moe_gemm_tma_kernel: C (P, N) = A (P, K) @ B_e over the used tiles. ``w``: the (E, R, C)
@@ -846,12 +859,7 @@ def _gemm_tma(a, w, c, *, meta, K: int, N: int, kind: str, b_t: bool, epi: int =
     E, R = w.shape[0], w.shape[1]
     paired = epi == 1 and block_m >= 128 and _PAIRED_UP
     a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k])
-    if paired:
-        # w_gate_up (E, 2n, d) as (E, 2, n, d): a column tile's gate and up rows in one box
-        wv = w.as_strided((E, 2, N, w.shape[2]), (w.stride(0), N * w.stride(1), w.stride(1), 1))
-        b_desc = TensorDescriptor.from_tensor(wv, [1, 2, cfg.block_n, cfg.block_k])
-    else:
-        b_desc = TensorDescriptor.from_tensor(_weights_2d(w), [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n])
+    b_desc = _weights_desc(w, N, [cfg.block_n, cfg.block_k] if paired or b_t else [cfg.block_k, cfg.block_n], paired)
     tiles = tile_expert.numel() * triton.cdiv(N, cfg.block_n)
     programs = tiles if programs_per_sm == 0 else max(1, min(tiles, programs_per_sm * sm_count()))
     dummy = sorted_slot
@@ -880,12 +888,8 @@ def _gemm_swap(a, w, c, *, meta, K: int, N: int, epi: int, weights=None, cfg=Non
     sorted_slot, tile_expert, start, counts = meta
     block_m = sorted_slot.numel() // tile_expert.numel()
     tm, tw, bj, bk, warps, stages = cfg or _swap_config("up" if epi == 1 else "down")
-    E, R = w.shape[0], w.shape[1]
-    if epi == 1:
-        wv = w.as_strided((E, 2, N, w.shape[2]), (w.stride(0), N * w.stride(1), w.stride(1), 1))
-        w_desc = TensorDescriptor.from_tensor(wv, [1, 2, bj, bk])
-    else:
-        w_desc = TensorDescriptor.from_tensor(_weights_2d(w), [bj, bk])
+    R = w.shape[1]
+    w_desc = _weights_desc(w, N, [bj, bk], paired=epi == 1)
     x_desc = TensorDescriptor.from_tensor(a, [tm, bk])
     xw_desc = TensorDescriptor.from_tensor(a, [tw, bk])
     c_desc = TensorDescriptor(c, [c.shape[0], N], [c.stride(0), 1], [tm, bj])
@@ -951,26 +955,24 @@ def _moe_fwd(x, w1, w2, weights, ids, block_m: int, save_z: bool):
     h = new_empty((P, n), dtype=x.dtype, device=x.device)
     z = new_empty((P, n2), dtype=x.dtype, device=x.device) if save_z else x.new_empty((0, n2))
     y = new_empty((P, d), dtype=x.dtype, device=x.device)
-    if swap_path(x, w1, w2, block_m, S, E, save_z):
+    swap = swap_path(x, w1, w2, block_m, S, E, save_z)
+    if swap or tma_path(x, w1, w2, block_m):
         xg = _gather_rows(x, sorted_slot, tile_expert, topk, block_m)
-        meta = (sorted_slot, tile_expert, start, counts)
-        _gemm_swap(xg, w1, h, meta=meta, K=d, N=n, epi=1)
-        del xg
-        _gemm_swap(h, w2, y, meta=meta, K=n, N=d, epi=0, weights=weights.view(-1))
-        out = _combine(y, slot_pos, T, topk, d, x.dtype)
-        return out, z, sorted_slot, slot_pos, tile_expert, start, counts
-    if tma_path(x, w1, w2, block_m):
-        meta = (sorted_slot, tile_expert, start)
-        xg = _gather_rows(x, sorted_slot, tile_expert, topk, block_m)
-        _gemm_tma(xg, w1, h, meta=meta, K=d, N=n, kind="up", b_t=True, epi=1, z=z if save_z else None)
-        del xg
-        _gemm_tma(h, w2, y, meta=meta, K=n, N=d, kind="down", b_t=True, weights=weights.view(-1))
-        out = _combine(y, slot_pos, T, topk, d, x.dtype)
-        return out, z, sorted_slot, slot_pos, tile_expert, start, counts
-    _gemm(x, _b_fwd_up(w1), h, meta=meta, K=d, N=n, cfg=moe_config("up", block_m, x.element_size()), topk=topk,
-          gather_a=True, epi=1, z=z if save_z else None, store_z=save_z)
-    _gemm(h, _b_fwd_down(w2), y, meta=meta, K=n, N=d, cfg=moe_config("down", block_m, x.element_size()),
-          topk=topk, gather_a=False, epi=0, weights=weights.view(-1), scale_rows=True)
+        if swap:
+            meta = (sorted_slot, tile_expert, start, counts)
+            _gemm_swap(xg, w1, h, meta=meta, K=d, N=n, epi=1)
+            del xg
+            _gemm_swap(h, w2, y, meta=meta, K=n, N=d, epi=0, weights=weights.view(-1))
+        else:
+            meta = (sorted_slot, tile_expert, start)
+            _gemm_tma(xg, w1, h, meta=meta, K=d, N=n, kind="up", b_t=True, epi=1, z=z if save_z else None)
+            del xg
+            _gemm_tma(h, w2, y, meta=meta, K=n, N=d, kind="down", b_t=True, weights=weights.view(-1))
+    else:
+        _gemm(x, _b_fwd_up(w1), h, meta=meta, K=d, N=n, cfg=moe_config("up", block_m, x.element_size()), topk=topk,
+              gather_a=True, epi=1, z=z if save_z else None, store_z=save_z)
+        _gemm(h, _b_fwd_down(w2), y, meta=meta, K=n, N=d, cfg=moe_config("down", block_m, x.element_size()),
+              topk=topk, gather_a=False, epi=0, weights=weights.view(-1), scale_rows=True)
     out = _combine(y, slot_pos, T, topk, d, x.dtype)
     return out, z, sorted_slot, slot_pos, tile_expert, start, counts
 
