@@ -170,16 +170,19 @@ def _moe_offsets_kernel(
 def _moe_layout(counts, emask, start_ptr, tile_expert_ptr, tiles_max, E: tl.constexpr, BLOCK_M: tl.constexpr,
                 TB: tl.constexpr):
     """From the slots per expert ([NB], emask: the real experts): each expert's first padded row
-    (and the padded total at E), and the owner of every BLOCK_M-row tile (-1 past the end)."""
+    (and the padded total at E), and the owner of every BLOCK_M-row tile (-1 past the end).
+    Returns the first padded rows ([NB])."""
     tiles = tl.where(emask, (counts + BLOCK_M - 1) // BLOCK_M, 0)
     tile_end = tl.cumsum(tiles, axis=0)
     bins = tl.arange(0, counts.shape[0])
-    tl.store(start_ptr + bins, (tile_end - tiles) * BLOCK_M, mask=emask)
+    first = (tile_end - tiles) * BLOCK_M
+    tl.store(start_ptr + bins, first, mask=emask)
     tl.store(start_ptr + E, tl.sum(tiles, axis=0) * BLOCK_M)
     for t0 in range(0, tiles_max, TB):
         t = t0 + tl.arange(0, TB)
         owner = tl.sum(((tile_end[None, :] <= t[:, None]) & emask[None, :]).to(tl.int32), axis=1)
         tl.store(tile_expert_ptr + t, tl.where(owner < E, owner, -1), mask=t < tiles_max)
+    return first
 
 
 @triton.jit
@@ -187,35 +190,31 @@ def _moe_align_one_kernel(
     ids_ptr,            # (S,) int32 expert of each slot
     sorted_ptr, pos_ptr, counts_ptr, start_ptr, tile_expert_ptr,   # out: as the three kernels above
     S, P, tiles_max,
-    E: tl.constexpr, NB: tl.constexpr, SB: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr,
-    TB: tl.constexpr,
+    E: tl.constexpr, NB: tl.constexpr, SB: tl.constexpr, BLOCK_M: tl.constexpr, TB: tl.constexpr,
 ):
     """The whole alignment in one program, for S <= SB slots (decode, where the three launches of
-    count, offsets and scatter cost more than the work): the histogram of all slots at once, the
-    layout, then each CHUNK of slots ranked against the slots before it."""
+    count, offsets and scatter cost more than the work): the histogram of all slots, the layout,
+    then one sort of (expert, slot) keys. A slot's rank within its expert is its place in the
+    sorted order less the slots of the experts before it, so the ranks take no serial loop."""
     lane = tl.arange(0, SB)
     ids = tl.load(ids_ptr + lane, mask=lane < S, other=-1)
     ok = (lane < S) & (ids >= 0) & (ids < E)
     counts = tl.histogram(tl.where(ok, ids, 0), NB, mask=ok)
-    bins = tl.arange(0, NB)
-    emask = bins < E
-    tl.store(counts_ptr + bins, counts, mask=emask)
-    _moe_layout(counts, emask, start_ptr, tile_expert_ptr, tiles_max, E, BLOCK_M, TB)
+    emask = tl.arange(0, NB) < E
+    tl.store(counts_ptr + tl.arange(0, NB), counts, mask=emask)
+    first = _moe_layout(counts, emask, start_ptr, tile_expert_ptr, tiles_max, E, BLOCK_M, TB)
+    before = tl.cumsum(counts, axis=0) - counts                   # slots of the experts before each
+    key = tl.sort(tl.where(ok, ids, E) * SB + lane)              # dropped slots (expert E) sort last
+    slot = key % SB
+    e = key // SB
+    valid = e < E
+    e = tl.where(valid, e, 0)
+    pos = tl.gather(first, e, 0) + lane - tl.gather(before, e, 0)
     for r0 in range(0, P, SB):
         tl.store(sorted_ptr + r0 + lane, tl.full([SB], -1, tl.int32), mask=r0 + lane < P)
-    tl.debug_barrier()              # the starts and the -1 fill before the scatter below
-    for c0 in range(0, S, CHUNK):
-        offs = c0 + tl.arange(0, CHUNK)
-        mine = tl.load(ids_ptr + offs, mask=offs < S, other=-1)
-        ok_c = (offs < S) & (mine >= 0) & (mine < E)
-        rank = tl.zeros([CHUNK], dtype=tl.int32)
-        for c2 in range(0, c0 + CHUNK, 32):       # the earlier slots 32 at a time: a [CHUNK, 32] compare
-            offs2 = c2 + tl.arange(0, 32)
-            other = tl.load(ids_ptr + offs2, mask=offs2 < S, other=-1)
-            rank += tl.sum(((mine[:, None] == other[None, :]) & (offs2[None, :] < offs[:, None])).to(tl.int32), axis=1)
-        pos = tl.load(start_ptr + tl.where(ok_c, mine, 0), mask=ok_c, other=0) + rank
-        tl.store(sorted_ptr + pos, offs, mask=ok_c)
-        tl.store(pos_ptr + offs, tl.where(ok_c, pos, -1), mask=offs < S)
+    tl.debug_barrier()              # the -1 fill before the real rows land on it
+    tl.store(sorted_ptr + pos, slot, mask=valid)
+    tl.store(pos_ptr + slot, tl.where(valid, pos, -1), mask=slot < S)
 
 
 @triton.jit
@@ -710,8 +709,7 @@ def _align(ids: torch.Tensor, experts: int, block_m: int):
     tb = max(1, min(64, 4096 // nb))
     if 0 < S <= MOE_ALIGN_ONE_MAX:
         _launch(_ALIGN_ONE, (1,), (ids, sorted_slot, slot_pos, counts, start, tile_expert, S, P, tiles_max), (8, 1),
-                E=experts, NB=nb, SB=max(chunk, triton.next_power_of_2(S)), CHUNK=chunk, BLOCK_M=block_m,
-                TB=triton.next_power_of_2(tb))
+                E=experts, NB=nb, SB=max(16, triton.next_power_of_2(S)), BLOCK_M=block_m, TB=triton.next_power_of_2(tb))
         return sorted_slot, slot_pos, tile_expert, start, counts
     hist = torch.empty((chunks, experts), dtype=torch.int32, device=dev)
     fill_per = triton.cdiv(triton.cdiv(P, chunks), chunk) * chunk
