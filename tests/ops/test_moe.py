@@ -100,7 +100,7 @@ def test_swapped_decode_kernels(monkeypatch, dtype):
 
 
 @pytest.mark.parametrize("S,E,block_m", [(1, 5, 16), (77, 5, 16), (128, 60, 16), (300, 5, 64), (512, 60, 16),
-                                           (700, 5, 64)])
+                                           (700, 5, 64), (2048, 128, 16)])
 def test_align_paths(monkeypatch, S, E, block_m):
     """The padded expert layout from one program (decode, S <= MOE_ALIGN_ONE_MAX) and from the three
     chunked launches, each against a Python construction: counts, starts, tile owners, every slot in

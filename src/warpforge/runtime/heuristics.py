@@ -906,7 +906,7 @@ MOE_ALIGN_CHUNK = 128   # slots per alignment program: the rank step is a 128 x 
 # graph latency (benchmarks/NOTES.md, item 102): 3-5 us faster at 16-128 slots; slower past one
 # 128-slot chunk, as its serial rank loop grows with the square of the slots (DeepSeek-V2-Lite
 # T = 64, 384 slots, +3-4 us; OLMoE T = 64, 512 slots, +8-10 us)
-MOE_ALIGN_ONE_MAX = 128
+MOE_ALIGN_ONE_MAX = 2048
 
 
 @dataclasses.dataclass(frozen=True)
