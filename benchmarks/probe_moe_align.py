@@ -26,7 +26,7 @@ for E in (int(v) for v in a.experts.split(",")):
         bm = moe_block_m(S, E, 2)
         t = {}
         for name, one_max in (("one", 1 << 30), ("three", 0)):
-            M.MOE_ALIGN_ONE_MAX = one_max
+            M.MOE_ALIGN_ONE_MAX = M.MOE_ALIGN_ONE_WORK = one_max
             t[name] = graph_us(lambda: M._align(ids, E, bm), reps=500)
             out = [o.clone() for o in M._align(ids, E, bm)]
             if name == "one":

@@ -80,7 +80,7 @@ def test_swapped_decode_kernels(monkeypatch, dtype):
         pytest.skip("the swapped kernels are 16-bit only on a GPU (TMA path)")
     block_m = 128 if ON_GPU else 64
     d, n = (640, 256) if ON_GPU else (40, 24)   # the gather in several column blocks; partial column and K tiles
-    counts = [0, 10, 20, 40, 70, 100, 150] if ON_GPU else [0, 10, 20, 40, 70, 100]
+    counts = [0, 10, 20, 40, 70, 100, 150] if ON_GPU else [0, 10, 20, 40, 70, 100, 140]
     E = len(counts)
     ids = torch.cat([torch.full((c,), e, dtype=torch.int32) for e, c in enumerate(counts)])
     ids = ids[torch.randperm(ids.numel())].to(DEVICE)[:, None]                   # k = 1, tokens shuffled
@@ -102,9 +102,9 @@ def test_swapped_decode_kernels(monkeypatch, dtype):
 @pytest.mark.parametrize("S,E,block_m", [(1, 5, 16), (77, 5, 16), (128, 60, 16), (300, 5, 64), (512, 60, 16),
                                            (700, 5, 64), (2048, 128, 16)])
 def test_align_paths(monkeypatch, S, E, block_m):
-    """The padded expert layout from one program (decode, S <= MOE_ALIGN_ONE_MAX) and from the three
-    chunked launches, each against a Python construction: counts, starts, tile owners, every slot in
-    order within its expert, and out-of-range ids (-1, E) dropped."""
+    """The padded expert layout from one program (decode: MOE_ALIGN_ONE_MAX, MOE_ALIGN_ONE_WORK) and
+    from the three chunked launches, each against a Python construction: counts, starts, tile
+    owners, every slot in order within its expert, and out-of-range ids (-1, E) dropped."""
     import warpforge.ops.moe as M
 
     g = torch.Generator().manual_seed(S * 100 + E)
@@ -126,6 +126,7 @@ def test_align_paths(monkeypatch, S, E, block_m):
     want = (sorted_slot, pos, owner, start, counts)
     for one_max in (0, 1 << 20):
         monkeypatch.setattr(M, "MOE_ALIGN_ONE_MAX", one_max)
+        monkeypatch.setattr(M, "MOE_ALIGN_ONE_WORK", one_max * E)
         got = M._align(ids.to(DEVICE), E, block_m)
         for name, w, o in zip(("sorted_slot", "slot_pos", "tile_expert", "start", "counts"), want, got):
             assert torch.equal(o.cpu().long(), w), f"{name}, one program: {one_max > 0}"

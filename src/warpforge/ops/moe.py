@@ -85,7 +85,7 @@ from ..runtime import interpreting, new_empty, unit_last_dim
 from ..runtime.amp import autocast_inputs
 from ..runtime.checks import check_same, check_tensor, host_sync_unavailable
 from ..runtime.device import sm_count
-from ..runtime.heuristics import (MOE_ALIGN_CHUNK, MOE_ALIGN_ONE_MAX, MOE_SWAP, MOE_SWAP_MAX_ROWS, MoEConfig, moe_block_m,
+from ..runtime.heuristics import (MOE_ALIGN_CHUNK, MOE_ALIGN_ONE_MAX, MOE_ALIGN_ONE_WORK, MOE_SWAP, MOE_SWAP_MAX_ROWS, MoEConfig, moe_block_m,
                                   moe_config, moe_tma_config)
 from ..runtime.launch import LaunchCache
 from ..runtime.registry import Op
@@ -464,6 +464,26 @@ def _moe_gather_kernel(
 
 
 @triton.jit
+def _expert_tile_coords(tile, tiles_n, tile_expert_ptr, start_ptr, BLOCK_M: tl.constexpr):
+    """(row tile, column tile, expert) of output tile number ``tile`` in expert order: the tiles
+    are numbered as in row-major order, expert by expert (an expert's row tiles are consecutive),
+    but within an expert its row tiles are walked down each column before the next column, so
+    every row tile reading one strip of the expert's weights runs beside the others and the
+    strip is read from DRAM once (row-major order re-reads it once per row tile, an expert's
+    whole weights apart). The expert is -1 past the used tiles (the row tile is then
+    ``tile // tiles_n``)."""
+    t = tile // tiles_n
+    e = tl.load(tile_expert_ptr + t)
+    used = e >= 0
+    es = tl.where(used, e, 0)
+    first = tl.load(start_ptr + es) // BLOCK_M
+    count = tl.where(used, tl.load(start_ptr + es + 1) // BLOCK_M - first, 1)
+    first = tl.where(used, first, t)
+    local = tile - first * tiles_n
+    return first + local % count, local // count, e
+
+
+@triton.jit
 def _moe_epilogue_tma(acc, acc_u, om, on, c_desc, z_desc, w_ptr, slot, EPI: tl.constexpr, SCALE_ROWS: tl.constexpr,
                       STORE_Z: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """_moe_epilogue's work with TMA bulk stores: C's tile in SPLIT column slices (EPI 0), or h,
@@ -498,7 +518,7 @@ def _moe_gemm_tma_kernel(
     NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, B_T: tl.constexpr, EPI: tl.constexpr, SCALE_ROWS: tl.constexpr,
     STORE_Z: tl.constexpr, PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr,
-    PAIRED: tl.constexpr, STORE_SPLIT: tl.constexpr,
+    PAIRED: tl.constexpr, STORE_SPLIT: tl.constexpr, EXPERT_ORDER: tl.constexpr,
 ):
     """_moe_gemm_kernel's work, persistent: NUM_PROGRAMS programs walk the used tiles (the count
     read from start[E], so no host sync sizes the loop) in grouped order; A and B arrive by TMA,
@@ -507,14 +527,18 @@ def _moe_gemm_tma_kernel(
     PAIRED (EPI 1): one box brings a column tile's gate and up rows, so one [BLOCK_M, 2 * BLOCK_N]
     accumulator takes both (one wgmma a K step instead of two, and registers enough for the
     flattened loop), split into z_g and z_u for the epilogue. STORE_SPLIT > 0: the finished tile
-    leaves by TMA bulk stores (the hardware clips columns past N) instead of pointer stores."""
+    leaves by TMA bulk stores (the hardware clips columns past N) instead of pointer stores.
+    EXPERT_ORDER: the tiles in expert order (_expert_tile_coords), else grouped by GROUP_M."""
     tiles_m = tl.load(start_ptr + E) // BLOCK_M
     tiles_n = tl.cdiv(N, BLOCK_N)
     k_steps = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, NUM_PROGRAMS, flatten=FLATTEN,
                          warp_specialize=WARP_SPECIALIZE):
-        pid_m, pid_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
-        e = tl.load(tile_expert_ptr + pid_m)
+        if EXPERT_ORDER:
+            pid_m, pid_n, e = _expert_tile_coords(tile, tiles_n, tile_expert_ptr, start_ptr, BLOCK_M)
+        else:
+            pid_m, pid_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+            e = tl.load(tile_expert_ptr + pid_m)
         om = pid_m * BLOCK_M
         on = pid_n * BLOCK_N
         wrow = e * R
@@ -587,21 +611,24 @@ def _moe_swap_kernel(
     K, N, R,
     BLOCK_M: tl.constexpr, TM: tl.constexpr, TW: tl.constexpr, BJ: tl.constexpr, BK: tl.constexpr,
     PAIRED: tl.constexpr, EPI: tl.constexpr, SCALE_ROWS: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, EXPERT_ORDER: tl.constexpr,
 ):
     """Decode's row GEMMs with A and B swapped: the weights are the MMA's M side (a program takes BJ
     output columns: 2 * BJ weight rows for gate and up) and an expert's tokens its N side, so a
     program reads only TM token rows once for its BJ columns where the tile has at most TM real
     rows, and the tile's rows in passes of TW (> TM; BLOCK_M: one pass) where it has more, each
     pass reading the weights again. Token rows arrive in the padded order of BLOCK_M-row tiles;
-    rows past an expert's count are zeros there."""
-    tiles_n = tl.cdiv(N, BJ)
-    pid = tl.program_id(0)
-    pid_m = pid // tiles_n
-    on = (pid % tiles_n) * BJ
-    e = tl.load(tile_expert_ptr + pid_m)
+    rows past an expert's count are zeros there. EXPERT_ORDER: programs in expert order
+    (_expert_tile_coords: an expert's row tiles read each weight strip together), else row-major."""
+    if EXPERT_ORDER:
+        pid_m, pid_n, e = _expert_tile_coords(tl.program_id(0), tl.cdiv(N, BJ), tile_expert_ptr, start_ptr, BLOCK_M)
+    else:
+        pid_m = tl.program_id(0) // tl.cdiv(N, BJ)
+        pid_n = tl.program_id(0) % tl.cdiv(N, BJ)
+        e = tl.load(tile_expert_ptr + pid_m)
     if e < 0:
         return
+    on = pid_n * BJ
     row = pid_m * BLOCK_M
     rows = tl.load(start_ptr + e) + tl.load(counts_ptr + e) - row     # real rows in this tile (>= 1)
     MW: tl.constexpr = 2 * BJ if EPI == 1 else BJ
@@ -707,7 +734,7 @@ def _align(ids: torch.Tensor, experts: int, block_m: int):
     start = torch.empty(experts + 1, dtype=torch.int32, device=dev)
     counts = torch.empty(experts, dtype=torch.int32, device=dev)
     tb = max(1, min(64, 4096 // nb))
-    if 0 < S <= MOE_ALIGN_ONE_MAX:
+    if 0 < S <= MOE_ALIGN_ONE_MAX and S * experts <= MOE_ALIGN_ONE_WORK:
         _launch(_ALIGN_ONE, (1,), (ids, sorted_slot, slot_pos, counts, start, tile_expert, S, P, tiles_max), (8, 1),
                 E=experts, NB=nb, SB=max(16, triton.next_power_of_2(S)), BLOCK_M=block_m, TB=triton.next_power_of_2(tb))
         return sorted_slot, slot_pos, tile_expert, start, counts
@@ -815,6 +842,10 @@ def _swap_config(kind: str) -> tuple:
 
 
 _TMA_ON = os.environ.get("WARPFORGE_MOE_TMA", "1") != "0"
+# the decode TMA kernels (one program a tile: the swapped kernel, and _moe_gemm_tma_kernel at 32-64-row
+# tiles) walk their tiles in expert order (_expert_tile_coords); off: row-major or grouped by GROUP_M as
+# before (the probes compare the two)
+_EXPERT_ORDER = True
 _TMA_DECODE_MIN_BLOCK_M = 32
 _PAIRED_UP = True           # 128-row gate/up tiles take one [BLOCK_M, 2 * BLOCK_N] accumulator
 _TMA_DECODE_MIN_WEIGHTS = 1 << 24
@@ -874,7 +905,7 @@ def _gemm_tma(a, w, c, *, meta, K: int, N: int, kind: str, b_t: bool, epi: int =
     _launch(_GEMM_TMA, (programs,), args, cfg, NUM_PROGRAMS=programs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, B_T=b_t, EPI=epi, SCALE_ROWS=weights is not None,
             STORE_Z=z is not None, PRECISION=_precision(a.dtype), WARP_SPECIALIZE=ws, FLATTEN=flatten,
-            PAIRED=paired, STORE_SPLIT=split)
+            PAIRED=paired, STORE_SPLIT=split, EXPERT_ORDER=programs_per_sm == 0 and _EXPERT_ORDER)
 
 
 def _gemm_swap(a, w, c, *, meta, K: int, N: int, epi: int, weights=None, cfg=None) -> None:
@@ -896,7 +927,8 @@ def _gemm_swap(a, w, c, *, meta, K: int, N: int, epi: int, weights=None, cfg=Non
     args = (w_desc, x_desc, xw_desc, c_desc, cw_desc, sorted_slot if weights is None else weights, sorted_slot,
             tile_expert, start, counts, K, N, R)
     _launch(_SWAP, grid, args, (warps, stages), BLOCK_M=block_m, TM=tm, TW=tw, BJ=bj, BK=bk, PAIRED=epi == 1,
-            EPI=epi, SCALE_ROWS=weights is not None, PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype))
+            EPI=epi, SCALE_ROWS=weights is not None, PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype),
+            EXPERT_ORDER=_EXPERT_ORDER)
 
 
 def _wgrad_tma(a, b, c, *, start, M: int, N: int, block_m: int) -> None:

@@ -901,12 +901,15 @@ def attention_config(kind: str, head_dim: int, elem_bytes: int, pattern: str = "
 # Mixture of Experts (ops/moe.py)
 # ----------------------------------------------------------------------------------------------
 MOE_ALIGN_CHUNK = 128   # slots per alignment program: the rank step is a 128 x 128 compare
-# up to this many slots (T * k) the alignment is one program (ops/moe.py, _moe_align_one_kernel)
-# instead of three launches: decode, where each launch's latency is most of its cost. H200 decode
-# graph latency (benchmarks/NOTES.md, item 102): 3-5 us faster at 16-128 slots; slower past one
-# 128-slot chunk, as its serial rank loop grows with the square of the slots (DeepSeek-V2-Lite
-# T = 64, 384 slots, +3-4 us; OLMoE T = 64, 512 slots, +8-10 us)
-MOE_ALIGN_ONE_MAX = 2048
+# up to MOE_ALIGN_ONE_MAX slots (T * k), and slots x experts up to MOE_ALIGN_ONE_WORK, the alignment is
+# one program (ops/moe.py, _moe_align_one_kernel: a histogram, the layout, one sort of the slots)
+# instead of three launches: decode, where each launch's latency is most of its cost. H200, each
+# alone as graph latency (benchmarks/probe_moe_align.py; NOTES item 103), one program / three
+# launches in us: 8 experts 3.7-4.7 / 7.1-7.5 up to 512 slots, 7.3 / 7.5 at 1,024, 18.8 / 7.9 at
+# 1,536 (a 2,048-wide sort); 64 experts 3.6-6.4 / 8.1-10.0 up to 512, 9.5 / 10.4 at 1,024, 21.8 /
+# 11.3 at 1,536; 128 experts 4.7-11.1 / 7.9-12.9 up to 512, 15.6 / 14.0 at 1,024
+MOE_ALIGN_ONE_MAX = 1024
+MOE_ALIGN_ONE_WORK = 65536
 
 
 @dataclasses.dataclass(frozen=True)
