@@ -99,46 +99,6 @@ def test_swapped_decode_kernels(monkeypatch, dtype):
     assert_close(out, ref, dtype, what="out")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_tall_decode_tiles(monkeypatch, dtype):
-    """Decode on the pointer kernels with skewed routing (ops/moe.py, tall_path): the experts of one
-    decode tile in one launch, the busier ones in taller tiles in a second, forced on: experts with
-    no rows, one row, a full decode tile, one row more, several tall tiles and a partial one, k = 2,
-    against the float64 loop. The tall launch runs second, so rows it wrote past its expert's end
-    would land on a light expert's rows that the first launch had finished."""
-    import warpforge.ops.moe as M
-
-    block_m = 16 if not ON_GPU else 32
-    tall = M.MOE_TALL_INTERP if not ON_GPU else M.MOE_TALL
-    T = 130
-    g = torch.Generator().manual_seed(5)
-    # expert 3 on every token; as the second choice: 0 and 2 on block_m tokens each (light experts
-    # right after expert 1's tall tiles, which end past its rows), 1 on 40, 4 on 17, 5 on 1, 6 on
-    # none, 7 on the rest
-    second = torch.full((T,), 7, dtype=torch.int32)
-    perm = torch.randperm(T, generator=g).tolist()
-    for e, c in ((0, block_m), (1, 40), (2, block_m), (4, 17), (5, 1)):
-        second[perm[:c]] = e
-        perm = perm[c:]
-    ids = torch.stack([torch.full((T,), 3, dtype=torch.int32), second], 1).to(DEVICE)
-    E, d, n = 8, (40 if not ON_GPU else 256), (24 if not ON_GPU else 192)
-    x, w1, w2, wts, ids = _inputs(T, d, n, E, 2, dtype, ids)
-    calls = []
-    real = M._gemm
-    monkeypatch.setattr(M, "_gemm", lambda *a, **kw: (calls.append(kw.get("tall")), real(*a, **kw))[1])
-    monkeypatch.setattr(M, "_TALL_INTERP", True)
-    monkeypatch.setattr(M, "_TMA_ON", False)
-    monkeypatch.setattr(M, "moe_block_m", lambda *a: block_m)
-    with torch.no_grad():
-        out = moe_experts(x, w1, w2, wts, ids)
-        ref = moe_experts_reference(x.double(), w1.double(), w2.double(), wts.double(), ids)
-    if dtype == torch.float32 and ON_GPU:
-        assert calls == [None, None], "16-bit only on a GPU"
-    else:
-        assert calls == [tall["up"], tall["down"]], "the split launches ran (gate/up, then down)"
-    assert_close(out, ref, dtype, what="out")
-
-
 @pytest.mark.parametrize("S,E,block_m", [(1, 5, 16), (77, 5, 16), (128, 60, 16), (300, 5, 64), (512, 60, 16),
                                            (700, 5, 64), (2048, 128, 16)])
 def test_align_paths(monkeypatch, S, E, block_m):

@@ -85,7 +85,7 @@ from ..runtime import interpreting, new_empty, unit_last_dim
 from ..runtime.amp import autocast_inputs
 from ..runtime.checks import check_same, check_tensor, host_sync_unavailable
 from ..runtime.device import sm_count
-from ..runtime.heuristics import (MOE_ALIGN_CHUNK, MOE_ALIGN_ONE_MAX, MOE_ALIGN_ONE_WORK, MOE_SWAP, MOE_TALL, MOE_SWAP_MAX_ROWS, MoEConfig, moe_block_m,
+from ..runtime.heuristics import (MOE_ALIGN_CHUNK, MOE_ALIGN_ONE_MAX, MOE_ALIGN_ONE_WORK, MOE_SWAP, MOE_SWAP_MAX_ROWS, MoEConfig, moe_block_m,
                                   moe_config, moe_tma_config)
 from ..runtime.launch import LaunchCache
 from ..runtime.registry import Op
@@ -247,16 +247,13 @@ def _moe_scatter_kernel(
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def _moe_epilogue(acc, acc_u, rows64, offs_n, N, c_ptr, s_cm, z_ptr, s_zm, w_ptr, slot,
-                  EPI: tl.constexpr, SCALE_ROWS: tl.constexpr, STORE_Z: tl.constexpr, row_ok=None):
-    """A finished tile of the row GEMMs, columns past N masked (and rows where ``row_ok`` is
-    false, if given). EPI 0: C = acc, times each row's routing weight (``slot``'s, 0 on padding
-    rows) with SCALE_ROWS. EPI 1 (acc = z_g, acc_u = z_u): C = silu(z_g) * z_u, and z = [z_g, z_u]
-    with STORE_Z."""
+                  EPI: tl.constexpr, SCALE_ROWS: tl.constexpr, STORE_Z: tl.constexpr):
+    """A finished tile of the row GEMMs, columns past N masked. EPI 0: C = acc, times each row's
+    routing weight (``slot``'s, 0 on padding rows) with SCALE_ROWS. EPI 1 (acc = z_g, acc_u =
+    z_u): C = silu(z_g) * z_u, and z = [z_g, z_u] with STORE_Z."""
     out_ty = c_ptr.dtype.element_ty
     c_ptrs = c_ptr + rows64[:, None] * s_cm + offs_n[None, :]
     mask = (offs_n < N)[None, :]
-    if row_ok is not None:
-        mask = mask & row_ok[:, None]
     if EPI == 0:
         if SCALE_ROWS:
             acc = acc * tl.load(w_ptr + slot, mask=slot >= 0, other=0.0)[:, None]
@@ -271,13 +268,31 @@ def _moe_epilogue(acc, acc_u, rows64, offs_n, N, c_ptr, s_cm, z_ptr, s_zm, w_ptr
 
 
 @triton.jit
-def _moe_rows(a_ptr, b_ptr, c_ptr, z_ptr, w_ptr, rows, slot, e, pid_n, K, N, s_am, s_ak, s_be, s_bk, s_bn, s_cm,
-              s_zm, TOPK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATHER_A: tl.constexpr,
-              EPI: tl.constexpr, SCALE_ROWS: tl.constexpr, STORE_Z: tl.constexpr, EVEN_K: tl.constexpr,
-              PRECISION: tl.constexpr, UPCAST: tl.constexpr, row_ok=None):
-    """The work of one row tile of _moe_gemm_kernel: ``rows`` (padded positions) of expert ``e``,
-    whose slots are ``slot`` (-1: padding), against BLOCK_N columns of B."""
+def _moe_gemm_kernel(
+    a_ptr,              # A: (T, K) read at row slot // TOPK (GATHER_A), or (P, K) at the padded row
+    b_ptr,              # B: (E, K, N) any strides (a view of w_gate_up or w_down)
+    c_ptr,              # C: (P, N)
+    z_ptr,              # (P, 2 * N) pre-activations [z_g, z_u], written by EPI 1 with STORE_Z
+    w_ptr,              # (S,) fp32 routing weight of each slot (SCALE_ROWS)
+    sorted_ptr,         # (P,) int32 slot of each padded row, -1 padding
+    tile_expert_ptr,    # (tiles_max,) int32
+    K, N, tiles_n,
+    s_am, s_ak, s_be, s_bk, s_bn, s_cm, s_zm,
+    TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, GATHER_A: tl.constexpr, EPI: tl.constexpr, SCALE_ROWS: tl.constexpr,
+    STORE_Z: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """One BLOCK_M x BLOCK_N tile of one expert's rows. EPI 0: C = acc (times the routing weight
+    with SCALE_ROWS); EPI 1: gate and up accumulators (B columns N apart), C = silu(z_g) * z_u."""
+    pid = tl.program_id(0)
+    tiles_m = tl.num_programs(0) // tiles_n
+    pid_m, pid_n = _tile_coords(pid, tiles_m, tiles_n, GROUP_M)
+    e = tl.load(tile_expert_ptr + pid_m)
+    if e < 0:
+        return
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows64 = rows.to(tl.int64)
+    slot = tl.load(sorted_ptr + rows)
     valid = slot >= 0
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
@@ -288,8 +303,8 @@ def _moe_rows(a_ptr, b_ptr, c_ptr, z_ptr, w_ptr, rows, slot, e, pid_n, K, N, s_a
         a_rows = rows64
     a_ptrs = a_ptr + a_rows[:, None] * s_am + offs_k[None, :] * s_ak
     b_ptrs = b_ptr + e.to(tl.int64) * s_be + offs_k[:, None] * s_bk + offs_n[None, :] * s_bn
-    acc = tl.zeros([rows.shape[0], BLOCK_N], dtype=tl.float32)
-    acc_u = tl.zeros([rows.shape[0], BLOCK_N], dtype=tl.float32)    # EPI 1 only (dead code otherwise)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)    # EPI 1 only (dead code otherwise)
     up_off = N * s_bn
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
@@ -308,64 +323,8 @@ def _moe_rows(a_ptr, b_ptr, c_ptr, z_ptr, w_ptr, rows, slot, e, pid_n, K, N, s_a
             acc_u = _dot(a, bu, acc_u, PRECISION, UPCAST)
         a_ptrs += BLOCK_K * s_ak
         b_ptrs += BLOCK_K * s_bk
-    _moe_epilogue(acc, acc_u, rows64, offs_n, N, c_ptr, s_cm, z_ptr, s_zm, w_ptr, slot, EPI, SCALE_ROWS, STORE_Z,
-                  row_ok)
 
-
-@triton.jit
-def _moe_gemm_kernel(
-    a_ptr,              # A: (T, K) read at row slot // TOPK (GATHER_A), or (P, K) at the padded row
-    b_ptr,              # B: (E, K, N) any strides (a view of w_gate_up or w_down)
-    c_ptr,              # C: (P, N)
-    z_ptr,              # (P, 2 * N) pre-activations [z_g, z_u], written by EPI 1 with STORE_Z
-    w_ptr,              # (S,) fp32 routing weight of each slot (SCALE_ROWS)
-    sorted_ptr,         # (P,) int32 slot of each padded row, -1 padding
-    tile_expert_ptr,    # (tiles_max,) int32
-    start_ptr,          # (E + 1,) int32 first padded row of each expert (MODE 1 and 2)
-    K, N, tiles_n,
-    s_am, s_ak, s_be, s_bk, s_bn, s_cm, s_zm,
-    TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, GATHER_A: tl.constexpr, EPI: tl.constexpr, SCALE_ROWS: tl.constexpr,
-    STORE_Z: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    MODE: tl.constexpr = 0,     # 0: every tile; 1: the tiles of experts with one LAYOUT_M-row tile; 2: the rest
-    LAYOUT_M: tl.constexpr = 0,  # MODE 1 and 2: the layout's row tile (MODE 1: BLOCK_M)
-):
-    """One BLOCK_M x BLOCK_N tile of one expert's rows. EPI 0: C = acc (times the routing weight
-    with SCALE_ROWS); EPI 1: gate and up accumulators (B columns N apart), C = silu(z_g) * z_u.
-
-    Decode with skewed routing splits the work in two launches (``_gemm``'s ``tall``): MODE 1 takes
-    the experts whose rows fit one layout tile, as MODE 0 does, and skips the rest; MODE 2 takes a
-    program an (expert, column tile) and walks such an expert's rows in BLOCK_M-row tiles (taller
-    than the layout's), so a busy expert's weights are read once a BLOCK_M rows rather than once a
-    LAYOUT_M rows. Separate launches keep MODE 1's registers those of the short tiles."""
-    pid = tl.program_id(0)
-    if MODE == 2:
-        e = pid // tiles_n
-        pid_n = pid % tiles_n
-        s0 = tl.load(start_ptr + e)
-        s1 = tl.load(start_ptr + e + 1)
-        if s1 - s0 <= LAYOUT_M:
-            return
-        for r0 in range(s0, s1, BLOCK_M):
-            rows = r0 + tl.arange(0, BLOCK_M)
-            inside = rows < s1
-            slot = tl.load(sorted_ptr + rows, mask=inside, other=-1)
-            _moe_rows(a_ptr, b_ptr, c_ptr, z_ptr, w_ptr, rows, slot, e, pid_n, K, N, s_am, s_ak, s_be, s_bk, s_bn,
-                      s_cm, s_zm, TOPK, BLOCK_N, BLOCK_K, GATHER_A, EPI, SCALE_ROWS, STORE_Z, EVEN_K, PRECISION,
-                      UPCAST, inside)
-    else:
-        tiles_m = tl.num_programs(0) // tiles_n
-        pid_m, pid_n = _tile_coords(pid, tiles_m, tiles_n, GROUP_M)
-        e = tl.load(tile_expert_ptr + pid_m)
-        if e < 0:
-            return
-        if MODE == 1:
-            if tl.load(start_ptr + e + 1) - tl.load(start_ptr + e) > BLOCK_M:
-                return
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        slot = tl.load(sorted_ptr + rows)
-        _moe_rows(a_ptr, b_ptr, c_ptr, z_ptr, w_ptr, rows, slot, e, pid_n, K, N, s_am, s_ak, s_be, s_bk, s_bn,
-                  s_cm, s_zm, TOPK, BLOCK_N, BLOCK_K, GATHER_A, EPI, SCALE_ROWS, STORE_Z, EVEN_K, PRECISION, UPCAST)
+    _moe_epilogue(acc, acc_u, rows64, offs_n, N, c_ptr, s_cm, z_ptr, s_zm, w_ptr, slot, EPI, SCALE_ROWS, STORE_Z)
 
 
 @triton.jit
@@ -790,24 +749,19 @@ def _align(ids: torch.Tensor, experts: int, block_m: int):
 
 
 def _gemm(a, b_view, c, *, meta, K: int, N: int, cfg: MoEConfig, topk: int, gather_a: bool, epi: int,
-          weights=None, scale_rows=False, z=None, store_z=False, start=None, tall: MoEConfig | None = None) -> None:
-    """Launch _moe_gemm_kernel over every possible tile. ``b_view``: (E, K, N) strides of B. With
-    ``tall`` (and ``start``): two launches, the experts of one ``cfg.block_m``-row tile in those
-    tiles, then the rest in ``tall.block_m``-row tiles (the kernel's MODE 1 and 2)."""
+          weights=None, scale_rows=False, z=None, store_z=False) -> None:
+    """Launch _moe_gemm_kernel over every possible tile. ``b_view``: (E, K, N) strides of B."""
     sorted_slot, tile_expert = meta
+    tiles_n = triton.cdiv(N, cfg.block_n)
+    grid = (tile_expert.numel() * tiles_n,)
     s_be, s_bk, s_bn, b = b_view
     dummy = sorted_slot
-    E = b.shape[0]
-    for mode, c_ in ((0, cfg),) if tall is None else ((1, cfg), (2, tall)):
-        tiles_n = triton.cdiv(N, c_.block_n)
-        grid = ((E if mode == 2 else tile_expert.numel()) * tiles_n,)
-        args = (a, b, c, dummy if z is None else z, dummy if weights is None else weights, sorted_slot, tile_expert,
-                dummy if start is None else start, K, N, tiles_n, a.stride(0), a.stride(1), s_be, s_bk, s_bn,
-                c.stride(0), 0 if z is None else z.stride(0))
-        _launch(_GEMM, grid, args, c_, TOPK=topk, BLOCK_M=c_.block_m, BLOCK_N=c_.block_n, BLOCK_K=c_.block_k,
-                GROUP_M=c_.group_m, GATHER_A=gather_a, EPI=epi, SCALE_ROWS=scale_rows, STORE_Z=store_z,
-                EVEN_K=(K % c_.block_k == 0), PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype), MODE=mode,
-                LAYOUT_M=cfg.block_m)
+    args = (a, b, c, dummy if z is None else z, dummy if weights is None else weights, sorted_slot, tile_expert,
+            K, N, tiles_n, a.stride(0), a.stride(1), s_be, s_bk, s_bn, c.stride(0),
+            0 if z is None else z.stride(0))
+    _launch(_GEMM, grid, args, cfg, TOPK=topk, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m, GATHER_A=gather_a, EPI=epi, SCALE_ROWS=scale_rows, STORE_Z=store_z,
+            EVEN_K=(K % cfg.block_k == 0), PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype))
 
 
 def _wgrad(a, b, c, *, sorted_slot, start, M: int, N: int, topk: int, gather_a: bool, gather_b: bool,
@@ -885,28 +839,6 @@ MOE_SWAP_INTERP = (16, 32, 16, 16, 4, 1)    # (TM, TW, BJ, BK, warps, stages) th
 def _swap_config(kind: str) -> tuple:
     """The swapped kernel's (TM, TW, BJ, BK, warps, stages) for ``kind`` ("up" or "down")."""
     return MOE_SWAP_INTERP if interpreting() else MOE_SWAP[kind]
-
-
-def tall_path(x: torch.Tensor, block_m: int, save_z: bool) -> bool:
-    """Whether a forward on the pointer kernels splits its row GEMMs in two launches (``_gemm``'s
-    ``tall``): 16-bit decode tiles (shorter than every ``MOE_TALL`` tile) with more tokens than a
-    tile has rows, so that an expert (at most one slot a token) can have more rows than one tile
-    and would otherwise read its weights once a tile (skewed routing; benchmarks/NOTES.md, item
-    103); no pre-activations to save. ``WARPFORGE_MOE_TALL=0`` turns it off."""
-    if not _TALL_ON or save_z or x.shape[0] <= block_m:
-        return False
-    if interpreting():
-        return _TALL_INTERP and block_m < min(cfg.block_m for cfg in MOE_TALL_INTERP.values())
-    return x.is_cuda and x.element_size() == 2 and block_m < min(cfg.block_m for cfg in MOE_TALL.values())
-
-
-_TALL_ON = os.environ.get("WARPFORGE_MOE_TALL", "1") != "0"
-_TALL_INTERP = False                        # the tests turn it on to run it under the interpreter
-MOE_TALL_INTERP = {"up": MoEConfig(32, 16, 16, 4, 1), "down": MoEConfig(32, 16, 16, 4, 1)}
-
-
-def _tall_config(kind: str) -> MoEConfig:
-    return (MOE_TALL_INTERP if interpreting() else MOE_TALL)[kind]
 
 
 _TMA_ON = os.environ.get("WARPFORGE_MOE_TMA", "1") != "0"
@@ -1067,13 +999,10 @@ def _moe_fwd(x, w1, w2, weights, ids, block_m: int, save_z: bool):
             del xg
             _gemm_tma(h, w2, y, meta=meta, K=n, N=d, kind="down", b_t=True, weights=weights.view(-1))
     else:
-        tall = tall_path(x, block_m, save_z)
         _gemm(x, _b_fwd_up(w1), h, meta=meta, K=d, N=n, cfg=moe_config("up", block_m, x.element_size()), topk=topk,
-              gather_a=True, epi=1, z=z if save_z else None, store_z=save_z, start=start,
-              tall=_tall_config("up") if tall else None)
+              gather_a=True, epi=1, z=z if save_z else None, store_z=save_z)
         _gemm(h, _b_fwd_down(w2), y, meta=meta, K=n, N=d, cfg=moe_config("down", block_m, x.element_size()),
-              topk=topk, gather_a=False, epi=0, weights=weights.view(-1), scale_rows=True, start=start,
-              tall=_tall_config("down") if tall else None)
+              topk=topk, gather_a=False, epi=0, weights=weights.view(-1), scale_rows=True)
     out = _combine(y, slot_pos, T, topk, d, x.dtype)
     return out, z, sorted_slot, slot_pos, tile_expert, start, counts
 

@@ -968,10 +968,6 @@ MOE_TMA_DECODE_WGRAD = MoEConfig(128, 128, 64, 8, 3)
 # balanced / random / zipf 720 / 779 / 925 us, against 782 / 788 / 959 for the 128-row kernels
 MOE_SWAP = {"up": (64, 128, 64, 64, 4, 4), "down": (64, 128, 128, 128, 4, 3)}
 MOE_SWAP_MAX_ROWS = 64
-# decode on the pointer kernels (smaller experts): the experts with more rows than one decode tile
-# take these taller tiles in a second launch (ops/moe.py, tall_path), one weight read a tall tile
-# instead of one a decode tile (benchmarks/NOTES.md, item 103)
-MOE_TALL = {"up": MoEConfig(128, 64, 128, 8, 3), "down": MoEConfig(128, 64, 128, 8, 3)}
 
 
 def moe_tma_config(kind: str, block_m: int = 128) -> tuple[MoEConfig, int, bool, bool]:
