@@ -905,8 +905,8 @@ MOE_ALIGN_CHUNK = 128   # slots per alignment program: the rank step is a 128 x 
 # one program (ops/moe.py, _moe_align_one_kernel: a histogram, the layout, one sort of the slots)
 # instead of three launches: decode, where each launch's latency is most of its cost. H200, each
 # alone as graph latency (benchmarks/probe_moe_align.py; NOTES item 103), one program / three
-# launches in us: 8 experts 3.7-4.7 / 7.1-7.5 up to 512 slots, 7.3 / 7.5 at 1,024, 18.8 / 7.9 at
-# 1,536 (a 2,048-wide sort); 64 experts 3.6-6.4 / 8.1-10.0 up to 512, 9.5 / 10.4 at 1,024, 21.8 /
+# launches in us: 8 experts 3.7-4.9 / 7.1-7.5 up to 512 slots, 7.3 / 7.5 at 1,024, 18.8 / 7.9 at
+# 1,536 (a 2,048-wide sort); 64 experts 3.6-6.4 / 8.1-10.1 up to 512, 9.5 / 10.4 at 1,024, 21.8 /
 # 11.3 at 1,536; 128 experts 4.7-11.1 / 7.9-12.9 up to 512, 15.6 / 14.0 at 1,024
 MOE_ALIGN_ONE_MAX = 1024
 MOE_ALIGN_ONE_WORK = 65536
