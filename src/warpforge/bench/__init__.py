@@ -68,8 +68,8 @@ def bench(ops: list[str] | None = None, *, modes: list[str] | None = None, dtype
     if notice:
         print(notice)
 
+    checking = check or not torch.cuda.is_available()
     if match is not None:
-        checking = check or not torch.cuda.is_available()
         picked = dict(check=checking, quick=quick, small_only=small_only)
         if not any(runner.select_cases(wl, **picked, match=match) for wl in wls):
             labels = [c.label for wl in wls for c in runner.select_cases(wl, **picked)]
@@ -78,7 +78,7 @@ def bench(ops: list[str] | None = None, *, modes: list[str] | None = None, dtype
                   f"(e.g. {', '.join(repr(x) for x in labels[:3])})", file=sys.stderr)
             return 2
 
-    if check or not torch.cuda.is_available():
+    if checking:
         # the correctness run is cheap: fp32 (tight tolerance) and bf16 unless told otherwise
         dtype_names = list(dtypes or ["fp32", "bf16"])
         return _check(wls, [DTYPES[d] for d in dtype_names], dtype_names, out, match)

@@ -445,7 +445,8 @@ def run_bench(workloads: list[Workload], modes: list[str], dtypes: list[torch.dt
     if small_ops and cfg.small_rounds > 1:
         result.notes.append(f"decode-like (small) cases: device times are the least of {cfg.small_rounds} or more "
                             "rounds alternating over the implementations, at most "
-                            f"{cfg.clean_calls // cfg.small_rounds} clean calls a round (one measurement's calls shared out; a few-microsecond call's "
+                            f"{cfg.clean_calls // cfg.small_rounds} clean calls a round (one measurement's calls "
+                            "shared out; a few-microsecond call's "
                             "median moves ~1 us between measurements; each row's ms_rounds lists them): "
                             + ", ".join(small_ops))
     for why, ops in absent.items():

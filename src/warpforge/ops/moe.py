@@ -622,11 +622,12 @@ def _moe_swap_kernel(
     pass reading the weights again. Token rows arrive in the padded order of BLOCK_M-row tiles;
     rows past an expert's count are zeros there. EXPERT_ORDER: programs in expert order
     (_expert_tile_coords: an expert's row tiles read each weight strip together), else row-major."""
+    tiles_n = tl.cdiv(N, BJ)
     if EXPERT_ORDER:
-        pid_m, pid_n, e = _expert_tile_coords(tl.program_id(0), tl.cdiv(N, BJ), tile_expert_ptr, start_ptr, BLOCK_M)
+        pid_m, pid_n, e = _expert_tile_coords(tl.program_id(0), tiles_n, tile_expert_ptr, start_ptr, BLOCK_M)
     else:
-        pid_m = tl.program_id(0) // tl.cdiv(N, BJ)
-        pid_n = tl.program_id(0) % tl.cdiv(N, BJ)
+        pid_m = tl.program_id(0) // tiles_n
+        pid_n = tl.program_id(0) % tiles_n
         e = tl.load(tile_expert_ptr + pid_m)
     if e < 0:
         return
@@ -735,17 +736,17 @@ def _align(ids: torch.Tensor, experts: int, block_m: int):
     tile_expert = torch.empty(tiles_max, dtype=torch.int32, device=dev)
     start = torch.empty(experts + 1, dtype=torch.int32, device=dev)
     counts = torch.empty(experts, dtype=torch.int32, device=dev)
-    tb = max(1, min(64, 4096 // nb))
+    # rows a step of the [rows, NB] histogram and tile-owner loops (chunks, tiles): <= 4,096 elements
+    step = triton.next_power_of_2(max(1, min(64, 4096 // nb)))
     if 0 < S <= MOE_ALIGN_ONE_MAX and S * experts <= MOE_ALIGN_ONE_WORK:
         _launch(_ALIGN_ONE, (1,), (ids, sorted_slot, slot_pos, counts, start, tile_expert, S, P, tiles_max), (8, 1),
-                E=experts, NB=nb, SB=max(16, triton.next_power_of_2(S)), BLOCK_M=block_m, TB=triton.next_power_of_2(tb))
+                E=experts, NB=nb, SB=max(16, triton.next_power_of_2(S)), BLOCK_M=block_m, TB=step)
         return sorted_slot, slot_pos, tile_expert, start, counts
     hist = torch.empty((chunks, experts), dtype=torch.int32, device=dev)
     fill_per = triton.cdiv(triton.cdiv(P, chunks), chunk) * chunk
     _launch(_COUNT, (chunks,), (ids, hist, sorted_slot, S, P, fill_per), (4, 1), E=experts, NB=nb, CHUNK=chunk)
-    cb = max(1, min(64, 4096 // nb))
     _launch(_OFFSETS, (1,), (hist, counts, start, tile_expert, chunks, tiles_max), (4, 1),
-            E=experts, NB=nb, BLOCK_M=block_m, CB=triton.next_power_of_2(cb), TB=triton.next_power_of_2(tb))
+            E=experts, NB=nb, BLOCK_M=block_m, CB=step, TB=step)
     _launch(_SCATTER, (chunks,), (ids, hist, start, sorted_slot, slot_pos, S), (8, 1), E=experts, CHUNK=chunk)
     return sorted_slot, slot_pos, tile_expert, start, counts
 
