@@ -308,6 +308,48 @@ def test_tma_path(monkeypatch, dtype, shape, routing, block_m):
         assert torch.count_nonzero(w1.grad[1:]) == 0 and torch.count_nonzero(w2.grad[1:]) == 0
 
 
+@pytest.mark.skipif(not ON_HOPPER, reason="programmatic dependent launch needs an sm_90+ GPU")
+@pytest.mark.parametrize("path", ["pointer", "tma", "swap"])
+def test_pdl_forward(monkeypatch, path):
+    """Inference forwards launch every kernel as a programmatic dependent of the one before
+    (ops/moe.py, _pdl): the same output bit for bit as without, eagerly and replayed from a CUDA
+    graph, on each GEMM path (the TMA and swapped decode kernels forced at small sizes)."""
+    import warpforge.ops.moe as M
+    T, d, n, E, k = 80, 256, 192, 6, 2
+    if path != "pointer":
+        monkeypatch.setattr(M, "_TMA_DECODE_MIN_WEIGHTS", 0)
+        monkeypatch.setattr(M, "moe_block_m", lambda *a: 128 if path == "swap" else 32)
+    if path == "swap":
+        monkeypatch.setattr(M, "MOE_SWAP_MAX_ROWS", 1 << 20)
+    x, w1, w2, wts, ids = _inputs(T, d, n, E, k, torch.bfloat16)
+    flags = []
+    real = M._launch
+    monkeypatch.setattr(M, "_launch", lambda *a, **kw: (flags.append(bool(a[4]) if len(a) > 4 else kw.get("pdl", False)),
+                                                        real(*a, **kw))[1])
+    with torch.no_grad():
+        monkeypatch.setattr(M, "_PDL_ON", False)
+        want = moe_experts(x, w1, w2, wts, ids)
+        assert not any(flags)
+        monkeypatch.setattr(M, "_PDL_ON", True)
+        flags.clear()
+        got = moe_experts(x, w1, w2, wts, ids)
+        assert flags and all(flags), flags
+        assert torch.equal(got, want)
+        out = torch.empty_like(want)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            out.copy_(moe_experts(x, w1, w2, wts, ids))
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out.copy_(moe_experts(x, w1, w2, wts, ids, validate=False))
+        out.zero_()
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
+
+
 @pytest.mark.skipif(not ON_HOPPER, reason="the TMA kernels need an sm_90+ GPU")
 def test_tma_path_declines_unreadable_weights(monkeypatch):
     """Weights TMA cannot read as one 2-D matrix (experts not stacked at a uniform stride) take the

@@ -93,6 +93,11 @@ from ..runtime.launch import LaunchCache
 from ..runtime.registry import Op
 from .matmul import _column_halves, _dot, _precision, _tile_coords, _tma_store_tile, _tma_view, _upcast
 
+try:                                           # griddepcontrol (sm_90+): programmatic dependent launch
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:                            # pragma: no cover - a Triton without it
+    gdc_launch_dependents = gdc_wait = None
+
 MOE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_EXPERTS = 4096
 
@@ -124,13 +129,24 @@ def moe_experts_reference(x, w_gate_up, w_down, topk_weights, topk_ids) -> torch
 # Triton kernels: alignment
 # ----------------------------------------------------------------------------------------------
 @triton.jit
+def _pdl_start(PDL: tl.constexpr):
+    """A forward decode kernel's first step when its launch is a programmatic dependent of the one
+    before it (``_pdl``): wait for that grid to finish (its writes visible) before any memory
+    access, then let the next launch's programs start as this grid's retire."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+@triton.jit
 def _moe_count_kernel(
     ids_ptr,            # (S,) int32 expert of each slot
     chunk_ptr,          # (chunks, E) int32 out: per-chunk histogram
     sorted_ptr,         # (P,) int32 out: filled with -1 here (padding), the scatter overwrites real rows
     S, P, fill_per,
-    E: tl.constexpr, NB: tl.constexpr, CHUNK: tl.constexpr,
+    E: tl.constexpr, NB: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    _pdl_start(PDL)
     c = tl.program_id(0)
     offs = c * CHUNK + tl.arange(0, CHUNK)
     ids = tl.load(ids_ptr + offs, mask=offs < S, other=E)
@@ -152,7 +168,9 @@ def _moe_offsets_kernel(
     tile_expert_ptr,    # (tiles_max,) int32 out: expert owning each BLOCK_M-row tile, -1 past the end
     chunks, tiles_max,
     E: tl.constexpr, NB: tl.constexpr, BLOCK_M: tl.constexpr, CB: tl.constexpr, TB: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    _pdl_start(PDL)
     bins = tl.arange(0, NB)
     emask = bins < E
     running = tl.zeros([NB], dtype=tl.int32)
@@ -193,11 +211,13 @@ def _moe_align_one_kernel(
     sorted_ptr, pos_ptr, counts_ptr, start_ptr, tile_expert_ptr,   # out: as the three kernels above
     S, P, tiles_max,
     E: tl.constexpr, NB: tl.constexpr, SB: tl.constexpr, BLOCK_M: tl.constexpr, TB: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """The whole alignment in one program, for S <= SB slots (decode, where the three launches of
     count, offsets and scatter cost more than the work): the histogram of all slots, the layout,
     then one sort of (expert, slot) keys. A slot's rank within its expert is its place in the
     sorted order less the slots of the experts before it, so the ranks take no serial loop."""
+    _pdl_start(PDL)
     lane = tl.arange(0, SB)
     ids = tl.load(ids_ptr + lane, mask=lane < S, other=-1)
     ok = (lane < S) & (ids >= 0) & (ids < E)
@@ -227,8 +247,9 @@ def _moe_scatter_kernel(
     sorted_ptr,         # (P,) int32 out: slot of each padded row
     pos_ptr,            # (S,) int32 out: padded row of each slot (-1: dropped, id out of range)
     S,
-    E: tl.constexpr, CHUNK: tl.constexpr,
+    E: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    _pdl_start(PDL)
     c = tl.program_id(0)
     lane = tl.arange(0, CHUNK)
     offs = c * CHUNK + lane
@@ -283,9 +304,11 @@ def _moe_gemm_kernel(
     TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, GATHER_A: tl.constexpr, EPI: tl.constexpr, SCALE_ROWS: tl.constexpr,
     STORE_Z: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One BLOCK_M x BLOCK_N tile of one expert's rows. EPI 0: C = acc (times the routing weight
     with SCALE_ROWS); EPI 1: gate and up accumulators (B columns N apart), C = silu(z_g) * z_u."""
+    _pdl_start(PDL)
     pid = tl.program_id(0)
     tiles_m = tl.num_programs(0) // tiles_n
     pid_m, pid_n = _tile_coords(pid, tiles_m, tiles_n, GROUP_M)
@@ -424,9 +447,10 @@ def _moe_combine_kernel(
     pos_ptr,            # (T * TOPK,) int32 padded row of each slot (-1: none)
     out_ptr,            # (T, D) out
     D, s_y, s_o,
-    TOPK: tl.constexpr, BLOCK_D: tl.constexpr,
+    TOPK: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """out[t] = sum_j y[pos[t, j]] in fp32, j in order: deterministic."""
+    _pdl_start(PDL)
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     m = offs < D
@@ -448,10 +472,12 @@ def _moe_gather_kernel(
     dst_ptr,            # (P, D) out: src[slot // TOPK], zeros on padding rows (unused tiles left alone)
     D, s_src, s_dst,
     TOPK: tl.constexpr, TILE_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """The token rows in the padded expert order, so that the grouped GEMMs read A by TMA boxes. A
     program copies ROWS rows' BLOCK_D columns (program_id(1): the column block), one load and
     store each, so the copy is one memory round trip deep."""
+    _pdl_start(PDL)
     r0 = tl.program_id(0) * ROWS
     if tl.load(tile_expert_ptr + r0 // TILE_M) < 0:
         return
@@ -520,7 +546,7 @@ def _moe_gemm_tma_kernel(
     NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, B_T: tl.constexpr, EPI: tl.constexpr, SCALE_ROWS: tl.constexpr,
     STORE_Z: tl.constexpr, PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr,
-    PAIRED: tl.constexpr, STORE_SPLIT: tl.constexpr, EXPERT_ORDER: tl.constexpr,
+    PAIRED: tl.constexpr, STORE_SPLIT: tl.constexpr, EXPERT_ORDER: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """_moe_gemm_kernel's work, persistent: NUM_PROGRAMS programs walk the used tiles (the count
     read from start[E], so no host sync sizes the loop) in grouped order; A and B arrive by TMA,
@@ -531,6 +557,7 @@ def _moe_gemm_tma_kernel(
     flattened loop), split into z_g and z_u for the epilogue. STORE_SPLIT > 0: the finished tile
     leaves by TMA bulk stores (the hardware clips columns past N) instead of pointer stores.
     EXPERT_ORDER: the tiles in expert order (_expert_tile_coords), else grouped by GROUP_M."""
+    _pdl_start(PDL)
     tiles_m = tl.load(start_ptr + E) // BLOCK_M
     tiles_n = tl.cdiv(N, BLOCK_N)
     k_steps = tl.cdiv(K, BLOCK_K)
@@ -613,7 +640,7 @@ def _moe_swap_kernel(
     K, N, R,
     BLOCK_M: tl.constexpr, TM: tl.constexpr, TW: tl.constexpr, BJ: tl.constexpr, BK: tl.constexpr,
     PAIRED: tl.constexpr, EPI: tl.constexpr, SCALE_ROWS: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, EXPERT_ORDER: tl.constexpr,
+    UPCAST: tl.constexpr, EXPERT_ORDER: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Decode's row GEMMs with A and B swapped: the weights are the MMA's M side (a program takes BJ
     output columns: 2 * BJ weight rows for gate and up) and an expert's tokens its N side, so a
@@ -622,6 +649,7 @@ def _moe_swap_kernel(
     pass reading the weights again. Token rows arrive in the padded order of BLOCK_M-row tiles;
     rows past an expert's count are zeros there. EXPERT_ORDER: programs in expert order
     (_expert_tile_coords: an expert's row tiles read each weight strip together), else row-major."""
+    _pdl_start(PDL)
     tiles_n = tl.cdiv(N, BJ)
     if EXPERT_ORDER:
         pid_m, pid_n, e = _expert_tile_coords(tl.program_id(0), tiles_n, tile_expert_ptr, start_ptr, BLOCK_M)
@@ -709,9 +737,27 @@ _SWAP = LaunchCache(_moe_swap_kernel)
 _WGRAD_TMA = LaunchCache(_moe_wgrad_tma_kernel)
 
 
-def _launch(cache: LaunchCache, grid: tuple, args: tuple, cfg: MoEConfig | tuple, **const) -> None:
+def _launch(cache: LaunchCache, grid: tuple, args: tuple, cfg: MoEConfig | tuple, pdl: bool = False, **const) -> None:
+    """``cache``'s kernel over ``grid``; ``pdl``: as a programmatic dependent of the launch before it
+    (the kernel's PDL constexpr: it waits for that grid first, ``_pdl_start``)."""
     warps, stages = (cfg.num_warps, cfg.num_stages) if isinstance(cfg, MoEConfig) else cfg
-    cache.specialized(grid, args, const, num_warps=warps, num_stages=stages)
+    if pdl:
+        cache.specialized(grid, args, {**const, "PDL": True}, num_warps=warps, num_stages=stages, launch_pdl=True)
+    else:
+        cache.specialized(grid, args, const, num_warps=warps, num_stages=stages)
+
+
+_PDL_ON = os.environ.get("WARPFORGE_MOE_PDL", "1") != "0"
+
+
+def _pdl(x: torch.Tensor) -> bool:
+    """Whether a forward's launches (alignment, gather, GEMMs, combine) are each a programmatic
+    dependent of the one before (sm_90+ GPU, not the interpreter; ``WARPFORGE_MOE_PDL=0`` turns it
+    off): the next grid's programs start as the last ones of this grid retire, instead of after
+    it ends, and wait for it in ``_pdl_start`` before touching memory. Decode, where a call is
+    five or more short launches, is what it is for (benchmarks/NOTES.md, item 104)."""
+    return (_PDL_ON and gdc_wait is not None and not interpreting() and x.is_cuda
+            and torch.cuda.get_device_capability(x.device)[0] >= 9)
 
 
 def _tiles_max(slots: int, experts: int, block_m: int) -> int:
@@ -720,7 +766,7 @@ def _tiles_max(slots: int, experts: int, block_m: int) -> int:
     return triton.cdiv(slots, block_m) + min(experts, slots)
 
 
-def _align(ids: torch.Tensor, experts: int, block_m: int):
+def _align(ids: torch.Tensor, experts: int, block_m: int, pdl: bool = False):
     """Sort the slots by expert into the padded row space (see the module docstring); no host sync.
     Returns (sorted_slot (P,), slot_pos (S,), tile_expert (tiles_max,), expert_start (E + 1,),
     counts (E,)), all int32."""
@@ -739,20 +785,20 @@ def _align(ids: torch.Tensor, experts: int, block_m: int):
     # rows a step of the [rows, NB] histogram and tile-owner loops (chunks, tiles): <= 4,096 elements
     step = triton.next_power_of_2(max(1, min(64, 4096 // nb)))
     if 0 < S <= MOE_ALIGN_ONE_MAX and S * experts <= MOE_ALIGN_ONE_WORK:
-        _launch(_ALIGN_ONE, (1,), (ids, sorted_slot, slot_pos, counts, start, tile_expert, S, P, tiles_max), (8, 1),
+        _launch(_ALIGN_ONE, (1,), (ids, sorted_slot, slot_pos, counts, start, tile_expert, S, P, tiles_max), (8, 1), pdl,
                 E=experts, NB=nb, SB=max(16, triton.next_power_of_2(S)), BLOCK_M=block_m, TB=step)
         return sorted_slot, slot_pos, tile_expert, start, counts
     hist = torch.empty((chunks, experts), dtype=torch.int32, device=dev)
     fill_per = triton.cdiv(triton.cdiv(P, chunks), chunk) * chunk
-    _launch(_COUNT, (chunks,), (ids, hist, sorted_slot, S, P, fill_per), (4, 1), E=experts, NB=nb, CHUNK=chunk)
-    _launch(_OFFSETS, (1,), (hist, counts, start, tile_expert, chunks, tiles_max), (4, 1),
+    _launch(_COUNT, (chunks,), (ids, hist, sorted_slot, S, P, fill_per), (4, 1), pdl, E=experts, NB=nb, CHUNK=chunk)
+    _launch(_OFFSETS, (1,), (hist, counts, start, tile_expert, chunks, tiles_max), (4, 1), pdl,
             E=experts, NB=nb, BLOCK_M=block_m, CB=step, TB=step)
-    _launch(_SCATTER, (chunks,), (ids, hist, start, sorted_slot, slot_pos, S), (8, 1), E=experts, CHUNK=chunk)
+    _launch(_SCATTER, (chunks,), (ids, hist, start, sorted_slot, slot_pos, S), (8, 1), pdl, E=experts, CHUNK=chunk)
     return sorted_slot, slot_pos, tile_expert, start, counts
 
 
 def _gemm(a, b_view, c, *, meta, K: int, N: int, cfg: MoEConfig, topk: int, gather_a: bool, epi: int,
-          weights=None, scale_rows=False, z=None, store_z=False) -> None:
+          weights=None, scale_rows=False, z=None, store_z=False, pdl: bool = False) -> None:
     """Launch _moe_gemm_kernel over every possible tile. ``b_view``: (E, K, N) strides of B."""
     sorted_slot, tile_expert = meta
     tiles_n = triton.cdiv(N, cfg.block_n)
@@ -762,7 +808,7 @@ def _gemm(a, b_view, c, *, meta, K: int, N: int, cfg: MoEConfig, topk: int, gath
     args = (a, b, c, dummy if z is None else z, dummy if weights is None else weights, sorted_slot, tile_expert,
             K, N, tiles_n, a.stride(0), a.stride(1), s_be, s_bk, s_bn, c.stride(0),
             0 if z is None else z.stride(0))
-    _launch(_GEMM, grid, args, cfg, TOPK=topk, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+    _launch(_GEMM, grid, args, cfg, pdl, TOPK=topk, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             GROUP_M=cfg.group_m, GATHER_A=gather_a, EPI=epi, SCALE_ROWS=scale_rows, STORE_Z=store_z,
             EVEN_K=(K % cfg.block_k == 0), PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype))
 
@@ -778,13 +824,13 @@ def _wgrad(a, b, c, *, sorted_slot, start, M: int, N: int, topk: int, gather_a: 
             PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype))
 
 
-def _combine(y, slot_pos, T: int, topk: int, D: int, dtype) -> torch.Tensor:
+def _combine(y, slot_pos, T: int, topk: int, D: int, dtype, pdl: bool = False) -> torch.Tensor:
     out = new_empty((T, D), dtype=dtype, device=y.device)
     if T == 0:
         return out
     block_d = min(triton.next_power_of_2(D), 64 if interpreting() else 2048)
     _launch(_COMBINE, (T, triton.cdiv(D, block_d)), (y, slot_pos, out, D, y.stride(0), out.stride(0)),
-            (4 if block_d <= 1024 else 8, 1), TOPK=topk, BLOCK_D=block_d)
+            (4 if block_d <= 1024 else 8, 1), pdl, TOPK=topk, BLOCK_D=block_d)
     return out
 
 
@@ -855,14 +901,14 @@ _PAIRED_UP = True           # 128-row gate/up tiles take one [BLOCK_M, 2 * BLOCK
 _TMA_DECODE_MIN_WEIGHTS = 1 << 24
 
 
-def _gather_rows(src: torch.Tensor, sorted_slot, tile_expert, topk: int, block_m: int) -> torch.Tensor:
+def _gather_rows(src: torch.Tensor, sorted_slot, tile_expert, topk: int, block_m: int, pdl: bool = False) -> torch.Tensor:
     """src[slot // topk] for every padded row of a used tile (zeros on padding rows)."""
     P, D = sorted_slot.numel(), src.shape[1]
     dst = new_empty((P, D), dtype=src.dtype, device=src.device)
     rows = 16
     block_d = min(32 if interpreting() else 512, triton.next_power_of_2(D))   # the tests: several blocks
     _launch(_GATHER, (P // rows, triton.cdiv(D, block_d)), (src, sorted_slot, tile_expert, dst, D, src.stride(0),
-                                                            dst.stride(0)), (4, 1),
+                                                            dst.stride(0)), (4, 1), pdl,
             TOPK=topk, TILE_M=block_m, ROWS=rows, BLOCK_D=block_d)
     return dst
 
@@ -881,7 +927,7 @@ def _weights_desc(w: torch.Tensor, N: int, box: list[int], paired: bool):
 
 
 def _gemm_tma(a, w, c, *, meta, K: int, N: int, kind: str, b_t: bool, epi: int = 0, weights=None,
-              z=None) -> None:
+              z=None, pdl: bool = False) -> None:
     """_moe_gemm_tma_kernel: C (P, N) = A (P, K) @ B_e over the used tiles. ``w``: the (E, R, C)
     weights, read as B[k, j] = w[e, j, k] (``b_t``) or w[e, k, j]."""
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -906,13 +952,13 @@ def _gemm_tma(a, w, c, *, meta, K: int, N: int, kind: str, b_t: bool, epi: int =
             z_desc = TensorDescriptor(z, [z.shape[0], 2, N], [z.stride(0), N, 1], [cfg.block_m, 1, cfg.block_n])
     args = (a_desc, b_desc, c_desc, z_desc, c, dummy if z is None else z, dummy if weights is None else weights,
             sorted_slot, tile_expert, start, K, N, R, c.stride(0), 0 if z is None else z.stride(0), E)
-    _launch(_GEMM_TMA, (programs,), args, cfg, NUM_PROGRAMS=programs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+    _launch(_GEMM_TMA, (programs,), args, cfg, pdl, NUM_PROGRAMS=programs, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, B_T=b_t, EPI=epi, SCALE_ROWS=weights is not None,
             STORE_Z=z is not None, PRECISION=_precision(a.dtype), WARP_SPECIALIZE=ws, FLATTEN=flatten,
             PAIRED=paired, STORE_SPLIT=split, EXPERT_ORDER=programs_per_sm == 0 and _EXPERT_ORDER)
 
 
-def _gemm_swap(a, w, c, *, meta, K: int, N: int, epi: int, weights=None, cfg=None) -> None:
+def _gemm_swap(a, w, c, *, meta, K: int, N: int, epi: int, weights=None, cfg=None, pdl: bool = False) -> None:
     """_moe_swap_kernel: C (P, N) = A (P, K) @ W_e^T over the used BLOCK_M-row tiles (decode). ``w``:
     the (E, R, K) weights, read row-major (gate/up: w_gate_up, both halves of a column tile in one
     box); ``cfg``: (TM, TW, BJ, BK, warps, stages), default ``MOE_SWAP``'s for the kind."""
@@ -930,7 +976,7 @@ def _gemm_swap(a, w, c, *, meta, K: int, N: int, epi: int, weights=None, cfg=Non
     grid = (tile_expert.numel() * triton.cdiv(N, bj),)
     args = (w_desc, x_desc, xw_desc, c_desc, cw_desc, sorted_slot if weights is None else weights, sorted_slot,
             tile_expert, start, counts, K, N, R)
-    _launch(_SWAP, grid, args, (warps, stages), BLOCK_M=block_m, TM=tm, TW=tw, BJ=bj, BK=bk, PAIRED=epi == 1,
+    _launch(_SWAP, grid, args, (warps, stages), pdl, BLOCK_M=block_m, TM=tm, TW=tw, BJ=bj, BK=bk, PAIRED=epi == 1,
             EPI=epi, SCALE_ROWS=weights is not None, PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype),
             EXPERT_ORDER=_EXPERT_ORDER)
 
@@ -984,30 +1030,31 @@ def _moe_fwd(x, w1, w2, weights, ids, block_m: int, save_z: bool):
             return torch.empty(0, dtype=torch.int32, device=x.device)
         return (torch.zeros((T, d), dtype=x.dtype, device=x.device), x.new_empty((0, n2)), empty(), empty(), empty(),
                 torch.zeros(E + 1, dtype=torch.int32, device=x.device), torch.zeros(E, dtype=torch.int32, device=x.device))
-    sorted_slot, slot_pos, tile_expert, start, counts = _align(ids.view(-1), E, block_m)
+    pdl = _pdl(x) and not save_z         # inference calls (decode): each launch a dependent of the last
+    sorted_slot, slot_pos, tile_expert, start, counts = _align(ids.view(-1), E, block_m, pdl)
     meta = (sorted_slot, tile_expert)
     h = new_empty((P, n), dtype=x.dtype, device=x.device)
     z = new_empty((P, n2), dtype=x.dtype, device=x.device) if save_z else x.new_empty((0, n2))
     y = new_empty((P, d), dtype=x.dtype, device=x.device)
     swap = swap_path(x, w1, w2, block_m, S, E, save_z)
     if swap or tma_path(x, w1, w2, block_m):
-        xg = _gather_rows(x, sorted_slot, tile_expert, topk, block_m)
+        xg = _gather_rows(x, sorted_slot, tile_expert, topk, block_m, pdl)
         if swap:
             meta = (sorted_slot, tile_expert, start, counts)
-            _gemm_swap(xg, w1, h, meta=meta, K=d, N=n, epi=1)
+            _gemm_swap(xg, w1, h, meta=meta, K=d, N=n, epi=1, pdl=pdl)
             del xg
-            _gemm_swap(h, w2, y, meta=meta, K=n, N=d, epi=0, weights=weights.view(-1))
+            _gemm_swap(h, w2, y, meta=meta, K=n, N=d, epi=0, weights=weights.view(-1), pdl=pdl)
         else:
             meta = (sorted_slot, tile_expert, start)
-            _gemm_tma(xg, w1, h, meta=meta, K=d, N=n, kind="up", b_t=True, epi=1, z=z if save_z else None)
+            _gemm_tma(xg, w1, h, meta=meta, K=d, N=n, kind="up", b_t=True, epi=1, z=z if save_z else None, pdl=pdl)
             del xg
-            _gemm_tma(h, w2, y, meta=meta, K=n, N=d, kind="down", b_t=True, weights=weights.view(-1))
+            _gemm_tma(h, w2, y, meta=meta, K=n, N=d, kind="down", b_t=True, weights=weights.view(-1), pdl=pdl)
     else:
         _gemm(x, _b_fwd_up(w1), h, meta=meta, K=d, N=n, cfg=moe_config("up", block_m, x.element_size()), topk=topk,
-              gather_a=True, epi=1, z=z if save_z else None, store_z=save_z)
+              gather_a=True, epi=1, z=z if save_z else None, store_z=save_z, pdl=pdl)
         _gemm(h, _b_fwd_down(w2), y, meta=meta, K=n, N=d, cfg=moe_config("down", block_m, x.element_size()),
-              topk=topk, gather_a=False, epi=0, weights=weights.view(-1), scale_rows=True)
-    out = _combine(y, slot_pos, T, topk, d, x.dtype)
+              topk=topk, gather_a=False, epi=0, weights=weights.view(-1), scale_rows=True, pdl=pdl)
+    out = _combine(y, slot_pos, T, topk, d, x.dtype, pdl)
     return out, z, sorted_slot, slot_pos, tile_expert, start, counts
 
 

@@ -53,13 +53,16 @@ class LaunchCache:
         launch(compiled, grid, (*args, *tail))
         return compiled
 
-    def specialized(self, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int, num_stages: int | None):
+    def specialized(self, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int, num_stages: int | None,
+                    **options):
         """Launch with the plan key the JIT itself would use: :func:`spec_key` of the runtime
         arguments, the constexprs, the launch shape and the current device (the JIT compiles and
-        loads a kernel per device). ``num_stages=None``: the JIT's default."""
+        loads a kernel per device), and ``options`` (as in :meth:`__call__`). ``num_stages=None``:
+        the JIT's default."""
         key = None if _BYPASS or interpreting() else (
-            torch._C._cuda_getDevice(), spec_key(args), tuple(constexprs.items()), num_warps, num_stages)
-        return self(key, grid, args, constexprs, num_warps=num_warps, num_stages=num_stages)
+            torch._C._cuda_getDevice(), spec_key(args), tuple(constexprs.items()), num_warps, num_stages,
+            tuple(sorted(options.items())))
+        return self(key, grid, args, constexprs, num_warps=num_warps, num_stages=num_stages, **options)
 
     def get(self, key):
         """(compiled kernel, constexpr values) recorded for ``key``, or None."""

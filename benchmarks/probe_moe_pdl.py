@@ -1,0 +1,53 @@
+"""Device probe for programmatic dependent launch in the MoE forward (ops/moe.py, _pdl; NOTES item 104):
+each decode call with every launch a programmatic dependent of the one before, against the same call
+without, and the torch._grouped_mm pipeline, as CUDA-graph latency (moe_probe_inputs.graph_us), the
+least of ``--rounds`` alternating rounds. The two must give the same output bit for bit.
+
+    python benchmarks/probe_moe_pdl.py [--cases mixtral:1,mixtral:64,...] [--routings random]
+"""
+import argparse
+
+import torch
+
+import warpforge.ops.moe as M
+from warpforge.bench.workloads import make_moe_routing, moe_grouped_mm
+
+from moe_probe_inputs import SHAPES, graph_us, make
+
+p = argparse.ArgumentParser()
+p.add_argument("--cases", default="mixtral:1,mixtral:8,mixtral:64,mixtral:256,dsv2:1,dsv2:8,dsv2:64,dsv2:256,"
+                                  "olmoe:1,olmoe:64")
+p.add_argument("--routings", default="random")
+p.add_argument("--rounds", type=int, default=3)
+a = p.parse_args()
+table = []
+for case in a.cases.split(","):
+    shape, T = case.split(":")
+    T = int(T)
+    d, n, E, k = SHAPES[shape]
+    x, w1, w2, _, _ = make(T, d, n, E, k)
+    for r in a.routings.split(","):
+        ids, wts = make_moe_routing(T, E, k, r)
+        ids, wts = ids.cuda(), wts.cuda()
+        fn = lambda: M.moe_experts(x, w1, w2, wts, ids, validate=False)  # noqa: E731
+        outs = {}
+        for on in (False, True):
+            M._PDL_ON = on
+            outs[on] = fn().clone()
+        if not torch.equal(outs[True], outs[False]):
+            raise SystemExit(f"{shape} T={T} {r}: the outputs differ with and without PDL")
+        best = {}
+        for rnd in range(a.rounds):
+            for name in ("grouped_mm", "pdl", "plain"):
+                if name == "grouped_mm":
+                    t = graph_us(lambda: moe_grouped_mm(x, w1, w2, wts, ids))
+                else:
+                    M._PDL_ON = name == "pdl"
+                    t = graph_us(fn)
+                best[name] = min(best.get(name, 1e30), t)
+                print(f"{shape} T={T} {r} round {rnd}: {name} {t:.1f} us", flush=True)
+        g = best["grouped_mm"]
+        table.append(f"{shape:7s} T={T:3d} {r:8s}: pdl {best['pdl']:7.1f} us ({g / best['pdl']:.2f}x), "
+                     f"plain {best['plain']:7.1f} us ({g / best['plain']:.2f}x), grouped_mm {g:7.1f} us")
+M._PDL_ON = True
+print("\n".join(table))
