@@ -310,10 +310,12 @@ def test_tma_path(monkeypatch, dtype, shape, routing, block_m):
 
 @pytest.mark.skipif(not ON_HOPPER, reason="programmatic dependent launch needs an sm_90+ GPU")
 @pytest.mark.parametrize("path", ["pointer", "tma", "swap"])
-def test_pdl_forward(monkeypatch, path):
+@pytest.mark.parametrize("mode", [1, 2])
+def test_pdl_forward(monkeypatch, path, mode):
     """Inference forwards launch every kernel as a programmatic dependent of the one before
-    (ops/moe.py, _pdl): the same output bit for bit as without, eagerly and replayed from a CUDA
-    graph, on each GEMM path (the TMA and swapped decode kernels forced at small sizes)."""
+    (ops/moe.py, _pdl), the next launch released at each program's start (mode 1) or end (2): the
+    same output bit for bit as without, eagerly and replayed from a CUDA graph, on each GEMM path
+    (the TMA and swapped decode kernels forced at small sizes)."""
     import warpforge.ops.moe as M
     T, d, n, E, k = 80, 256, 192, 6, 2
     if path != "pointer":
@@ -327,10 +329,10 @@ def test_pdl_forward(monkeypatch, path):
     monkeypatch.setattr(M, "_launch", lambda *a, **kw: (flags.append(bool(a[4]) if len(a) > 4 else kw.get("pdl", False)),
                                                         real(*a, **kw))[1])
     with torch.no_grad():
-        monkeypatch.setattr(M, "_PDL_ON", False)
+        monkeypatch.setattr(M, "_PDL_MODE", 0)
         want = moe_experts(x, w1, w2, wts, ids)
         assert not any(flags)
-        monkeypatch.setattr(M, "_PDL_ON", True)
+        monkeypatch.setattr(M, "_PDL_MODE", mode)
         flags.clear()
         got = moe_experts(x, w1, w2, wts, ids)
         assert flags and all(flags), flags

@@ -131,10 +131,20 @@ def moe_experts_reference(x, w_gate_up, w_down, topk_weights, topk_ids) -> torch
 @triton.jit
 def _pdl_start(PDL: tl.constexpr):
     """A forward decode kernel's first step when its launch is a programmatic dependent of the one
-    before it (``_pdl``): wait for that grid to finish (its writes visible) before any memory
-    access, then let the next launch's programs start as this grid's retire."""
-    if PDL:
+    before it (``_pdl``; PDL 1 or 2): wait for that grid to finish (its writes visible) before any
+    memory access. PDL 1 then lets the next launch's programs start at once (they take the SMs'
+    free slots and wait there); PDL 2 lets it start only as each program ends (``_pdl_end``)."""
+    if PDL != 0:
         gdc_wait()
+    if PDL == 1:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def _pdl_end(PDL: tl.constexpr):
+    """A PDL 2 kernel's last step: this program no longer holds the next launch back (a program
+    that returns early releases it by ending)."""
+    if PDL == 2:
         gdc_launch_dependents()
 
 
@@ -144,7 +154,7 @@ def _moe_count_kernel(
     chunk_ptr,          # (chunks, E) int32 out: per-chunk histogram
     sorted_ptr,         # (P,) int32 out: filled with -1 here (padding), the scatter overwrites real rows
     S, P, fill_per,
-    E: tl.constexpr, NB: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False,
+    E: tl.constexpr, NB: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     _pdl_start(PDL)
     c = tl.program_id(0)
@@ -158,6 +168,7 @@ def _moe_count_kernel(
     for r in range(0, fill_per, CHUNK):
         rows = lo + r + tl.arange(0, CHUNK)
         tl.store(sorted_ptr + rows, tl.full([CHUNK], -1, tl.int32), mask=(rows < P) & (rows < lo + fill_per))
+    _pdl_end(PDL)
 
 
 @triton.jit
@@ -168,7 +179,7 @@ def _moe_offsets_kernel(
     tile_expert_ptr,    # (tiles_max,) int32 out: expert owning each BLOCK_M-row tile, -1 past the end
     chunks, tiles_max,
     E: tl.constexpr, NB: tl.constexpr, BLOCK_M: tl.constexpr, CB: tl.constexpr, TB: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     _pdl_start(PDL)
     bins = tl.arange(0, NB)
@@ -184,6 +195,7 @@ def _moe_offsets_kernel(
         running += tl.sum(hist, axis=0)
     tl.store(counts_ptr + bins, running, mask=emask)
     _moe_layout(running, emask, start_ptr, tile_expert_ptr, tiles_max, E, BLOCK_M, TB)
+    _pdl_end(PDL)
 
 
 @triton.jit
@@ -211,7 +223,7 @@ def _moe_align_one_kernel(
     sorted_ptr, pos_ptr, counts_ptr, start_ptr, tile_expert_ptr,   # out: as the three kernels above
     S, P, tiles_max,
     E: tl.constexpr, NB: tl.constexpr, SB: tl.constexpr, BLOCK_M: tl.constexpr, TB: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     """The whole alignment in one program, for S <= SB slots (decode, where the three launches of
     count, offsets and scatter cost more than the work): the histogram of all slots, the layout,
@@ -237,6 +249,7 @@ def _moe_align_one_kernel(
     tl.debug_barrier()              # the -1 fill before the real rows land on it
     tl.store(sorted_ptr + pos, slot, mask=valid)
     tl.store(pos_ptr + slot, tl.where(valid, pos, -1), mask=slot < S)
+    _pdl_end(PDL)
 
 
 @triton.jit
@@ -247,7 +260,7 @@ def _moe_scatter_kernel(
     sorted_ptr,         # (P,) int32 out: slot of each padded row
     pos_ptr,            # (S,) int32 out: padded row of each slot (-1: dropped, id out of range)
     S,
-    E: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False,
+    E: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     _pdl_start(PDL)
     c = tl.program_id(0)
@@ -263,6 +276,7 @@ def _moe_scatter_kernel(
     pos = base + rank
     tl.store(sorted_ptr + pos, offs, mask=ok)
     tl.store(pos_ptr + offs, tl.where(ok, pos, -1), mask=offs < S)
+    _pdl_end(PDL)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -304,7 +318,7 @@ def _moe_gemm_kernel(
     TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, GATHER_A: tl.constexpr, EPI: tl.constexpr, SCALE_ROWS: tl.constexpr,
     STORE_Z: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     """One BLOCK_M x BLOCK_N tile of one expert's rows. EPI 0: C = acc (times the routing weight
     with SCALE_ROWS); EPI 1: gate and up accumulators (B columns N apart), C = silu(z_g) * z_u."""
@@ -350,6 +364,7 @@ def _moe_gemm_kernel(
         b_ptrs += BLOCK_K * s_bk
 
     _moe_epilogue(acc, acc_u, rows64, offs_n, N, c_ptr, s_cm, z_ptr, s_zm, w_ptr, slot, EPI, SCALE_ROWS, STORE_Z)
+    _pdl_end(PDL)
 
 
 @triton.jit
@@ -447,7 +462,7 @@ def _moe_combine_kernel(
     pos_ptr,            # (T * TOPK,) int32 padded row of each slot (-1: none)
     out_ptr,            # (T, D) out
     D, s_y, s_o,
-    TOPK: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
+    TOPK: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     """out[t] = sum_j y[pos[t, j]] in fp32, j in order: deterministic."""
     _pdl_start(PDL)
@@ -459,6 +474,7 @@ def _moe_combine_kernel(
         p = tl.load(pos_ptr + t * TOPK + j)
         acc += tl.load(y_ptr + p.to(tl.int64) * s_y + offs, mask=m & (p >= 0), other=0.0).to(tl.float32)
     tl.store(out_ptr + t.to(tl.int64) * s_o + offs, acc.to(out_ptr.dtype.element_ty), mask=m)
+    _pdl_end(PDL)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -472,7 +488,7 @@ def _moe_gather_kernel(
     dst_ptr,            # (P, D) out: src[slot // TOPK], zeros on padding rows (unused tiles left alone)
     D, s_src, s_dst,
     TOPK: tl.constexpr, TILE_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     """The token rows in the padded expert order, so that the grouped GEMMs read A by TMA boxes. A
     program copies ROWS rows' BLOCK_D columns (program_id(1): the column block), one load and
@@ -489,6 +505,7 @@ def _moe_gather_kernel(
     m = cols < D
     v = tl.load(src_ptr + tok[:, None] * s_src + cols[None, :], mask=valid[:, None] & m[None, :], other=0.0)
     tl.store(dst_ptr + rows.to(tl.int64)[:, None] * s_dst + cols[None, :], v, mask=m[None, :])
+    _pdl_end(PDL)
 
 
 @triton.jit
@@ -546,7 +563,7 @@ def _moe_gemm_tma_kernel(
     NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, B_T: tl.constexpr, EPI: tl.constexpr, SCALE_ROWS: tl.constexpr,
     STORE_Z: tl.constexpr, PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FLATTEN: tl.constexpr,
-    PAIRED: tl.constexpr, STORE_SPLIT: tl.constexpr, EXPERT_ORDER: tl.constexpr, PDL: tl.constexpr = False,
+    PAIRED: tl.constexpr, STORE_SPLIT: tl.constexpr, EXPERT_ORDER: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     """_moe_gemm_kernel's work, persistent: NUM_PROGRAMS programs walk the used tiles (the count
     read from start[E], so no host sync sizes the loop) in grouped order; A and B arrive by TMA,
@@ -603,6 +620,7 @@ def _moe_gemm_tma_kernel(
         else:
             _moe_epilogue_tma(acc, acc_u, om, on, c_desc, z_desc, w_ptr, slot, EPI, SCALE_ROWS, STORE_Z,
                               STORE_SPLIT, BLOCK_M, BLOCK_N)
+    _pdl_end(PDL)
 
 
 @triton.jit
@@ -640,7 +658,7 @@ def _moe_swap_kernel(
     K, N, R,
     BLOCK_M: tl.constexpr, TM: tl.constexpr, TW: tl.constexpr, BJ: tl.constexpr, BK: tl.constexpr,
     PAIRED: tl.constexpr, EPI: tl.constexpr, SCALE_ROWS: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, EXPERT_ORDER: tl.constexpr, PDL: tl.constexpr = False,
+    UPCAST: tl.constexpr, EXPERT_ORDER: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     """Decode's row GEMMs with A and B swapped: the weights are the MMA's M side (a program takes BJ
     output columns: 2 * BJ weight rows for gate and up) and an expert's tokens its N side, so a
@@ -671,6 +689,7 @@ def _moe_swap_kernel(
     else:
         _moe_swap_pass(w_desc, x_desc, c_desc, w_ptr, sorted_ptr, e, row, on, K, R, TM,
                        MW, BJ, BK, PAIRED, EPI, SCALE_ROWS, PRECISION, UPCAST)
+    _pdl_end(PDL)
 
 
 @triton.jit
@@ -742,12 +761,15 @@ def _launch(cache: LaunchCache, grid: tuple, args: tuple, cfg: MoEConfig | tuple
     (the kernel's PDL constexpr: it waits for that grid first, ``_pdl_start``)."""
     warps, stages = (cfg.num_warps, cfg.num_stages) if isinstance(cfg, MoEConfig) else cfg
     if pdl:
-        cache.specialized(grid, args, {**const, "PDL": True}, num_warps=warps, num_stages=stages, launch_pdl=True)
+        cache.specialized(grid, args, {**const, "PDL": _PDL_MODE}, num_warps=warps, num_stages=stages,
+                          launch_pdl=True)
     else:
         cache.specialized(grid, args, const, num_warps=warps, num_stages=stages)
 
 
-_PDL_ON = os.environ.get("WARPFORGE_MOE_PDL", "1") != "0"
+# programmatic dependent launch in inference forwards: 0 off, 1 the next launch may start as soon
+# as every program of this one has begun, 2 as each program ends (_pdl_start, _pdl_end)
+_PDL_MODE = int(os.environ.get("WARPFORGE_MOE_PDL", "2"))
 
 
 def _pdl(x: torch.Tensor) -> bool:
@@ -756,7 +778,7 @@ def _pdl(x: torch.Tensor) -> bool:
     off): the next grid's programs start as the last ones of this grid retire, instead of after
     it ends, and wait for it in ``_pdl_start`` before touching memory. Decode, where a call is
     five or more short launches, is what it is for (benchmarks/NOTES.md, item 104)."""
-    return (_PDL_ON and gdc_wait is not None and not interpreting() and x.is_cuda
+    return (_PDL_MODE != 0 and gdc_wait is not None and not interpreting() and x.is_cuda
             and torch.cuda.get_device_capability(x.device)[0] >= 9)
 
 
