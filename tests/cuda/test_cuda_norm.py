@@ -1,6 +1,6 @@
 """The CUDA backend's cluster LayerNorm forward (``torch.ops.warpforge_cuda.layer_norm_fwd``,
 csrc/norm.cu) and LayerNorm / RMSNorm backward (``norm_bwd``) on a GPU, and the routes by which
-``warpforge.layer_norm`` and ``rms_norm`` take them (H200: the forward at 32,768, 65,536 and 262,144,
+``warpforge.layer_norm`` and ``rms_norm`` take them (H200: the forward at 65,536 and 262,144,
 heuristics.NORM_LAYER_CLUSTER; the backward at 32,768, 65,536 and 262,144, NORM_BWD_CLUSTER).
 
 Outputs are allocated by the caller and filled with NaN first, so an element, mean or rstd the kernel

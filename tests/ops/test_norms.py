@@ -551,17 +551,20 @@ def test_block_backward_staged(monkeypatch, op, rows):
 
 
 @pytest.mark.parametrize("n", [37, 64, 150, 192])   # one step (masked, whole), three steps (masked), whole steps
-@pytest.mark.parametrize("op,rows", [("layer", 1), ("layer", 2), ("rms", 1)])
-def test_loop_forward_steps(monkeypatch, op, rows, n):
+@pytest.mark.parametrize("op,rows,const", [("layer", 1, False), ("layer", 2, False), ("rms", 1, False),
+                                           ("layer", 1, True), ("rms", 1, True)])
+def test_loop_forward_steps(monkeypatch, op, rows, const, n):
     """The two-pass loop forward with 64-element steps, forced: its per-lane statistics (LayerNorm:
     each 8-column group's mean and M2 merged across steps by Chan's formula, then across groups)
     for one step and for several, with and without a masked last step, on rows with a large mean
     and one outlier; LayerNorm with two rows a program too (5 rows: the last program's second row
-    is past M)."""
+    is past M); and both kernels with N compiled in (``const_n``: whole steps only, no masks)."""
     from warpforge.ops import norms as mod
     from warpforge.runtime.heuristics import RowConfig
 
-    monkeypatch.setattr(mod, "norm_fwd_config", lambda n, layer, **_: RowConfig("loop", 64, rows, 4))
+    if const and n % 64:
+        pytest.skip("N compiled in takes whole steps only (heuristics.NORM_LOOP_CONST)")
+    monkeypatch.setattr(mod, "norm_fwd_config", lambda n, layer, **_: RowConfig("loop", 64, rows, 4, const_n=const))
     x = randn(5, n) + 300.0
     x[1, n // 2] = 3e4
     w, b = _param(n, torch.float32), _param(n, torch.float32, shift=0.0)
@@ -570,6 +573,30 @@ def test_loop_forward_steps(monkeypatch, op, rows, n):
     else:
         y, yr = rms_norm(x, (n,), w, 1e-6), F.rms_norm(x.double(), (n,), w.double(), 1e-6)
     assert_close(y, yr, torch.float32, scale=5.0, what="forward")
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the device's own routes; the interpreter keeps the plain row config")
+@pytest.mark.parametrize("n", [8192, 24576, 32768])
+@pytest.mark.parametrize("op", ["layer", "rms"])
+def test_loop_forward_device_route(op, n):
+    """The forward's route on this GPU with rows enough to take the loop kernels (two rows an SM):
+    on an H200 both norms compile N in at 8K, 24K and 32K (heuristics.NORM_LOOP_CONST), checked
+    against a float64 reference in bf16 and fp32 on rows with a large mean."""
+    from warpforge.ops import norms as mod
+    from warpforge.runtime.heuristics import NORM_LOOP_ROWS_PER_SM, norm_fwd_config
+
+    m = NORM_LOOP_ROWS_PER_SM * torch.cuda.get_device_properties(0).multi_processor_count
+    cfg = norm_fwd_config(n, layer=op == "layer", many=True, device_name=mod._device_name(randn(1)))
+    if "H200" in torch.cuda.get_device_name():
+        assert cfg.mode == "loop" and cfg.const_n, cfg
+    for dtype in (torch.bfloat16, torch.float32):
+        x = (randn(m, n) * 2 + 40.0).to(dtype)
+        w, b = _param(n, dtype), _param(n, dtype, shift=0.0)
+        if op == "layer":
+            y, yr = layer_norm(x, (n,), w, b), F.layer_norm(x.double(), (n,), w.double(), b.double())
+        else:
+            y, yr = rms_norm(x, (n,), w, 1e-6), F.rms_norm(x.double(), (n,), w.double(), 1e-6)
+        assert_close(y, yr, dtype, what=f"{op} {n} {dtype}")
 
 
 def test_bad_options_audit():

@@ -72,18 +72,24 @@ def test_norm_fwd_loop_rows(monkeypatch):
     assert f(4097, False, True).mode == "loop"
     for n, layer, many in ((8192, False, False), (8192, True, False), (4096, False, True), (8193, True, True)):
         assert f(n, layer, many).mode == "block", (n, layer, many)
-    # on an H200 LayerNorm keeps the block kernel there (NORM_LOOP_NO_LAYER); RMSNorm still loops
-    assert f(8192, True, True, "NVIDIA H200").mode == "block"
-    assert f(8192, False, True, "NVIDIA H200") == RowConfig("loop", 4096, 1, 16)
+    # on an H200 both norms loop with N compiled in where 4,096 divides N (NORM_LOOP_CONST); elsewhere
+    # LayerNorm keeps the block kernel there (NORM_LOOP_NO_LAYER) and RMSNorm loops with N an argument
+    h200 = "NVIDIA H200"
+    for layer in (False, True):
+        assert f(8192, layer, True, h200) == RowConfig("loop", 4096, 1, 16, const_n=True), layer
+        assert f(8192, layer, False, h200).mode == "block", layer
+    assert f(6000, True, True, h200).mode == "block"
+    assert f(6000, False, True, h200) == RowConfig("loop", 4096, 1, 16)
     assert f(8192, True, True, "NVIDIA H100 80GB HBM3") == RowConfig("loop", 8192, 1, 16)
     monkeypatch.setattr(heuristics, "interpreting", lambda: True)
     assert f(8192, False, True) == heuristics.row_config(8192)
 
 
 def test_norm_fwd_h200_routes(monkeypatch):
-    """H200 only (NORM_WIDE_LOOP, NORM_BLOCK_SHAPES, NORM_RMS_PIPE): rows of 16K < N <= 32K with rows
-    enough take the loop, RMSNorm in 8,192-element steps of 32 warps and LayerNorm in 16,384-element
-    steps of 32; LayerNorm rows of 2K < N <= 4K the block kernel at 4 warps, of 512 < N <= 1K two
+    """H200 only (NORM_LOOP_CONST, NORM_WIDE_LOOP, NORM_BLOCK_SHAPES, NORM_RMS_PIPE): rows of
+    16K < N <= 32K with rows enough take the loop, both norms in 8,192-element steps of 32 warps with
+    N compiled in where 8,192 divides N, else RMSNorm the same with N an argument and LayerNorm in
+    16,384-element steps of 32; LayerNorm rows of 2K < N <= 4K the block kernel at 4 warps, of 512 < N <= 1K two
     rows a program at 2 warps; RMSNorm rows of 32K < N <= 64K with rows enough the pipe in 2,048-column
     chunks of 4 warps without the re-read. Other devices, few rows and the interpreter keep theirs.
     The fast path is told to leave norm rows up to 32K with many rows to Python there."""
@@ -92,10 +98,12 @@ def test_norm_fwd_h200_routes(monkeypatch):
     f = heuristics.norm_fwd_config.__wrapped__
     monkeypatch.setattr(heuristics, "interpreting", lambda: False)
     h200, h100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
-    for n in (16385, 20000, 32768):
-        assert f(n, False, True, h200) == RowConfig("loop", 8192, 1, 32), n
+    for n in (16385, 20000, 24576, 32768):
+        const = n % 8192 == 0          # NORM_LOOP_CONST: N compiled in, both norms at 8,192 x 32
+        assert f(n, False, True, h200) == RowConfig("loop", 8192, 1, 32, const_n=const), n
         assert f(n, False, False, h200) == f(n, False, True, h100) == RowConfig("block", 32768, 1, 32), n
-        assert f(n, True, True, h200) == RowConfig("loop", 16384, 1, 32), n
+        assert f(n, True, True, h200) == (RowConfig("loop", 8192, 1, 32, const_n=True) if const
+                                          else RowConfig("loop", 16384, 1, 32)), n
         assert f(n, True, False, h200) == f(n, True, True, h100) == RowConfig("block", 32768, 1, 32), n
     assert f(16384, False, True, h200).mode == f(16384, True, True, h200).mode == "block"
     for n in (32769, 65536):

@@ -30,7 +30,12 @@ Why the kernels look the way they do:
   one read and one write per element at N = 262,144, at 89-95% of the copy roof on an H100.
 - Forward, ``loop`` path (fallback, and the interpreter past 16,384): one program per row, two
   passes (statistics with a running Chan merge per chunk, then normalise): 1.5x the bytes.
-- Forward, LayerNorm rows of 32,768, 65,536 and 262,144 on the H200 (heuristics.NORM_LAYER_CLUSTER):
+- Forward, ``loop`` path with N compiled in (heuristics.NORM_LOOP_CONST; the H200 at 8K and 32K
+  where the step divides N): fixed trip counts and no masks. The code the compiler makes of it
+  differs by shape, for better or worse (benchmarks/NOTES.md item 105), so only measured shapes
+  take it; LayerNorm at 32K reads 94% of the copy roof that way, against 86% at best with N a
+  runtime argument.
+- Forward, LayerNorm rows of 65,536 and 262,144 on the H200 (heuristics.NORM_LAYER_CLUSTER):
   the CUDA backend's cluster kernel (``warpforge/cuda/csrc/norm.cu``), where that backend builds
   (nvcc and ninja; built on first use, cached). A row is spread over a thread-block cluster whose
   blocks each keep their column slice of w and b in registers for every row and exchange partial
@@ -316,19 +321,25 @@ def _norm_fwd_loop_kernel(
     x_ptr, res_ptr, y_ptr, h_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr,   # as the block kernel
     M, N, stride_x, stride_r, stride_y, stride_h, eps, offset,
     RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_RES: tl.constexpr,
-    LLAMA: tl.constexpr, BLOCK_N: tl.constexpr, HAS_OFFSET: tl.constexpr = True,
+    LLAMA: tl.constexpr, BLOCK_N: tl.constexpr, HAS_OFFSET: tl.constexpr = True, N_CONST: tl.constexpr = 0,
 ):
     """RMSNorm (and add+RMSNorm) in two passes over a row too long to hold: pass 1 sums squares
     per lane, pass 2 re-reads the row (from L2) and normalises. LayerNorm has its own loop kernel
-    (_layer_norm_fwd_loop_kernel)."""
+    (_layer_norm_fwd_loop_kernel). N_CONST > 0: N compiled in (== N), a whole number of BLOCK_N
+    steps: fixed trip counts and no column masks."""
     tl.static_assert(RMS, "the loop kernel is RMSNorm's; LayerNorm takes _layer_norm_fwd_loop_kernel")
+    tl.static_assert(N_CONST % BLOCK_N == 0, "N_CONST is a whole number of BLOCK_N steps")
+    if N_CONST > 0:
+        n_cols = N_CONST
+    else:
+        n_cols = N
     row = tl.program_id(0)
     r = row.to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     # pass 1: per-lane sum of squares. With a residual, h is written here and re-read in pass 2.
     acc = tl.zeros((BLOCK_N,), tl.float32)
-    for start in range(0, N, BLOCK_N):
-        mask = start + cols < N
+    for start in range(0, n_cols, BLOCK_N):
+        mask = start + cols < n_cols
         # pass 2 re-reads the row: keep x in L2 (evict-last) until then; with a residual it
         # re-reads h instead, so x and the residual go (evict-first)
         if HAS_RES:
@@ -339,19 +350,23 @@ def _norm_fwd_loop_kernel(
             h = x.to(h_ptr.dtype.element_ty)
             tl.store(h_ptr + r * stride_h + start + cols, h, mask=mask)
             x = h.to(tl.float32)
+        elif N_CONST > 0:
+            x = tl.load(x_ptr + r * stride_x + start + cols, eviction_policy="evict_last").to(tl.float32)
         else:
             x = tl.load(x_ptr + r * stride_x + start + cols, mask=mask, other=0.0,
                         eviction_policy="evict_last").to(tl.float32)
         acc += x * x
-    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
     tl.store(rstd_ptr + row, rstd)
     if HAS_RES:
         tl.debug_barrier()                            # pass 1's h stores before pass 2's loads
     # pass 2: normalise
-    for start in range(0, N, BLOCK_N):
-        mask = start + cols < N
+    for start in range(0, n_cols, BLOCK_N):
+        mask = start + cols < n_cols
         if HAS_RES:
             x = tl.load(h_ptr + r * stride_h + start + cols, mask=mask, other=0.0).to(tl.float32)
+        elif N_CONST > 0:
+            x = tl.load(x_ptr + r * stride_x + start + cols, eviction_policy="evict_first").to(tl.float32)
         else:
             x = tl.load(x_ptr + r * stride_x + start + cols, mask=mask, other=0.0,
                         eviction_policy="evict_first").to(tl.float32)
@@ -360,11 +375,17 @@ def _norm_fwd_loop_kernel(
             x_hat = x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
         y = x_hat
         if HAS_W:
-            w = tl.load(w_ptr + start + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            if N_CONST > 0:
+                w = tl.load(w_ptr + start + cols, eviction_policy="evict_last").to(tl.float32)
+            else:
+                w = tl.load(w_ptr + start + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
             if HAS_OFFSET:
                 w += offset
             y = y * w
-        tl.store(y_ptr + r * stride_y + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        if N_CONST > 0:
+            tl.store(y_ptr + r * stride_y + start + cols, y.to(y_ptr.dtype.element_ty))
+        else:
+            tl.store(y_ptr + r * stride_y + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 LN_GROUP = tl.constexpr(8)   # the LayerNorm loop's in-thread group: one 16-byte load of bf16 a thread
@@ -377,6 +398,7 @@ def _layer_norm_fwd_loop_kernel(
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,        # rows a program (pass 2 loads each weight and bias step once for all)
     EVEN_N: tl.constexpr,      # BLOCK_N divides N: no step masks a column
+    N_CONST: tl.constexpr = 0,  # > 0: N compiled in (== N; EVEN_N, ROWS 1, a program a row): no masks at all
 ):
     """LayerNorm in two passes over rows too long to hold (pass 2 re-reads them from L2).
 
@@ -391,6 +413,11 @@ def _layer_norm_fwd_loop_kernel(
     (rows held in the thread) shares those loads between rows, but measured 1.3-2x slower there;
     the heuristics take 1 and ROWS stays for the probes."""
     G: tl.constexpr = BLOCK_N // LN_GROUP
+    tl.static_assert(N_CONST == 0 or (EVEN_N and ROWS == 1 and N_CONST % BLOCK_N == 0))
+    if N_CONST > 0:
+        n_cols = N_CONST
+    else:
+        n_cols = N
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     live = (rows < M)[:, None, None]
     base_x = rows.to(tl.int64)[:, None, None] * stride_x
@@ -398,11 +425,14 @@ def _layer_norm_fwd_loop_kernel(
     g_mean = tl.zeros((ROWS, G), tl.float32)
     g_m2 = tl.zeros((ROWS, G), tl.float32)
     g_n = tl.zeros((ROWS, G), tl.float32)      # columns merged so far at each group position
-    for start in range(0, N, BLOCK_N):
+    for start in range(0, n_cols, BLOCK_N):
         # pass 2 re-reads the rows: keep x in L2 (evict-last) until then
         if EVEN_N:
-            x = tl.load(x_ptr + base_x + start + offs, mask=live, other=0.0,
-                        eviction_policy="evict_last").to(tl.float32)
+            if N_CONST > 0:
+                x = tl.load(x_ptr + base_x + start + offs, eviction_policy="evict_last").to(tl.float32)
+            else:
+                x = tl.load(x_ptr + base_x + start + offs, mask=live, other=0.0,
+                            eviction_policy="evict_last").to(tl.float32)
             m_c = tl.sum(x, axis=2) * (1.0 / LN_GROUP)
             d = x - m_c[:, :, None]
             n_old = start / G                                    # a position's columns before this step
@@ -425,29 +455,40 @@ def _layer_norm_fwd_loop_kernel(
     if EVEN_N:
         mean = tl.sum(g_mean, axis=1) / G
         dm = g_mean - mean[:, None]
-        m2 = tl.sum(g_m2 + dm * dm * (N / G), axis=1)
+        m2 = tl.sum(g_m2 + dm * dm * (n_cols / G), axis=1)
     else:
         mean = tl.sum(g_mean * g_n, axis=1) / N
         dm = tl.where(g_n > 0, g_mean - mean[:, None], 0.0)
         m2 = tl.sum(g_m2 + dm * dm * g_n, axis=1)
-    rstd = tl.rsqrt(m2 / N + eps)
+    rstd = tl.rsqrt(m2 / n_cols + eps)
     tl.store(mean_ptr + rows, mean, mask=rows < M)
     tl.store(rstd_ptr + rows, rstd, mask=rows < M)
     mean = mean[:, None, None]
     rstd = rstd[:, None, None]
     base_y = rows.to(tl.int64)[:, None, None] * stride_y
     # pass 2: normalise
-    for start in range(0, N, BLOCK_N):
-        cmask = start + offs < N
-        mask = live & cmask
-        x = tl.load(x_ptr + base_x + start + offs, mask=mask, other=0.0,
-                    eviction_policy="evict_first").to(tl.float32)
-        y = (x - mean) * rstd
-        if HAS_W:
-            y = y * tl.load(w_ptr + start + offs, mask=cmask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        if HAS_B:
-            y += tl.load(b_ptr + start + offs, mask=cmask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        tl.store(y_ptr + base_y + start + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    for start in range(0, n_cols, BLOCK_N):
+        if N_CONST > 0:
+            x = tl.load(x_ptr + base_x + start + offs, eviction_policy="evict_first").to(tl.float32)
+            y = (x - mean) * rstd
+            if HAS_W:
+                y = y * tl.load(w_ptr + start + offs, eviction_policy="evict_last").to(tl.float32)
+            if HAS_B:
+                y += tl.load(b_ptr + start + offs, eviction_policy="evict_last").to(tl.float32)
+            tl.store(y_ptr + base_y + start + offs, y.to(y_ptr.dtype.element_ty))
+        else:
+            cmask = start + offs < N
+            mask = live & cmask
+            x = tl.load(x_ptr + base_x + start + offs, mask=mask, other=0.0,
+                        eviction_policy="evict_first").to(tl.float32)
+            y = (x - mean) * rstd
+            if HAS_W:
+                y = y * tl.load(w_ptr + start + offs, mask=cmask, other=0.0,
+                                eviction_policy="evict_last").to(tl.float32)
+            if HAS_B:
+                y += tl.load(b_ptr + start + offs, mask=cmask, other=0.0,
+                             eviction_policy="evict_last").to(tl.float32)
+            tl.store(y_ptr + base_y + start + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -877,13 +918,14 @@ def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, l
             split_launch(_norm_fwd_pipe_kernel, m, cfg, x.device, args, **flags, RELOAD=cfg.reload,
                          BLOCK_N=cfg.block_n)
         elif rms:
-            run(_norm_fwd_loop_kernel, (m,), args, **flags, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+            run(_norm_fwd_loop_kernel, (m,), args, **flags, BLOCK_N=cfg.block_n, N_CONST=n if cfg.const_n else 0,
+                num_warps=cfg.num_warps)
         else:   # LayerNorm never has a residual, and LLAMA casting is RMSNorm's
             run(_layer_norm_fwd_loop_kernel, (triton.cdiv(m, cfg.rows),),
                 (x2, y, x2 if weight is None else weight, x2 if bias is None else bias, mean, rstd,
                  m, n, x2.stride(0), y.stride(0), float(eps)),
                 HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_N=cfg.block_n, ROWS=cfg.rows,
-                EVEN_N=n % cfg.block_n == 0, num_warps=cfg.num_warps)
+                EVEN_N=n % cfg.block_n == 0, N_CONST=n if cfg.const_n else 0, num_warps=cfg.num_warps)
     return y.view(x.shape), (None if h is None else h.view(x.shape)), mean, rstd
 
 

@@ -47,6 +47,7 @@ class RowConfig:
     grad_per_sm: int = GRAD_PROGRAMS_PER_SM   # block-mode norm backward: weight-gradient grid (grad_grid)
     stages: int = 0    # norm backward (block): row tiles staged through shared memory by the
                        # compiler's software pipeline this many deep; 0: one tile prefetched in registers
+    const_n: bool = False  # norm forward (loop): N compiled into the kernel (fixed trip counts, no masks)
 
 
 def warps_for(elems: int) -> int:
@@ -147,6 +148,19 @@ NORM_LOOP_NO_LAYER = ("H200",)
 # copy, against the previous loop's 154.6-155.9 at 16,384 x 16 (the new kernel at 16 warps: 166).
 NORM_WIDE_LOOP = {"H200": {False: (16385, 32768, 8192, 32), True: (16385, 32768, 16384, 32)}}
 # device: {LayerNorm?: (min N, max N, elements a step, warps)}
+# Session 38 (NOTES item 105, benchmarks/probe_rms_const.py, M*N = 2^27 bf16, 3-5 alternating rounds
+# each within 0.3 us): the two loop kernels with N compiled in (N_CONST: fixed trip counts, every
+# mask gone) where the step divides N. At 32K: LayerNorm 8,192 x 32 warps 134.1-134.3 us, 94.2% of
+# copy, against 174.2 with N a runtime argument and the cluster kernel's 144.7-145.7 (87.3%);
+# RMSNorm 8,192 x 32 130.2-130.3 against 133.5-134.0 (torch.compile 132.6). At 8K: RMSNorm
+# 4,096 x 16 128.1-128.2 against 128.8-129.0 (compile 127.7-128.0); LayerNorm 4,096 x 16 130.3
+# against the block kernel's 131.7 (compile 145.2). The same change slows other shapes (RMSNorm
+# 8K 4,096 x 8: 129.8 -> 132.6; LayerNorm 32K 16,384 x 32: 147.0 -> 156.0), and at 65K neither
+# loop comes near the pipe (RMSNorm 136.2 against 140.4) or cluster kernels (LayerNorm 142.6
+# against 163.3), so only these measured shapes take it. Checked before the rules above.
+NORM_LOOP_CONST = {"H200": {False: ((4097, 8192, 4096, 16), (16385, 32768, 8192, 32)),
+                            True: ((4097, 8192, 4096, 16), (16385, 32768, 8192, 32))}}
+# device: {LayerNorm?: ((min N, max N, elements a step, warps), ...)}: taken where the step divides N
 # The block kernel's shape where a device's measurements moved it off _wide_row's: LayerNorm's
 # (above), and add+RMSNorm's (a residual: x, r, h and y, four row streams) at 4K < N <= 8K on the
 # H200, 32 warps, not 8. 16384 x 8192 bf16 (NOTES item 96, benchmarks/probe_norm_long.py, two
@@ -166,7 +180,8 @@ NORM_RMS_PIPE = {"H200": (2048, 4)}   # device: (chunk, warps) of RMSNorm's pipe
 # by a shift and a mask): 144.8-145.1 us (87.8%) against 148.6-148.9 (85.5%), taken (NOTES item
 # 90). Other row lengths, fp32, mixed-dtype parameters and misaligned rows keep the Triton
 # kernels, as does any machine where the CUDA backend cannot build.
-NORM_LAYER_CLUSTER = {"H200": {32768: (4, 256, 4, 4, 3), 65536: (8, 256, 4, 4, 3), 262144: (16, 512, 4, 2, 3)}}
+NORM_LAYER_CLUSTER = {"H200": {65536: (8, 256, 4, 4, 3), 262144: (16, 512, 4, 2, 3)}}
+# (32K left the table in session 38: the loop kernel with N compiled in, NORM_LOOP_CONST, 94.2% of copy)
 # device: {N: (cluster, threads, vectors a thread, rows a group, stages)}
 
 
@@ -231,8 +246,12 @@ def norm_fwd_config(n: int, layer: bool, many: bool = False, device_name: str = 
                     residual: bool = False) -> RowConfig:
     """The norm forward's path for rows of ``n`` (LayerNorm if ``layer``, else RMSNorm); ``many``:
     at least NORM_LOOP_ROWS_PER_SM rows an SM and no residual; ``device_name``: the GPU's name
-    (NORM_LOOP_NO_LAYER, NORM_WIDE_LOOP, NORM_BLOCK_SHAPES, NORM_RMS_PIPE); ``residual``:
-    add+RMSNorm."""
+    (NORM_LOOP_CONST, NORM_LOOP_NO_LAYER, NORM_WIDE_LOOP, NORM_BLOCK_SHAPES, NORM_RMS_PIPE);
+    ``residual``: add+RMSNorm."""
+    const = None if interpreting() or not many else (_by_device(NORM_LOOP_CONST, device_name) or {}).get(layer, ())
+    for lo, hi, block, warps in const or ():
+        if lo <= n <= hi and n % block == 0:
+            return RowConfig("loop", block, 1, warps, const_n=True)
     loop_ok = not (layer and _device_match(NORM_LOOP_NO_LAYER, device_name))
     if many and loop_ok and not interpreting() and NORM_LOOP_MIN_N <= n <= NORM_LOOP_MAX_N:
         block, warps = NORM_LOOP[layer]
