@@ -576,12 +576,13 @@ def test_loop_forward_steps(monkeypatch, op, rows, const, n):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the device's own routes; the interpreter keeps the plain row config")
-@pytest.mark.parametrize("n", [8192, 24576, 32768])
-@pytest.mark.parametrize("op", ["layer", "rms"])
+@pytest.mark.parametrize("op,n", [("layer", 8192), ("layer", 24576), ("layer", 32768), ("rms", 4096), ("rms", 8192),
+                                  ("rms", 24576), ("rms", 32768)])
 def test_loop_forward_device_route(op, n):
     """The forward's route on this GPU with rows enough to take the loop kernels (two rows an SM):
-    on an H200 both norms compile N in at 8K, 24K and 32K (heuristics.NORM_LOOP_CONST), checked
-    against a float64 reference in bf16 and fp32 on rows with a large mean."""
+    on an H200 both norms compile N in at 8K, 24K and 32K, and RMSNorm at 4K too
+    (heuristics.NORM_LOOP_CONST), checked against a float64 reference in bf16 and fp32 on rows with
+    a large mean."""
     from warpforge.ops import norms as mod
     from warpforge.runtime.heuristics import NORM_LOOP_ROWS_PER_SM, norm_fwd_config
 

@@ -128,14 +128,15 @@ def test_add_rms_norm_same_bits(fast, shape, dtype):
 @gpu_only
 def test_norm_loop_rows_declined(fast):
     """Norm forwards over rows of 4K < N <= 8K with rows enough take Python's two-pass loop kernel
-    (heuristics.norm_fwd_config), and on an H200 rows to 32K too (heuristics.NORM_WIDE_LOOP): the fast
-    path declines them, even after a short call of the same length offered it the block kernel, and
-    still takes the short call."""
+    (heuristics.norm_fwd_config), and on an H200 rows of 4K and up to 32K too (heuristics.NORM_WIDE_LOOP,
+    NORM_LOOP_CONST): the fast path declines them, even after a short call of the same length offered
+    it the block kernel, and still takes the short call."""
     from warpforge.runtime import heuristics
     from warpforge.runtime.device import device_info, sm_count
 
-    for n in (8192, 32768):
-        if n > heuristics.norm_loop_max_n(device_info().name):
+    name = device_info().name
+    for n in (4096, 8192, 32768):
+        if not heuristics.norm_loop_min_n(name) <= n <= heuristics.norm_loop_max_n(name):
             continue
         w = randn(n, dtype=torch.bfloat16)
         fastpath.lib = None

@@ -78,6 +78,10 @@ def test_norm_fwd_loop_rows(monkeypatch):
     for layer in (False, True):
         assert f(8192, layer, True, h200) == RowConfig("loop", 4096, 1, 16, const_n=True), layer
         assert f(8192, layer, False, h200).mode == "block", layer
+    assert f(4096, False, True, h200) == RowConfig("loop", 2048, 1, 8, const_n=True)
+    assert f(4096, True, True, h200).mode == f(4096, False, False, h200).mode == "block"
+    assert heuristics.norm_loop_min_n(h200) == 4096
+    assert heuristics.norm_loop_min_n("NVIDIA H100 80GB HBM3") == heuristics.NORM_LOOP_MIN_N == 4097
     assert f(6000, True, True, h200).mode == "block"
     assert f(6000, False, True, h200) == RowConfig("loop", 4096, 1, 16)
     assert f(8192, True, True, "NVIDIA H100 80GB HBM3") == RowConfig("loop", 8192, 1, 16)

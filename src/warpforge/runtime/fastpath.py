@@ -120,8 +120,8 @@ def load(verbose: bool = False) -> bool:
 
             from . import POISON
             from .device import device_info, sm_count
-            from .heuristics import (NORM_LOOP_MIN_N, NORM_LOOP_ROWS_PER_SM, REDUCE_LOOP_MIN_N, REDUCE_LOOP_ROWS_PER_SM,
-                                     norm_loop_max_n)
+            from .heuristics import (NORM_LOOP_ROWS_PER_SM, REDUCE_LOOP_MIN_N, REDUCE_LOOP_ROWS_PER_SM, norm_loop_max_n,
+                                     norm_loop_min_n)
             from ..ops.norms import GRAD_SUM_MAX
 
             mod = cpp_extension.load(
@@ -129,7 +129,8 @@ def load(verbose: bool = False) -> bool:
                 build_directory=str(_cache_dir()), is_python_module=True,
                 verbose=verbose or bool(os.environ.get("WARPFORGE_BUILD_VERBOSE")))
             mod.init(sm_count(), GRAD_SUM_MAX, POISON, _fallbacks(), REDUCE_LOOP_ROWS_PER_SM * sm_count(), REDUCE_LOOP_MIN_N,
-                     NORM_LOOP_ROWS_PER_SM * sm_count(), NORM_LOOP_MIN_N, norm_loop_max_n(device_info().name))
+                     NORM_LOOP_ROWS_PER_SM * sm_count(), norm_loop_min_n(device_info().name),
+                     norm_loop_max_n(device_info().name))
         except Exception as e:  # noqa: BLE001 -- no compiler, no ninja, no headers: stay on Python
             _why = f"build failed ({type(e).__name__}: {e}); build directory {_cache_dir()}"
             print(f"warpforge: the eager fast path is off: {_why}", file=sys.stderr)

@@ -157,8 +157,10 @@ NORM_WIDE_LOOP = {"H200": {False: (16385, 32768, 8192, 32), True: (16385, 32768,
 # against the block kernel's 131.7 (compile 145.2). The same change slows other shapes (RMSNorm
 # 8K 4,096 x 8: 129.8 -> 132.6; LayerNorm 32K 16,384 x 32: 147.0 -> 156.0), and at 65K neither
 # loop comes near the pipe (RMSNorm 136.2 against 140.4) or cluster kernels (LayerNorm 142.6
-# against 163.3), so only these measured shapes take it. Checked before the rules above.
-NORM_LOOP_CONST = {"H200": {False: ((4097, 8192, 4096, 16), (16385, 32768, 8192, 32)),
+# against 163.3), so only these measured shapes take it. RMSNorm at 4K also loops, 2,048 x 8:
+# 128.3-128.5 us against the block kernel's 129.8-130.0 (Liger ~130; N as an argument 128.2-128.4).
+# Checked before the rules above.
+NORM_LOOP_CONST = {"H200": {False: ((4096, 4096, 2048, 8), (4097, 8192, 4096, 16), (16385, 32768, 8192, 32)),
                             True: ((4097, 8192, 4096, 16), (16385, 32768, 8192, 32))}}
 # device: {LayerNorm?: ((min N, max N, elements a step, warps), ...)}: taken where the step divides N
 # The block kernel's shape where a device's measurements moved it off _wide_row's: LayerNorm's
@@ -235,10 +237,17 @@ def _by_device(table: dict, device_name: str):
 
 def norm_loop_max_n(device_name: str) -> int:
     """The longest row ``norm_fwd_config`` may give the loop kernel on this device: the eager fast
-    path (which replays the block kernel whatever M is) leaves norm forwards of many rows up to it
-    to Python."""
+    path (which replays the block kernel whatever M is) leaves norm forwards of many rows from
+    ``norm_loop_min_n`` up to it to Python."""
     wide = _by_device(NORM_WIDE_LOOP, device_name)
     return max([NORM_LOOP_MAX_N] + [v[1] for v in (wide or {}).values()])
+
+
+def norm_loop_min_n(device_name: str) -> int:
+    """The shortest row ``norm_fwd_config`` may give the loop kernel on this device (see
+    ``norm_loop_max_n``)."""
+    const = _by_device(NORM_LOOP_CONST, device_name) or {}
+    return min([NORM_LOOP_MIN_N] + [v[0] for shapes in const.values() for v in shapes])
 
 
 @functools.lru_cache(maxsize=4096)
