@@ -7,7 +7,7 @@ forward at 32K 87% of copy against 90%; NOTES item 105). bf16, M*N = 2^27, weigh
 timer in ``--rounds`` alternating rounds (least kept). Also prints torch.compile's launch (grid and
 block of its kernel, from the profiler).
 
-    python benchmarks/probe_rms_const.py [--ns 8192,32768] [--norms rms,ln] [--rounds 3]
+    python benchmarks/probe_rms_const.py [--ns 8192,32768] [--norms rms,ln] [--shapes 4096:16,...] [--rounds 3]
 """
 import argparse
 import json
@@ -48,6 +48,7 @@ def main():
     ap.add_argument("--ns", default="8192,32768")
     ap.add_argument("--norms", default="rms,ln")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--shapes", default="", help="block_n:warps,... instead of the built-in lists")
     a = ap.parse_args()
     copy = dev.ceilings()["copy_gbps"]
     cfg_t = timing.TimingConfig.quick()
@@ -86,7 +87,8 @@ def main():
                     N_CONST=n if const else 0, num_warps=warps)
 
             variants = {"compile": lambda c=comp: c(x), "default": op}
-            for block_n, warps in SHAPES[(norm, n)]:
+            shapes = [tuple(int(v) for v in t.split(":")) for t in a.shapes.split(",") if t] or SHAPES[(norm, n)]
+            for block_n, warps in shapes:
                 for const in (False, True):
                     variants[f"loop {block_n}x{warps}{' const' if const else ''}"] = direct(block_n, warps, const)
             for name, fn in list(variants.items()):
