@@ -164,6 +164,43 @@ def test_long_row_modes(monkeypatch, mode):
     assert torch.equal(R.sum(x[:1]), R.sum(x[:1]))                     # deterministic
 
 
+@pytest.mark.parametrize("const", [False, True])
+def test_loop_const(monkeypatch, const):
+    """The row loop with N compiled in (heuristics.REDUCE_LOOP_CONST, ``reduce_loop_const``), forced
+    at 64-element steps over rows of 192 (three whole steps): sum and amax match the reference with
+    NaN, infinities and the max in the last step, and the loop with N an argument gives the same."""
+    monkeypatch.setattr(R, "reduce_loop_const", (lambda m, n, name: (64, 4)) if const else (lambda m, n, name: None))
+    monkeypatch.setattr(R, "reduce_config", lambda m, n: ("loop", 64, 4))
+    n = 192
+    x = randn(5, n, scale=3.0)
+    x[1, 7] = float("nan")
+    x[2] = -float("inf")
+    x[3, n - 1] = float("inf")
+    x[4, n - 1] = x[4].abs().max() + 1
+    for fn, tfn in OPS.values():
+        got, ref = fn(x), tfn(x.double(), -1)
+        torch.testing.assert_close(got.double(), ref, equal_nan=True, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the device's own routes")
+@pytest.mark.parametrize("n", [4096, 8192, 32768, 65536])
+def test_loop_const_device_route(n):
+    """Sum and amax over rows enough to loop (two an SM) on this GPU: on an H200 they take the loop
+    with N compiled in (heuristics.REDUCE_LOOP_CONST); checked against a float64 reference in bf16
+    and fp32, the max in a row's last column."""
+    from warpforge.runtime.heuristics import REDUCE_LOOP_ROWS_PER_SM, reduce_loop_const
+
+    m = REDUCE_LOOP_ROWS_PER_SM * torch.cuda.get_device_properties(0).multi_processor_count
+    if "H200" in torch.cuda.get_device_name():
+        assert reduce_loop_const(m, n, torch.cuda.get_device_name()) is not None
+    for dtype in (torch.bfloat16, torch.float32):
+        x = randn(m, n, dtype=dtype)
+        x[5, n - 1] = 100.0
+        for name, (fn, tfn) in OPS.items():
+            got, ref = fn(x, -1), tfn(x.double(), -1)
+            assert_close(got, ref, dtype, what=f"{name} {n} {dtype}")
+
+
 @pytest.mark.parametrize("in_dtype,out_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
                                                 (torch.float32, torch.float16), (torch.float32, torch.bfloat16)])
 @pytest.mark.parametrize("n", [123, 20000])

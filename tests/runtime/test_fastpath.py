@@ -281,9 +281,12 @@ def test_reduce_same_bits(fast, shape, dtype, op):
 
 @gpu_only
 def test_reduce_many_rows_take_python(fast):
-    """A few rows of 8K take the block kernel (offered), many the loop kernel (heuristics.reduce_config):
-    the block kernel's key holds only M's class, so the fast path must leave many rows to Python."""
-    n = heuristics.REDUCE_LOOP_MIN_N
+    """A few rows of 8K (4K on an H200) take the block kernel (offered), many the loop kernel
+    (heuristics.reduce_config, reduce_loop_const): the block kernel's key holds only M's class, so
+    the fast path must leave many rows to Python."""
+    from warpforge.runtime.device import device_info
+
+    n = heuristics.reduce_loop_min_n(device_info().name)
     many = heuristics.REDUCE_LOOP_ROWS_PER_SM * heuristics.sm_count()
     x = randn(16, n, dtype=torch.bfloat16)
     wf.sum(x, -1)

@@ -83,6 +83,14 @@ def test_norm_fwd_loop_rows(monkeypatch):
     assert heuristics.norm_loop_min_n(h200) == 4096
     assert heuristics.norm_loop_min_n("NVIDIA H100 80GB HBM3") == heuristics.NORM_LOOP_MIN_N == 4097
     assert f(6000, True, True, h200).mode == "block"
+    assert heuristics.reduce_loop_min_n(h200) == 4096
+    assert heuristics.reduce_loop_min_n("NVIDIA H100 80GB HBM3") == heuristics.REDUCE_LOOP_MIN_N == 8192
+    g = heuristics.reduce_loop_const.__wrapped__
+    monkeypatch.setattr(heuristics, "sm_count", lambda *a: 132)
+    for n, want in ((4096, (2048, 8)), (8192, (4096, 16)), (12288, (4096, 16)), (32768, (8192, 32)),
+                    (65536, (4096, 16)), (24000, None), (262144, None), (2048, None)):
+        assert g(264, n, h200) == want, n
+        assert g(263, n, h200) is None and g(264, n, "NVIDIA H100 80GB HBM3") is None, n
     assert f(6000, False, True, h200) == RowConfig("loop", 4096, 1, 16)
     assert f(8192, True, True, "NVIDIA H100 80GB HBM3") == RowConfig("loop", 8192, 1, 16)
     monkeypatch.setattr(heuristics, "interpreting", lambda: True)

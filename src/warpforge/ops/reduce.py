@@ -70,7 +70,8 @@ import triton.language as tl
 from ..runtime import fastpath, interpreting, new_empty
 from ..runtime.checks import FLOAT_DTYPES, check_backend, check_tensor, normalize_dim
 from ..runtime.heuristics import (AMAX_MASK_MIN_NUMEL, REDUCE_CHUNK, amax_bwd_config, amax_holds_row, amax_mask_config,
-                                  amax_row_limit, reduce_config, row_config, warps_for)
+                                  amax_row_limit, reduce_config, reduce_loop_const, row_config, warps_for)
+from ..runtime.device import device_info
 from ..runtime.registry import Op
 from ..runtime.launch import run
 from ._rows import as_rows, gather_row_stats, publish_row_stats, split_launch
@@ -146,6 +147,7 @@ def _reduce_fwd_loop_kernel(
     x_ptr, y_ptr, cnt_ptr,     # (M, N) rows (column stride 1), (M,) contiguous out, (M,) fp32 tie counts
     N, stride_x,               # one program a row
     MAX: tl.constexpr, COUNT: tl.constexpr, BLOCK_N: tl.constexpr,
+    N_CONST: tl.constexpr = 0,  # > 0: N compiled in (== N, a whole number of steps): no masks, no prefetch
 ):
     """One program walks its row in BLOCK_N-element steps, the next step's load issued before this
     step's math (two loads in flight a thread), marked evict-first (read once: keep L2 for others).
@@ -158,19 +160,30 @@ def _reduce_fwd_loop_kernel(
     other = -float("inf") if MAX else 0.0
     acc = tl.full((BLOCK_N,), other, tl.float32)       # lane-wise, folded once at the end: a fixed order
     ties = tl.zeros((BLOCK_N,), tl.float32)
-    nxt = tl.load(base + cols, mask=cols < N, other=other, eviction_policy="evict_first")
-    for start in range(0, N, BLOCK_N):
-        x = nxt.to(tl.float32)
-        c = start + BLOCK_N + cols
-        nxt = tl.load(base + c, mask=c < N, other=other, eviction_policy="evict_first")
-        if MAX:                                        # max.NaN: a lane that met a NaN keeps it
-            if COUNT:                                  # (NaN compares false: a NaN lane stops counting)
-                # padding (-inf) counts only in lanes whose max is -inf, which add to the row's
-                # count only when the whole row is -inf: clamped to N below, no mask per element
-                ties = tl.where(x > acc, 0.0, ties) + (x >= acc).to(tl.float32)
-            acc = tl.maximum(acc, x, propagate_nan=tl.PropagateNan.ALL)
-        else:
-            acc += x
+    tl.static_assert(N_CONST % BLOCK_N == 0, "N_CONST is a whole number of BLOCK_N steps")
+    if N_CONST > 0:
+        for start in range(0, N_CONST, BLOCK_N):
+            x = tl.load(base + start + cols, eviction_policy="evict_first").to(tl.float32)
+            if MAX:
+                if COUNT:
+                    ties = tl.where(x > acc, 0.0, ties) + (x >= acc).to(tl.float32)
+                acc = tl.maximum(acc, x, propagate_nan=tl.PropagateNan.ALL)
+            else:
+                acc += x
+    else:
+        nxt = tl.load(base + cols, mask=cols < N, other=other, eviction_policy="evict_first")
+        for start in range(0, N, BLOCK_N):
+            x = nxt.to(tl.float32)
+            c = start + BLOCK_N + cols
+            nxt = tl.load(base + c, mask=c < N, other=other, eviction_policy="evict_first")
+            if MAX:                                        # max.NaN: a lane that met a NaN keeps it
+                if COUNT:                                  # (NaN compares false: a NaN lane stops counting)
+                    # padding (-inf) counts only in lanes whose max is -inf, which add to the row's
+                    # count only when the whole row is -inf: clamped to N below, no mask per element
+                    ties = tl.where(x > acc, 0.0, ties) + (x >= acc).to(tl.float32)
+                acc = tl.maximum(acc, x, propagate_nan=tl.PropagateNan.ALL)
+            else:
+                acc += x
     if MAX:                                            # the lane fold drops NaN: test for it once
         v = tl.max(acc, axis=0)
         v = tl.where(tl.sum((acc != acc).to(tl.int32), axis=0) > 0, float("nan"), v)
@@ -344,6 +357,12 @@ def _reduce_rows(x2: torch.Tensor, out_dtype: torch.dtype, is_max: bool, counts:
     ``counts`` (amax): return ``(y, ties)``, ties the (M,) fp32 count of each row's elements equal
     to its max, counted by the loop and partial kernels as they reduce (the block mode re-reads)."""
     m, n = x2.shape
+    const = None if counts else reduce_loop_const(m, n, device_info(x2.device.index).name if x2.is_cuda else "")
+    if const is not None:       # the row loop with N compiled in (heuristics.REDUCE_LOOP_CONST)
+        y = new_empty((m,), device=x2.device, dtype=out_dtype)
+        run(_reduce_fwd_loop_kernel, (m,), (x2, y, y, n, x2.stride(0)),
+            MAX=is_max, COUNT=False, BLOCK_N=const[0], N_CONST=n, num_warps=const[1])
+        return y
     mode, block_n, warps = reduce_config(m, n)
     if mode == "loop":
         y = new_empty((m,), device=x2.device, dtype=out_dtype)

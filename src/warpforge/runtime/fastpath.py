@@ -120,15 +120,16 @@ def load(verbose: bool = False) -> bool:
 
             from . import POISON
             from .device import device_info, sm_count
-            from .heuristics import (NORM_LOOP_ROWS_PER_SM, REDUCE_LOOP_MIN_N, REDUCE_LOOP_ROWS_PER_SM, norm_loop_max_n,
-                                     norm_loop_min_n)
+            from .heuristics import (NORM_LOOP_ROWS_PER_SM, REDUCE_LOOP_ROWS_PER_SM, norm_loop_max_n, norm_loop_min_n,
+                                     reduce_loop_min_n)
             from ..ops.norms import GRAD_SUM_MAX
 
             mod = cpp_extension.load(
                 name=NAME, sources=[str(CSRC / "fastpath.cpp")], extra_cflags=["-O3"], with_cuda=True,
                 build_directory=str(_cache_dir()), is_python_module=True,
                 verbose=verbose or bool(os.environ.get("WARPFORGE_BUILD_VERBOSE")))
-            mod.init(sm_count(), GRAD_SUM_MAX, POISON, _fallbacks(), REDUCE_LOOP_ROWS_PER_SM * sm_count(), REDUCE_LOOP_MIN_N,
+            mod.init(sm_count(), GRAD_SUM_MAX, POISON, _fallbacks(), REDUCE_LOOP_ROWS_PER_SM * sm_count(),
+                     reduce_loop_min_n(device_info().name),
                      NORM_LOOP_ROWS_PER_SM * sm_count(), norm_loop_min_n(device_info().name),
                      norm_loop_max_n(device_info().name))
         except Exception as e:  # noqa: BLE001 -- no compiler, no ninja, no headers: stay on Python

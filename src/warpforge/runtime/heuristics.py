@@ -534,6 +534,38 @@ REDUCE_LOOP_MIN_N = 8192
 AMAX_MASK_MIN_NUMEL = 1 << 24
 
 
+# The same loop with N compiled in (N_CONST: fixed trip count, no masks, no software prefetch) on
+# the H200 where the step divides N, sum and amax without tie counts (session 38, NOTES item 106,
+# benchmarks/probe_reduce_const.py, M*N = 2^27 bf16, least of 3 rounds, us, sum / amax): 4K at
+# 2,048 x 8 60.0 / 60.0 (the block kernel 61.1 / 61.4); 8K at 4,096 x 16 59.9 / 60.3 (N an
+# argument 60.4 / 70.8, torch.compile 59.9 / 69.5); 32K at 8,192 x 32 59.9 / 60.2 (60.9 / 61.9,
+# compile 60.0 / 61.8); 65K at 4,096 x 16 60.6 / 60.8 (60.9 / 61.7). Other shapes lose with it
+# (8,192 x 32 at 262K: 141-144 against 61; 2,048 x 16 at 4K: 75-87 against 61), and 262K gains
+# nothing, so it keeps the plain loop. 16K and 24K take their neighbours' shapes unmeasured.
+REDUCE_LOOP_CONST = {"H200": ((4096, 4096, 2048, 8), (8192, 16384, 4096, 16), (16385, 32768, 8192, 32),
+                              (32769, 65536, 4096, 16))}
+# device: ((min N, max N, elements a step, warps), ...): taken where the step divides N, rows enough
+
+
+@functools.lru_cache(maxsize=4096)
+def reduce_loop_const(m: int, n: int, device_name: str) -> tuple[int, int] | None:
+    """(BLOCK_N, num_warps) of the sum/amax row loop with N compiled in for M rows of N on this
+    device (REDUCE_LOOP_CONST; REDUCE_LOOP_ROWS_PER_SM rows an SM or more, not interpreting), or
+    None: :func:`reduce_config` decides."""
+    if interpreting() or m < REDUCE_LOOP_ROWS_PER_SM * sm_count():
+        return None
+    for lo, hi, block, warps in _by_device(REDUCE_LOOP_CONST, device_name) or ():
+        if lo <= n <= hi and n % block == 0:
+            return block, warps
+    return None
+
+
+def reduce_loop_min_n(device_name: str) -> int:
+    """The shortest row a sum/amax forward of many rows may loop over on this device: the eager fast
+    path (which replays the block kernel whatever M is) leaves such calls to Python."""
+    return min([REDUCE_LOOP_MIN_N] + [v[0] for v in _by_device(REDUCE_LOOP_CONST, device_name) or ()])
+
+
 @functools.lru_cache(maxsize=4096)
 def reduce_config(m: int, n: int) -> tuple[str, int, int]:
     """(mode, BLOCK_N, num_warps) of a sum/amax forward over M rows of N: ``loop`` (one program a
