@@ -12,9 +12,10 @@ import argparse
 import torch
 
 import warpforge as wf
-from warpforge.bench import timing
 from warpforge.ops import reduce as R
 from warpforge.runtime import device as dev
+
+from probe_variants import check_variants, table_rows, time_rounds
 
 SHAPES = {4096: [(2048, 8), (2048, 16), (4096, 8), (4096, 16)],
           8192: [(2048, 16), (4096, 8), (4096, 16), (8192, 16), (8192, 32)],
@@ -30,7 +31,6 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     copy = dev.ceilings()["copy_gbps"]
-    cfg_t = timing.TimingConfig.quick()
     table = []
     for n in (int(v) for v in a.ns.split(",")):
         m = 2**27 // n
@@ -53,23 +53,10 @@ def main():
             for block_n, warps in SHAPES.get(n, []):
                 for const in (False, True):
                     variants[f"loop {block_n}x{warps}{' const' if const else ''}"] = direct(block_n, warps, const)
-            for name, fn in list(variants.items()):
-                y.fill_(float("nan"))
-                out = fn()
-                out = out if isinstance(out, torch.Tensor) else y
-                err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
-                if not err <= 1e-2:            # NaN fails
-                    print(f"{op} N={n} {name}: error {err} against fp32: dropped", flush=True)
-                    del variants[name]
-            best = {}
-            for rnd in range(a.rounds):
-                for name, fn in variants.items():
-                    ms = timing.device_ms(fn, cfg_t, nbytes)
-                    best[name] = min(best.get(name, 1e9), ms)
-                    print(f"{op} N={n} round {rnd} {name}: {ms * 1e3:.1f} us", flush=True)
-            for name, ms in best.items():
-                table.append(f"{op:4s} N={n:6d} {name:22s} {ms * 1e3:7.1f} us {100 * nbytes / ms / 1e6 / copy:5.1f}% "
-                             f"of copy {best['compile'] / ms:.3f}x compile")
+            label = f"{op:4s} N={n:6d}"
+            check_variants(variants, y, lambda out: ((out.float() - ref).abs().max() / ref.abs().max()).item(), 1e-2,
+                           label)
+            table += table_rows(time_rounds(variants, a.rounds, nbytes, label), label, nbytes, copy)
     print("\n".join(table))
 
 

@@ -17,9 +17,10 @@ import tempfile
 import torch
 
 import warpforge as wf
-from warpforge.bench import timing
 from warpforge.ops import norms
 from warpforge.runtime import device as dev
+
+from probe_variants import check_variants, table_rows, time_rounds
 
 SHAPES = {("rms", 8192): [(1024, 4), (1024, 8), (2048, 4), (2048, 8), (2048, 16), (4096, 8), (4096, 16),
                           (8192, 16)],
@@ -51,7 +52,6 @@ def main():
     ap.add_argument("--shapes", default="", help="block_n:warps,... instead of the built-in lists")
     a = ap.parse_args()
     copy = dev.ceilings()["copy_gbps"]
-    cfg_t = timing.TimingConfig.quick()
     table = []
     for n in (int(v) for v in a.ns.split(",")):
         m = 2**27 // n
@@ -91,23 +91,10 @@ def main():
             for block_n, warps in shapes:
                 for const in (False, True):
                     variants[f"loop {block_n}x{warps}{' const' if const else ''}"] = direct(block_n, warps, const)
-            for name, fn in list(variants.items()):
-                y.fill_(float("nan"))
-                out = fn()
-                out = out if isinstance(out, torch.Tensor) else y
-                diff = (out.float() - base.float()).abs().max().item()
-                if not diff <= 0.0625:       # one bf16 step at the outputs' size; NaN fails
-                    print(f"{norm} N={n} {name}: max diff {diff} against the default route: dropped", flush=True)
-                    del variants[name]
-            best = {}
-            for rnd in range(a.rounds):
-                for name, fn in variants.items():
-                    ms = timing.device_ms(fn, cfg_t, nbytes)
-                    best[name] = min(best.get(name, 1e9), ms)
-                    print(f"{norm} N={n} round {rnd} {name}: {ms * 1e3:.1f} us", flush=True)
-            for name, ms in best.items():
-                table.append(f"{norm:3s} N={n:6d} {name:24s} {ms * 1e3:7.1f} us {100 * nbytes / ms / 1e6 / copy:5.1f}% "
-                             f"of copy {best['compile'] / ms:.3f}x compile")
+            label = f"{norm:3s} N={n:6d}"
+            # against the default route: one bf16 step at the outputs' size
+            check_variants(variants, y, lambda out: (out.float() - base.float()).abs().max().item(), 0.0625, label)
+            table += table_rows(time_rounds(variants, a.rounds, nbytes, label), label, nbytes, copy)
     print("\n".join(table))
 
 
