@@ -81,7 +81,7 @@ SHAPES = [
     (4, 256, 1, 8, 2),    # 8,192, 8 rows a group
     (16, 128, 1, 2, 2),   # 16,384 over 16 blocks, two stages
     (2, 1024, 2, 1, 3),   # 32,768, parameters packed (1,024 threads)
-    (4, 256, 4, 4, 3),    # 32,768: the H200 route's shape
+    (4, 256, 4, 4, 3),    # 32,768: the H200 route's shape until session 38 (now the Triton loop)
     (8, 256, 4, 4, 3),    # 65,536: the H200 route's shape
 ]
 

@@ -769,7 +769,9 @@ def _launch(cache: LaunchCache, grid: tuple, args: tuple, cfg: MoEConfig | tuple
 
 # programmatic dependent launch in inference forwards: 0 off, 1 the next launch may start as soon
 # as every program of this one has begun, 2 as each program ends (_pdl_start, _pdl_end)
-_PDL_MODE = int(os.environ.get("WARPFORGE_MOE_PDL", "2"))
+_PDL_MODE = {"0": 0, "1": 1, "2": 2}.get(os.environ.get("WARPFORGE_MOE_PDL", "2").strip())
+if _PDL_MODE is None:
+    raise ValueError(f"WARPFORGE_MOE_PDL is {os.environ['WARPFORGE_MOE_PDL']!r}; expected 0 (off), 1 or 2")
 
 
 def _pdl(x: torch.Tensor) -> bool:
