@@ -583,11 +583,11 @@ def test_loop_forward_device_route(op, n):
     on an H200 both norms compile N in at 8K, 24K and 32K, and RMSNorm at 4K too
     (heuristics.NORM_LOOP_CONST), checked against a float64 reference in bf16 and fp32 on rows with
     a large mean."""
-    from warpforge.ops import norms as mod
+    from warpforge.runtime.device import device_name
     from warpforge.runtime.heuristics import NORM_LOOP_ROWS_PER_SM, norm_fwd_config
 
     m = NORM_LOOP_ROWS_PER_SM * torch.cuda.get_device_properties(0).multi_processor_count
-    cfg = norm_fwd_config(n, layer=op == "layer", many=True, device_name=mod._device_name(randn(1)))
+    cfg = norm_fwd_config(n, layer=op == "layer", many=True, device_name=device_name(randn(1)))
     if "H200" in torch.cuda.get_device_name():
         assert cfg.mode == "loop" and cfg.const_n, cfg
     for dtype in (torch.bfloat16, torch.float32):

@@ -69,16 +69,10 @@ import triton.language as tl
 
 from ..runtime import interpreting, new_empty, unit_last_dim
 from ..runtime.checks import check_device, check_same, check_tensor, host_sync_unavailable, is_finite
-from ..runtime.device import device_info
 from ..runtime import heuristics
 from ..runtime.heuristics import DECODE_COMBINE_D, DECODE_COMBINE_STEP, decode_config
-from ..runtime.launch import LaunchCache, Ptr, aligned, launch
+from ..runtime.launch import LaunchCache, Ptr, aligned, gdc_launch_dependents, gdc_wait, launch, pdl_supported
 from ..runtime.registry import Op
-
-try:                                           # griddepcontrol (sm_90+): programmatic dependent launch
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:                            # pragma: no cover - a Triton without it
-    gdc_launch_dependents = gdc_wait = None
 
 LOG2E = 1.4426950408889634
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
@@ -363,8 +357,7 @@ _PDL_ON = os.environ.get("WARPFORGE_DECODE_PDL", "1") != "0"
 def _pdl(t: torch.Tensor) -> bool:
     """Whether the Triton split kernel and its combine use programmatic dependent launch (sm_90+
     GPU, not the interpreter; WARPFORGE_DECODE_PDL=0 turns it off)."""
-    return (_PDL_ON and gdc_wait is not None and not interpreting() and t.is_cuda
-            and device_info(t.device.index).capability[0] >= 9)
+    return _PDL_ON and pdl_supported(t)
 
 
 # Decode plans: everything a call's launches depend on except the data pointers and the scale,

@@ -89,14 +89,9 @@ from ..runtime.checks import check_same, check_tensor, host_sync_unavailable
 from ..runtime.device import sm_count
 from ..runtime.heuristics import (MOE_ALIGN_CHUNK, MOE_ALIGN_ONE_MAX, MOE_ALIGN_ONE_WORK, MOE_SWAP, MOE_SWAP_MAX_ROWS, MoEConfig, moe_block_m,
                                   moe_config, moe_tma_config)
-from ..runtime.launch import LaunchCache
+from ..runtime.launch import LaunchCache, gdc_launch_dependents, gdc_wait, pdl_supported
 from ..runtime.registry import Op
 from .matmul import _column_halves, _dot, _precision, _tile_coords, _tma_store_tile, _tma_view, _upcast
-
-try:                                           # griddepcontrol (sm_90+): programmatic dependent launch
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:                            # pragma: no cover - a Triton without it
-    gdc_launch_dependents = gdc_wait = None
 
 MOE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_EXPERTS = 4096
@@ -780,8 +775,7 @@ def _pdl(x: torch.Tensor) -> bool:
     off): the next grid's programs start as the last ones of this grid retire, instead of after
     it ends, and wait for it in ``_pdl_start`` before touching memory. Decode, where a call is
     five or more short launches, is what it is for (benchmarks/NOTES.md, item 104)."""
-    return (_PDL_MODE != 0 and gdc_wait is not None and not interpreting() and x.is_cuda
-            and torch.cuda.get_device_capability(x.device)[0] >= 9)
+    return _PDL_MODE != 0 and pdl_supported(x)
 
 
 def _tiles_max(slots: int, experts: int, block_m: int) -> int:

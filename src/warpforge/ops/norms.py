@@ -96,7 +96,7 @@ from ..runtime import fastpath, new_empty
 from ..runtime.checks import check_finite, check_normalized_shape, check_same, check_tensor, check_weight
 from ..runtime.heuristics import (NORM_LOOP_ROWS_PER_SM, grad_grid, grad_sum_config, layer_norm_cluster_config,
                                   norm_bwd_cluster_config, norm_bwd_config, norm_fwd_config, sm_count)
-from ..runtime.device import device_info
+from ..runtime.device import device_name
 from ..runtime.registry import Op
 from ..runtime.launch import run
 from ._rows import as_rows, gather_row_stats, publish_row_stats, split_launch
@@ -866,7 +866,7 @@ def _layer_norm_cluster(x2, y, weight, bias, m: int, n: int):
     """The CUDA cluster forward's launch shape for this LayerNorm call, or None where the Triton
     kernels keep it (heuristics.layer_norm_cluster_config; parameters of the input's dtype)."""
     return _cluster_route(x2, (weight, bias), (x2, y, weight, bias),
-                          lambda: layer_norm_cluster_config(n, m, _device_name(x2)))
+                          lambda: layer_norm_cluster_config(n, m, device_name(x2)))
 
 
 def _aligned_rows(*ts) -> bool:
@@ -879,7 +879,7 @@ def _norm_bwd_cluster(x2, dy2, dx, weight, m: int, n: int, rms: bool):
     """The CUDA cluster backward's launch shape for this call, or None where the Triton kernels keep
     it (heuristics.norm_bwd_cluster_config; dy and the weight of the input's dtype)."""
     return _cluster_route(x2, (dy2, weight), (x2, dy2, dx, weight),
-                          lambda: norm_bwd_cluster_config(n, m, not rms, _device_name(x2)))
+                          lambda: norm_bwd_cluster_config(n, m, not rms, device_name(x2)))
 
 
 def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, llama: bool):
@@ -903,7 +903,7 @@ def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, l
         wcuda.ops().layer_norm_fwd(x2, weight, bias, float(eps), list(cluster), y, mean, rstd)
     elif m > 0:
         cfg = norm_fwd_config(n, layer=not rms, many=residual is None and m >= NORM_LOOP_ROWS_PER_SM * sm_count(),
-                              device_name=_device_name(x), residual=residual is not None)
+                              device_name=device_name(x), residual=residual is not None)
         args = (x2, x2 if r2 is None else r2, y, y if h is None else h,
                 x2 if weight is None else weight, x2 if bias is None else bias,
                 rstd if mean is None else mean, rstd,
@@ -952,7 +952,7 @@ def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: 
         wcuda.ops().norm_bwd(x2, dy2, weight, mean, rstd, float(offset), rms, list(cluster), dx, dw_part, db_part)
         return (dx.view(x.shape), *_grad_sums(dw_part, db_part, pdtype))
     flags = dict(RMS=rms, HAS_W=has_w, HAS_B=has_bias, HAS_DSUM=ds2 is not None, LLAMA=llama)
-    cfg = norm_bwd_config(n, layer=not rms, device_name=_device_name(x),
+    cfg = norm_bwd_config(n, layer=not rms, device_name=device_name(x),
                           itemsize=max(x.element_size(), dy.element_size()), dsum=ds2 is not None)
     if cfg.mode in ("split", "pipe"):
         parts = {}
@@ -1027,11 +1027,6 @@ def _grad_sums(dw: torch.Tensor | None, db: torch.Tensor | None, dtype: torch.dt
          other if dw_out is None else dw_out, other if db_out is None else db_out, g, n),
         HAS_W=dw is not None, HAS_B=db is not None, GR=rows, BLOCK=block, num_warps=4)
     return dw_out, db_out
-
-
-def _device_name(t: torch.Tensor) -> str:
-    """The name of t's GPU, which picks device-specific launch routes; "" off the GPU."""
-    return device_info(t.device.index).name if t.is_cuda else ""
 
 
 def _absent(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

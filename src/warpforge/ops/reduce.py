@@ -71,7 +71,7 @@ from ..runtime import fastpath, interpreting, new_empty
 from ..runtime.checks import FLOAT_DTYPES, check_backend, check_tensor, normalize_dim
 from ..runtime.heuristics import (AMAX_MASK_MIN_NUMEL, REDUCE_CHUNK, amax_bwd_config, amax_holds_row, amax_mask_config,
                                   amax_row_limit, reduce_config, reduce_loop_const, row_config, warps_for)
-from ..runtime.device import device_info
+from ..runtime.device import device_name
 from ..runtime.registry import Op
 from ..runtime.launch import run
 from ._rows import as_rows, gather_row_stats, publish_row_stats, split_launch
@@ -357,18 +357,14 @@ def _reduce_rows(x2: torch.Tensor, out_dtype: torch.dtype, is_max: bool, counts:
     ``counts`` (amax): return ``(y, ties)``, ties the (M,) fp32 count of each row's elements equal
     to its max, counted by the loop and partial kernels as they reduce (the block mode re-reads)."""
     m, n = x2.shape
-    const = None if counts else reduce_loop_const(m, n, device_info(x2.device.index).name if x2.is_cuda else "")
-    if const is not None:       # the row loop with N compiled in (heuristics.REDUCE_LOOP_CONST)
-        y = new_empty((m,), device=x2.device, dtype=out_dtype)
-        run(_reduce_fwd_loop_kernel, (m,), (x2, y, y, n, x2.stride(0)),
-            MAX=is_max, COUNT=False, BLOCK_N=const[0], N_CONST=n, num_warps=const[1])
-        return y
-    mode, block_n, warps = reduce_config(m, n)
+    # the row loop with N compiled in where the device's table has it (heuristics.REDUCE_LOOP_CONST)
+    const = None if counts else reduce_loop_const(m, n, device_name(x2))
+    mode, block_n, warps = ("loop", *const) if const else reduce_config(m, n)
     if mode == "loop":
         y = new_empty((m,), device=x2.device, dtype=out_dtype)
         ties = torch.empty((m,), device=x2.device, dtype=torch.float32) if counts else y
         run(_reduce_fwd_loop_kernel, (m,), (x2, y, ties, n, x2.stride(0)),
-            MAX=is_max, COUNT=counts, BLOCK_N=block_n, num_warps=warps)
+            MAX=is_max, COUNT=counts, BLOCK_N=block_n, N_CONST=n if const else 0, num_warps=warps)
         return (y, ties) if counts else y
     if mode == "partial":
         c = triton.cdiv(n, block_n)

@@ -52,6 +52,11 @@ def device_info(index: int | None = None) -> DeviceInfo:
     )
 
 
+def device_name(t: torch.Tensor) -> str:
+    """The name of t's GPU, which picks device-specific launch routes; "" off the GPU."""
+    return device_info(t.device.index).name if t.is_cuda else ""
+
+
 @functools.lru_cache(maxsize=None)
 def sm_count(index: int | None = None) -> int:
     """Multiprocessor count; a stand-in of 4 under the interpreter (it runs programs one by one)."""

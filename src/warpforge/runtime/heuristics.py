@@ -235,6 +235,12 @@ def _by_device(table: dict, device_name: str):
     return None if key is None else table[key]
 
 
+def _const_loop_shape(shapes, n: int) -> tuple[int, int] | None:
+    """(elements a step, warps) of the first (min N, max N, step, warps) entry of ``shapes`` (a
+    NORM_LOOP_CONST or REDUCE_LOOP_CONST list) covering ``n`` whose step divides it, or None."""
+    return next(((block, warps) for lo, hi, block, warps in shapes or () if lo <= n <= hi and n % block == 0), None)
+
+
 def norm_loop_max_n(device_name: str) -> int:
     """The longest row ``norm_fwd_config`` may give the loop kernel on this device: the eager fast
     path (which replays the block kernel whatever M is) leaves norm forwards of many rows from
@@ -257,10 +263,10 @@ def norm_fwd_config(n: int, layer: bool, many: bool = False, device_name: str = 
     at least NORM_LOOP_ROWS_PER_SM rows an SM and no residual; ``device_name``: the GPU's name
     (NORM_LOOP_CONST, NORM_LOOP_NO_LAYER, NORM_WIDE_LOOP, NORM_BLOCK_SHAPES, NORM_RMS_PIPE);
     ``residual``: add+RMSNorm."""
-    const = None if interpreting() or not many else (_by_device(NORM_LOOP_CONST, device_name) or {}).get(layer, ())
-    for lo, hi, block, warps in const or ():
-        if lo <= n <= hi and n % block == 0:
-            return RowConfig("loop", block, 1, warps, const_n=True)
+    const = None if interpreting() or not many else \
+        _const_loop_shape((_by_device(NORM_LOOP_CONST, device_name) or {}).get(layer), n)
+    if const is not None:
+        return RowConfig("loop", const[0], 1, const[1], const_n=True)
     loop_ok = not (layer and _device_match(NORM_LOOP_NO_LAYER, device_name))
     if many and loop_ok and not interpreting() and NORM_LOOP_MIN_N <= n <= NORM_LOOP_MAX_N:
         block, warps = NORM_LOOP[layer]
@@ -554,10 +560,7 @@ def reduce_loop_const(m: int, n: int, device_name: str) -> tuple[int, int] | Non
     None: :func:`reduce_config` decides."""
     if interpreting() or m < REDUCE_LOOP_ROWS_PER_SM * sm_count():
         return None
-    for lo, hi, block, warps in _by_device(REDUCE_LOOP_CONST, device_name) or ():
-        if lo <= n <= hi and n % block == 0:
-            return block, warps
-    return None
+    return _const_loop_shape(_by_device(REDUCE_LOOP_CONST, device_name), n)
 
 
 def reduce_loop_min_n(device_name: str) -> int:

@@ -20,8 +20,23 @@ import torch
 from triton import knobs
 
 from . import fastpath, interpreting
+from .device import device_info
+
+try:                                           # griddepcontrol (sm_90+): programmatic dependent launch
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:                            # pragma: no cover - a Triton without it
+    gdc_launch_dependents = gdc_wait = None
 
 _BYPASS = os.environ.get("WARPFORGE_JIT_LAUNCH", "0") == "1"
+
+
+def pdl_supported(t: torch.Tensor) -> bool:
+    """Whether kernels on t's device can be launched as programmatic dependents of the launch
+    before them (``launch_pdl``, waiting in ``gdc_wait``): an sm_90+ GPU, not the interpreter, and
+    a Triton that has griddepcontrol. Each op keeps its own switch on top (ops/decode_attention.py,
+    ops/moe.py)."""
+    return (gdc_wait is not None and not interpreting() and t.is_cuda
+            and device_info(t.device.index).capability[0] >= 9)
 
 
 class LaunchCache:
