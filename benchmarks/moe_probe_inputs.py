@@ -40,3 +40,19 @@ def graph_us(fn, reps=200):
         g.replay()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) / reps * 1e6
+
+
+def routed_cases(cases: str, routings: str):
+    """Each ``shape:T`` of ``cases`` (comma-separated; SHAPES' names) under each routing of
+    ``routings`` (comma-separated; make_moe_routing's names): yields (shape, T, routing, x, w1, w2,
+    routing weights, ids), the routing moved to the device; one set of inputs a case."""
+    from warpforge.bench.workloads import make_moe_routing
+
+    for case in cases.split(","):
+        shape, T = case.split(":")
+        T = int(T)
+        d, n, E, k = SHAPES[shape]
+        x, w1, w2, _, _ = make(T, d, n, E, k)
+        for r in routings.split(","):
+            ids, wts = make_moe_routing(T, E, k, r)
+            yield shape, T, r, x, w1, w2, wts.cuda(), ids.cuda()

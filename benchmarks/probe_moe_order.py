@@ -11,9 +11,9 @@ import argparse
 import torch
 
 import warpforge.ops.moe as M
-from warpforge.bench.workloads import make_moe_routing, moe_grouped_mm
+from warpforge.bench.workloads import moe_grouped_mm
 
-from moe_probe_inputs import SHAPES, graph_us, make
+from moe_probe_inputs import graph_us, routed_cases
 
 p = argparse.ArgumentParser()
 p.add_argument("--cases", default="mixtral:64,mixtral:256")
@@ -21,36 +21,29 @@ p.add_argument("--routings", default="balanced,random,zipf")
 p.add_argument("--rounds", type=int, default=3)
 a = p.parse_args()
 table = []
-for case in a.cases.split(","):
-    shape, T = case.split(":")
-    T = int(T)
-    d, n, E, k = SHAPES[shape]
-    x, w1, w2, _, _ = make(T, d, n, E, k)
-    for r in a.routings.split(","):
-        ids, wts = make_moe_routing(T, E, k, r)
-        ids, wts = ids.cuda(), wts.cuda()
-        counts = sorted(torch.bincount(ids.view(-1).long(), minlength=E).tolist(), reverse=True)
-        print(f"-- {shape} T={T} {r}: rows an expert {counts[:12]}", flush=True)
-        fns = {"grouped_mm": lambda: moe_grouped_mm(x, w1, w2, wts, ids)}
-        outs = {}
-        for order in (True, False):
-            M._EXPERT_ORDER = order
-            outs[order] = M.moe_experts(x, w1, w2, wts, ids, validate=False).clone()
-        if not torch.equal(outs[True], outs[False]):
-            raise SystemExit(f"{shape} T={T} {r}: the two orders disagree")
-        best = {}
-        for rnd in range(a.rounds):
-            for name in ("grouped_mm", "expert order", "before"):
-                if name == "grouped_mm":
-                    fn = fns[name]
-                else:
-                    M._EXPERT_ORDER = name == "expert order"
-                    fn = lambda: M.moe_experts(x, w1, w2, wts, ids, validate=False)  # noqa: E731
-                t = graph_us(fn)
-                best[name] = min(best.get(name, 1e30), t)
-                print(f"{shape} T={T} {r} round {rnd}: {name} {t:.1f} us", flush=True)
-        g = best["grouped_mm"]
-        table.append(f"{shape} T={T} {r:8s}: expert order {best['expert order']:7.1f} us ({g / best['expert order']:.2f}x), "
-                     f"before {best['before']:7.1f} us ({g / best['before']:.2f}x), grouped_mm {g:7.1f} us")
+for shape, T, r, x, w1, w2, wts, ids in routed_cases(a.cases, a.routings):
+    counts = sorted(torch.bincount(ids.view(-1).long(), minlength=w1.shape[0]).tolist(), reverse=True)
+    print(f"-- {shape} T={T} {r}: rows an expert {counts[:12]}", flush=True)
+    fns = {"grouped_mm": lambda: moe_grouped_mm(x, w1, w2, wts, ids)}
+    outs = {}
+    for order in (True, False):
+        M._EXPERT_ORDER = order
+        outs[order] = M.moe_experts(x, w1, w2, wts, ids, validate=False).clone()
+    if not torch.equal(outs[True], outs[False]):
+        raise SystemExit(f"{shape} T={T} {r}: the two orders disagree")
+    best = {}
+    for rnd in range(a.rounds):
+        for name in ("grouped_mm", "expert order", "before"):
+            if name == "grouped_mm":
+                fn = fns[name]
+            else:
+                M._EXPERT_ORDER = name == "expert order"
+                fn = lambda: M.moe_experts(x, w1, w2, wts, ids, validate=False)  # noqa: E731
+            t = graph_us(fn)
+            best[name] = min(best.get(name, 1e30), t)
+            print(f"{shape} T={T} {r} round {rnd}: {name} {t:.1f} us", flush=True)
+    g = best["grouped_mm"]
+    table.append(f"{shape} T={T} {r:8s}: expert order {best['expert order']:7.1f} us ({g / best['expert order']:.2f}x), "
+                 f"before {best['before']:7.1f} us ({g / best['before']:.2f}x), grouped_mm {g:7.1f} us")
 M._EXPERT_ORDER = True
 print("\n".join(table))

@@ -1,4 +1,4 @@
-"""Device probe for programmatic dependent launch in the MoE forward (ops/moe.py, _pdl; NOTES items 104-105):
+"""Device probe for programmatic dependent launch in the MoE forward (ops/moe.py, _pdl; NOTES item 104):
 each decode call with every launch a programmatic dependent of the one before -- the next launch
 released at each program's start ("start", _PDL_MODE 1) or end ("end", 2) -- against the same call
 without ("plain") and the torch._grouped_mm pipeline, as CUDA-graph latency (moe_probe_inputs.graph_us),
@@ -11,9 +11,9 @@ import argparse
 import torch
 
 import warpforge.ops.moe as M
-from warpforge.bench.workloads import make_moe_routing, moe_grouped_mm
+from warpforge.bench.workloads import moe_grouped_mm
 
-from moe_probe_inputs import SHAPES, graph_us, make
+from moe_probe_inputs import graph_us, routed_cases
 
 p = argparse.ArgumentParser()
 p.add_argument("--cases", default="mixtral:1,mixtral:8,mixtral:64,mixtral:256,dsv2:1,dsv2:8,dsv2:64,dsv2:256,"
@@ -22,34 +22,27 @@ p.add_argument("--routings", default="random")
 p.add_argument("--rounds", type=int, default=3)
 a = p.parse_args()
 table = []
-for case in a.cases.split(","):
-    shape, T = case.split(":")
-    T = int(T)
-    d, n, E, k = SHAPES[shape]
-    x, w1, w2, _, _ = make(T, d, n, E, k)
-    for r in a.routings.split(","):
-        ids, wts = make_moe_routing(T, E, k, r)
-        ids, wts = ids.cuda(), wts.cuda()
-        fn = lambda: M.moe_experts(x, w1, w2, wts, ids, validate=False)  # noqa: E731
-        modes = {"plain": 0, "start": 1, "end": 2}
-        outs = {}
-        for name, mode in modes.items():
-            M._PDL_MODE = mode
-            outs[name] = fn().clone()
-            if not torch.equal(outs[name], outs["plain"]):
-                raise SystemExit(f"{shape} T={T} {r}: the outputs differ with PDL {name} and without")
-        best = {}
-        for rnd in range(a.rounds):
-            for name in ("grouped_mm", *modes):
-                if name == "grouped_mm":
-                    t = graph_us(lambda: moe_grouped_mm(x, w1, w2, wts, ids))
-                else:
-                    M._PDL_MODE = modes[name]
-                    t = graph_us(fn)
-                best[name] = min(best.get(name, 1e30), t)
-                print(f"{shape} T={T} {r} round {rnd}: {name} {t:.1f} us", flush=True)
-        g = best["grouped_mm"]
-        table.append(f"{shape:7s} T={T:3d} {r:8s}: " + ", ".join(f"{m} {best[m]:7.1f} us ({g / best[m]:.2f}x)"
-                                                                 for m in modes) + f", grouped_mm {g:7.1f} us")
+for shape, T, r, x, w1, w2, wts, ids in routed_cases(a.cases, a.routings):
+    fn = lambda: M.moe_experts(x, w1, w2, wts, ids, validate=False)  # noqa: E731
+    modes = {"plain": 0, "start": 1, "end": 2}
+    outs = {}
+    for name, mode in modes.items():
+        M._PDL_MODE = mode
+        outs[name] = fn().clone()
+        if not torch.equal(outs[name], outs["plain"]):
+            raise SystemExit(f"{shape} T={T} {r}: the outputs differ with PDL {name} and without")
+    best = {}
+    for rnd in range(a.rounds):
+        for name in ("grouped_mm", *modes):
+            if name == "grouped_mm":
+                t = graph_us(lambda: moe_grouped_mm(x, w1, w2, wts, ids))
+            else:
+                M._PDL_MODE = modes[name]
+                t = graph_us(fn)
+            best[name] = min(best.get(name, 1e30), t)
+            print(f"{shape} T={T} {r} round {rnd}: {name} {t:.1f} us", flush=True)
+    g = best["grouped_mm"]
+    table.append(f"{shape:7s} T={T:3d} {r:8s}: " + ", ".join(f"{m} {best[m]:7.1f} us ({g / best[m]:.2f}x)"
+                                                             for m in modes) + f", grouped_mm {g:7.1f} us")
 M._PDL_MODE = 2
 print("\n".join(table))
