@@ -150,3 +150,29 @@ def test_bad_options_and_meta():
             fn(torch.tensor(2.0, device=DEVICE), dim=5)
         y = fn(torch.empty(3, 8, device="meta"))
         assert y.device.type == "meta" and y.shape == (3, 8)
+
+
+@pytest.mark.parametrize("const", [False, True])
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("n", [64, 150, 192])   # one whole step, three with a masked last, three whole
+def test_loop_forward_steps(monkeypatch, log, n, const):
+    """The two-pass loop forward with 64-element steps, forced (ops/softmax.py
+    ``_softmax_fwd_loop_kernel``: online statistics per 8-column group, rescaled once a group a
+    step), with N compiled in too (``const_n``, whole steps only): the max rising in a later step,
+    a row of -inf but one element, a row holding NaN and one of huge values against float64."""
+    from warpforge.ops import softmax as mod
+    from warpforge.runtime.heuristics import RowConfig
+
+    if const and n % 64:
+        pytest.skip("N compiled in takes whole steps only")
+    monkeypatch.setattr(mod, "softmax_config", lambda n, backward: RowConfig("loop", 64, 1, 4, const_n=const))
+    x = randn(6, n, scale=3.0)
+    x[1, n - 1] = 40.0                     # the row's max in its last step: every group rescaled
+    x[2] = -float("inf")
+    x[2, n // 2] = 1.0
+    x[3, 5] = float("nan")
+    x[4] *= 1e4
+    fn, tfn = (wf.log_softmax, torch.log_softmax) if log else (wf.softmax, torch.softmax)
+    got = fn(x, -1)
+    want = tfn(x.double(), -1)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5, equal_nan=True)
