@@ -126,7 +126,7 @@ def test_exchange_paths_single_chunk(monkeypatch, log, mode):
     from warpforge.ops import softmax as mod
     from warpforge.runtime.heuristics import RowConfig
 
-    monkeypatch.setattr(mod, "softmax_config", lambda n, backward: RowConfig(mode, triton.next_power_of_2(n), 1, 4, 1))
+    monkeypatch.setattr(mod, "softmax_config", lambda n, backward, **_: RowConfig(mode, triton.next_power_of_2(n), 1, 4, 1))
     x = randn(5, 37, requires_grad=True)
     fn, tfn = (wf.log_softmax, torch.log_softmax) if log else (wf.softmax, torch.softmax)
     y = fn(x)
@@ -165,7 +165,7 @@ def test_loop_forward_steps(monkeypatch, log, n, const):
 
     if const and n % 64:
         pytest.skip("N compiled in takes whole steps only")
-    monkeypatch.setattr(mod, "softmax_config", lambda n, backward: RowConfig("loop", 64, 1, 4, const_n=const))
+    monkeypatch.setattr(mod, "softmax_config", lambda n, backward, **_: RowConfig("loop", 64, 1, 4, const_n=const))
     x = randn(6, n, scale=3.0)
     x[1, n - 1] = 40.0                     # the row's max in its last step: every group rescaled
     x[2] = -float("inf")

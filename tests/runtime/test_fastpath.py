@@ -151,6 +151,29 @@ def test_norm_loop_rows_declined(fast):
 
 
 @gpu_only
+def test_softmax_loop_rows_declined(fast):
+    """Softmax forwards of many rows over the lengths this device loops over (heuristics.
+    SOFTMAX_LOOP_CONST, softmax_loop_range) take Python's loop kernel: the fast path declines them,
+    even after a short call of the same length offered it the block kernel, and takes the short call."""
+    from warpforge.runtime import heuristics
+    from warpforge.runtime.device import device_info, sm_count
+
+    lo, hi = heuristics.softmax_loop_range(device_info().name)
+    if lo > hi:
+        pytest.skip("no softmax loop route on this device")
+    n = hi
+    fastpath.lib = None
+    ref = wf.softmax(randn(2, n, dtype=torch.bfloat16), -1)            # offers the block kernel
+    fastpath.lib = fast
+    x = randn(2 * sm_count(), n, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert fast.softmax(x, -1, False) is None
+        assert fast.softmax(x, -1, True) is None
+        assert fast.softmax(x[:2], -1, False) is not None
+    assert ref.shape == (2, n)
+
+
+@gpu_only
 def test_norm_offset_is_keyed(fast):
     """The norm forward's block kernel is compiled with or without the per-element offset add
     (HAS_OFFSET, a flag of its key): a kernel offered by a call without an offset is never replayed

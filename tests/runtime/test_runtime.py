@@ -262,3 +262,26 @@ def test_dispatched_marks_the_dispatcher_door(monkeypatch):
     softmax_mod.softmax_op.op(x, False)
     torch.ops.warpforge.softmax(x, False)
     assert seen == [False, True, True] and not registry.dispatched()
+
+
+def test_softmax_loop_route(monkeypatch):
+    """SOFTMAX_LOOP_CONST (empty until measured, NOTES item 108): a device's entry sends softmax
+    forwards of many rows whose length it covers, and its step divides, to the loop kernel with N
+    compiled in; the backward, few rows, other devices and the interpreter keep their paths, and
+    the fast path is told the range it must leave to Python."""
+    from warpforge.runtime.heuristics import RowConfig
+
+    f = heuristics.softmax_config.__wrapped__
+    monkeypatch.setattr(heuristics, "interpreting", lambda: False)
+    h200 = "NVIDIA H200"
+    assert heuristics.softmax_loop_range(h200) == (0, -1) or heuristics.SOFTMAX_LOOP_CONST
+    monkeypatch.setattr(heuristics, "SOFTMAX_LOOP_CONST", {"H200": ((4096, 8192, 4096, 16), (16385, 32768, 8192, 32))})
+    assert heuristics.softmax_loop_range(h200) == (4096, 32768)
+    assert heuristics.softmax_loop_range("NVIDIA H100 80GB HBM3") == (0, -1)
+    assert f(32768, False, True, h200) == RowConfig("loop", 8192, 1, 32, const_n=True)
+    assert f(8192, False, True, h200) == RowConfig("loop", 4096, 1, 16, const_n=True)
+    for args in ((32768, True, True, h200), (32768, False, False, h200), (32768, False, True, "NVIDIA H100 80GB HBM3"),
+                 (20000, False, True, h200), (12288, False, True, h200)):
+        assert f(*args) == f(args[0], args[1]), args
+    monkeypatch.setattr(heuristics, "interpreting", lambda: True)
+    assert f(32768, False, True, h200) == f(32768, False)

@@ -28,7 +28,8 @@ import triton.language as tl
 
 from ..runtime import fastpath, new_empty
 from ..runtime.checks import check_backend, check_tensor, normalize_dim
-from ..runtime.heuristics import softmax_config
+from ..runtime.device import device_info, sm_count
+from ..runtime.heuristics import NORM_LOOP_ROWS_PER_SM, softmax_config
 from ..runtime.registry import Op
 from ..runtime.launch import run
 from ._rows import as_rows, exp_minus, gather_row_stats, online_finish, publish_row_stats, split_launch
@@ -334,7 +335,8 @@ def _softmax_fwd(x: torch.Tensor, log: bool) -> torch.Tensor:
     y = new_empty((m, n), device=x.device, dtype=x.dtype)
     if m == 0:
         return y.view(x.shape)
-    cfg = softmax_config(n, backward=False)
+    cfg = softmax_config(n, backward=False, many=m >= NORM_LOOP_ROWS_PER_SM * sm_count(),
+                         device_name=device_info(x.device.index).name if x.is_cuda else "")
     args = (x2, y, m, n, x2.stride(0), y.stride(0))
     if cfg.mode == "block":
         run(_softmax_fwd_block_kernel, (triton.cdiv(m, cfg.rows),), args,

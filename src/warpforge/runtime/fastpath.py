@@ -121,7 +121,7 @@ def load(verbose: bool = False) -> bool:
             from . import POISON
             from .device import device_info, sm_count
             from .heuristics import (NORM_LOOP_ROWS_PER_SM, REDUCE_LOOP_ROWS_PER_SM, norm_loop_max_n, norm_loop_min_n,
-                                     reduce_loop_min_n)
+                                     reduce_loop_min_n, softmax_loop_range)
             from ..ops.norms import GRAD_SUM_MAX
 
             mod = cpp_extension.load(
@@ -131,7 +131,7 @@ def load(verbose: bool = False) -> bool:
             mod.init(sm_count(), GRAD_SUM_MAX, POISON, _fallbacks(), REDUCE_LOOP_ROWS_PER_SM * sm_count(),
                      reduce_loop_min_n(device_info().name),
                      NORM_LOOP_ROWS_PER_SM * sm_count(), norm_loop_min_n(device_info().name),
-                     norm_loop_max_n(device_info().name))
+                     norm_loop_max_n(device_info().name), *softmax_loop_range(device_info().name))
         except Exception as e:  # noqa: BLE001 -- no compiler, no ninja, no headers: stay on Python
             _why = f"build failed ({type(e).__name__}: {e}); build directory {_cache_dir()}"
             print(f"warpforge: the eager fast path is off: {_why}", file=sys.stderr)

@@ -292,9 +292,28 @@ def norm_fwd_config(n: int, layer: bool, many: bool = False, device_name: str = 
     return _exchange_or_row("pipe", n, 2 * CHUNK, SPLIT_WARPS, reload=True)
 
 
+# The softmax forward's two-pass loop with N compiled in (branch s38-softmax-loop, NOTES item 108):
+# filled from benchmarks/probe_softmax_loop.py's measurements, as NORM_LOOP_CONST; empty until then.
+SOFTMAX_LOOP_CONST: dict = {}
+# device: ((min N, max N, elements a step, warps), ...): taken where the step divides N, rows enough
+
+
+def softmax_loop_range(device_name: str) -> tuple[int, int]:
+    """(shortest, longest) row a softmax forward of many rows may loop over on this device, (0, -1)
+    for none: the eager fast path (which replays the block kernel whatever M is) leaves those calls
+    to Python."""
+    shapes = _by_device(SOFTMAX_LOOP_CONST, device_name) or ()
+    return (min(v[0] for v in shapes), max(v[1] for v in shapes)) if shapes else (0, -1)
+
+
 @functools.lru_cache(maxsize=4096)
-def softmax_config(n: int, backward: bool) -> RowConfig:
-    """The softmax forward's (or backward's) path for rows of ``n``."""
+def softmax_config(n: int, backward: bool, many: bool = False, device_name: str = "") -> RowConfig:
+    """The softmax forward's (or backward's) path for rows of ``n``; ``many``: at least
+    NORM_LOOP_ROWS_PER_SM rows an SM (the forward's loop with N compiled in, SOFTMAX_LOOP_CONST)."""
+    if many and not backward and not interpreting():
+        for lo, hi, block, warps in _by_device(SOFTMAX_LOOP_CONST, device_name) or ():
+            if lo <= n <= hi and n % block == 0:
+                return RowConfig("loop", block, 1, warps, const_n=True)
     wide = _wide_row(n)
     if wide is not None:
         return wide

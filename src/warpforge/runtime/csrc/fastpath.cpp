@@ -164,6 +164,8 @@ int64_t loop_min_n = 0;    // at least loop_min_n take the loop kernel, which Py
 int64_t norm_loop_rows = 0;   // heuristics.norm_fwd_config: norm forwards (no residual) over at least
 int64_t norm_loop_min_n = 0;  // this many rows of norm_loop_min_n..norm_loop_max_n take the loop
 int64_t norm_loop_max_n = 0;  // kernel, which Python launches
+int64_t softmax_loop_min_n = 0;   // heuristics.softmax_config: softmax forwards over norm_loop_rows
+int64_t softmax_loop_max_n = -1;  // rows or more of these lengths take the loop kernel (Python's)
 
 Tensor poisoned(Tensor t) {
   if (poison) t.fill_(std::numeric_limits<double>::quiet_NaN());
@@ -352,6 +354,8 @@ struct SoftmaxFn : public torch::autograd::Function<SoftmaxFn> {
 py::object softmax(const Tensor& x, int64_t dim, bool log) {
   if (!over_last_dim(x, dim)) return py::none();
   int64_t n = x.size(-1), m = rows_of(x);
+  // the block kernel's key does not hold M's value: rows enough for the loop kernel are Python's
+  if (n >= softmax_loop_min_n && n <= softmax_loop_max_n && m >= norm_loop_rows) return py::none();
   c10::cuda::CUDAGuard guard(x.device());
   Tensor y = out_like(x);
   if (!run_rows(SOFTMAX_FWD, x.get_device(), {log}, {T(x), T(y), I(m), I(n), I(n), I(n)}, m)) return py::none();
@@ -867,7 +871,8 @@ void offer(const std::string& name, int device, py::sequence args, py::dict cons
 }
 
 void init(int64_t sm_count, int64_t grad_sum_rows, bool poison_outputs, py::dict fbs, int64_t reduce_loop_rows,
-          int64_t reduce_loop_min_n, int64_t norm_rows, int64_t norm_min_n, int64_t norm_max_n) {
+          int64_t reduce_loop_min_n, int64_t norm_rows, int64_t norm_min_n, int64_t norm_max_n,
+          int64_t softmax_min_n, int64_t softmax_max_n) {
   sms = sm_count;
   grad_sum_max = grad_sum_rows;
   loop_rows = reduce_loop_rows;
@@ -875,6 +880,8 @@ void init(int64_t sm_count, int64_t grad_sum_rows, bool poison_outputs, py::dict
   norm_loop_rows = norm_rows;
   norm_loop_min_n = norm_min_n;
   norm_loop_max_n = norm_max_n;
+  softmax_loop_min_n = softmax_min_n;
+  softmax_loop_max_n = softmax_max_n;
   poison = poison_outputs;
   for (auto item : fbs) (*fallbacks)[item.first.cast<std::string>()] = py::reinterpret_borrow<py::object>(item.second);
   if (!cu_launch) {
