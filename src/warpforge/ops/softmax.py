@@ -28,7 +28,7 @@ import triton.language as tl
 
 from ..runtime import fastpath, new_empty
 from ..runtime.checks import check_backend, check_tensor, normalize_dim
-from ..runtime.device import device_info, sm_count
+from ..runtime.device import device_name, sm_count
 from ..runtime.heuristics import NORM_LOOP_ROWS_PER_SM, softmax_config
 from ..runtime.registry import Op
 from ..runtime.launch import run
@@ -336,7 +336,7 @@ def _softmax_fwd(x: torch.Tensor, log: bool) -> torch.Tensor:
     if m == 0:
         return y.view(x.shape)
     cfg = softmax_config(n, backward=False, many=m >= NORM_LOOP_ROWS_PER_SM * sm_count(),
-                         device_name=device_info(x.device.index).name if x.is_cuda else "")
+                         device_name=device_name(x))
     args = (x2, y, m, n, x2.stride(0), y.stride(0))
     if cfg.mode == "block":
         run(_softmax_fwd_block_kernel, (triton.cdiv(m, cfg.rows),), args,

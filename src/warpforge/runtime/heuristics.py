@@ -310,10 +310,10 @@ def softmax_loop_range(device_name: str) -> tuple[int, int]:
 def softmax_config(n: int, backward: bool, many: bool = False, device_name: str = "") -> RowConfig:
     """The softmax forward's (or backward's) path for rows of ``n``; ``many``: at least
     NORM_LOOP_ROWS_PER_SM rows an SM (the forward's loop with N compiled in, SOFTMAX_LOOP_CONST)."""
-    if many and not backward and not interpreting():
-        for lo, hi, block, warps in _by_device(SOFTMAX_LOOP_CONST, device_name) or ():
-            if lo <= n <= hi and n % block == 0:
-                return RowConfig("loop", block, 1, warps, const_n=True)
+    const = _const_loop_shape(_by_device(SOFTMAX_LOOP_CONST, device_name), n) \
+        if many and not backward and not interpreting() else None
+    if const is not None:
+        return RowConfig("loop", const[0], 1, const[1], const_n=True)
     wide = _wide_row(n)
     if wide is not None:
         return wide
