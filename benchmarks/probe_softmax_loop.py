@@ -6,7 +6,7 @@ Liger's softmax where importable. Issue 2 on the H200 (NOTES item 107): the soft
 75% of copy at 32K and 0.98-0.99x Liger at 4K-8K. bf16, M*N = 2^27; each variant checked against a
 float64 reference, then timed with the bench's timer in ``--rounds`` alternating rounds.
 
-    python benchmarks/probe_softmax_loop.py [--ns 4096,8192,32768] [--ops softmax,log_softmax] [--rounds 3]
+    python benchmarks/probe_softmax_loop.py [--ns 4096,8192,16384,32768,65536] [--ops softmax,log_softmax] [--rounds 3]
 """
 import argparse
 
@@ -18,10 +18,13 @@ from warpforge.runtime import device as dev
 
 from probe_variants import check_variants, table_rows, time_rounds
 
-SHAPES = {4096: [(2048, 8), (2048, 16), (4096, 8), (4096, 16)],
+SHAPES = {1024: [(512, 4), (1024, 4), (1024, 8)],
+          2048: [(1024, 4), (2048, 4), (2048, 8)],
+          4096: [(2048, 8), (2048, 16), (4096, 8), (4096, 16)],
           8192: [(2048, 16), (4096, 8), (4096, 16), (8192, 16)],
           16384: [(4096, 16), (8192, 16), (8192, 32)],
-          32768: [(4096, 16), (8192, 16), (8192, 32), (16384, 32)]}
+          32768: [(4096, 16), (8192, 16), (8192, 32), (16384, 32)],
+          65536: [(8192, 32), (16384, 32)]}
 
 
 def liger_softmax():
@@ -34,7 +37,7 @@ def liger_softmax():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ns", default="4096,8192,32768")
+    ap.add_argument("--ns", default="4096,8192,16384,32768,65536")
     ap.add_argument("--ops", default="softmax,log_softmax")
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()

@@ -265,7 +265,7 @@ def test_dispatched_marks_the_dispatcher_door(monkeypatch):
 
 
 def test_softmax_loop_route(monkeypatch):
-    """SOFTMAX_LOOP_CONST (empty until measured, NOTES item 108): a device's entry sends softmax
+    """SOFTMAX_LOOP_CONST (the H200's, NOTES item 108): a device's entry sends softmax
     forwards of many rows whose length it covers, and its step divides, to the loop kernel with N
     compiled in; the backward, few rows, other devices and the interpreter keep their paths, and
     the fast path is told the range it must leave to Python."""
@@ -274,7 +274,9 @@ def test_softmax_loop_route(monkeypatch):
     f = heuristics.softmax_config.__wrapped__
     monkeypatch.setattr(heuristics, "interpreting", lambda: False)
     h200 = "NVIDIA H200"
-    assert heuristics.softmax_loop_range(h200) == (0, -1) or heuristics.SOFTMAX_LOOP_CONST
+    assert heuristics.softmax_loop_range(h200) == (2048, 65536)
+    assert f(32768, False, True, h200) == RowConfig("loop", 8192, 1, 32, const_n=True)
+    assert f(24576, False, True, h200) == RowConfig("loop", 8192, 1, 32, const_n=True)   # the step divides
     monkeypatch.setattr(heuristics, "SOFTMAX_LOOP_CONST", {"H200": ((4096, 8192, 4096, 16), (16385, 32768, 8192, 32))})
     assert heuristics.softmax_loop_range(h200) == (4096, 32768)
     assert heuristics.softmax_loop_range("NVIDIA H100 80GB HBM3") == (0, -1)
@@ -283,5 +285,9 @@ def test_softmax_loop_route(monkeypatch):
     for args in ((32768, True, True, h200), (32768, False, False, h200), (32768, False, True, "NVIDIA H100 80GB HBM3"),
                  (20000, False, True, h200), (12288, False, True, h200)):
         assert f(*args) == f(args[0], args[1]), args
+    assert f(1024, False, True, h200) == RowConfig("block", 1024, 2, 4)     # SOFTMAX_BLOCK_SHAPES
+    assert f(1000, False, False, h200) == RowConfig("block", 1024, 2, 4)
+    assert f(1024, True, True, h200) == f(1024, True) == heuristics.row_config(1024)   # the backward keeps its shape
     monkeypatch.setattr(heuristics, "interpreting", lambda: True)
     assert f(32768, False, True, h200) == f(32768, False)
+    assert f(1024, False, True, h200) == heuristics.row_config(1024)

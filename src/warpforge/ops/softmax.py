@@ -32,7 +32,7 @@ from ..runtime.device import device_name, sm_count
 from ..runtime.heuristics import NORM_LOOP_ROWS_PER_SM, softmax_config
 from ..runtime.registry import Op
 from ..runtime.launch import run
-from ._rows import as_rows, exp_minus, gather_row_stats, online_finish, publish_row_stats, split_launch
+from ._rows import LOG2E, as_rows, exp_minus, gather_row_stats, online_finish, publish_row_stats, split_launch
 
 
 # ----------------------------------------------------------------------------------------------
@@ -180,7 +180,13 @@ def _softmax_fwd_loop_kernel(
                         eviction_policy="evict_last").to(tl.float32)
         m_new = tl.maximum(m_g, tl.max(x, axis=1))
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)      # an all -inf group keeps sum 0
-        s_g = s_g * tl.exp(m_g - m_safe) + tl.sum(exp_minus(x, m_safe[:, None]), axis=1)
+        if LOG:
+            # x - m exact near the max: log-softmax's y = x - m - log(s) carries s's error alone,
+            # and the FMA form's rounding of m * log2 e (~1e-3 of s at |m| ~ 3e4) would not cancel
+            e = tl.exp2((x - m_safe[:, None]) * LOG2E)
+        else:
+            e = exp_minus(x, m_safe[:, None])     # the same rounding in y's numerator: it cancels
+        s_g = s_g * tl.exp(m_g - m_safe) + tl.sum(e, axis=1)
         m_g = m_new
     m, s = online_finish(m_g, s_g)
     for start in range(0, n_cols, BLOCK_N):

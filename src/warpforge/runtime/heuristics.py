@@ -292,10 +292,25 @@ def norm_fwd_config(n: int, layer: bool, many: bool = False, device_name: str = 
     return _exchange_or_row("pipe", n, 2 * CHUNK, SPLIT_WARPS, reload=True)
 
 
-# The softmax forward's two-pass loop with N compiled in (branch s38-softmax-loop, NOTES item 108):
-# filled from benchmarks/probe_softmax_loop.py's measurements, as NORM_LOOP_CONST; empty until then.
-SOFTMAX_LOOP_CONST: dict = {}
+# The softmax forward's two-pass loop (x kept in L2 between the passes; online statistics per
+# 8-column group) with N compiled in, on the H200 where the step divides N and rows are many
+# (session 39, NOTES item 108, benchmarks/probe_softmax_loop.py, M*N = 2^27 bf16, 3 alternating
+# rounds, softmax / log-softmax, us): 32K at 8,192 x 32 130.4 / 130.6 (97.5% of copy) against the
+# one-program block kernel's 170.3 / 168.7 (Liger 170.6); 16K at 8,192 x 16 129.3 / 128.8 against
+# 138.4 / 138.6; 8K at 4,096 x 16 127.3 / 127.3 against 131.1 / 131.4 (Liger 129.0); 4K at
+# 4,096 x 8 127.7 / 127.7 against 130.7 (Liger 131.3); 2K at 2,048 x 4 127.2 / 127.2 against
+# 130.6 / 129.7 (Liger 144.1); 65K at 16,384 x 32 145.4 / 144.8 against the pipe's 148.5 / 150.2.
+# N as a runtime argument costs up to 24 us (32K 8,192 x 32: 154.1); other step/warp pairs lose
+# up to 30%. 1K keeps the block kernel (the loop's best 139.6 against 132.8).
+SOFTMAX_LOOP_CONST = {"H200": ((2048, 2048, 2048, 4), (4096, 4096, 4096, 8), (4097, 8192, 4096, 16),
+                               (8193, 16384, 8192, 16), (16385, 32768, 8192, 32), (32769, 65536, 16384, 32))}
 # device: ((min N, max N, elements a step, warps), ...): taken where the step divides N, rows enough
+# The forward's block kernel where a device's measurements moved it off row_config's shape: 1K rows
+# on the H200, 2 rows x 4 warps, not 4 x 8 (session 39, NOTES item 109, benchmarks/
+# probe_softmax_shapes.py, 131,072 x 1,024 bf16, least of 3 rounds, softmax / log-softmax):
+# 129.2 / 129.0 us against 132.6-134.2 / 138.0 (torch.compile 129.2 / 129.1; 1 x 2: 129.4).
+SOFTMAX_BLOCK_SHAPES = {"H200": {1024: (2, 4)}}
+# device: {block_n: (rows, warps)}
 
 
 def softmax_loop_range(device_name: str) -> tuple[int, int]:
@@ -309,12 +324,17 @@ def softmax_loop_range(device_name: str) -> tuple[int, int]:
 @functools.lru_cache(maxsize=4096)
 def softmax_config(n: int, backward: bool, many: bool = False, device_name: str = "") -> RowConfig:
     """The softmax forward's (or backward's) path for rows of ``n``; ``many``: at least
-    NORM_LOOP_ROWS_PER_SM rows an SM (the forward's loop with N compiled in, SOFTMAX_LOOP_CONST)."""
+    NORM_LOOP_ROWS_PER_SM rows an SM (the forward's loop with N compiled in, SOFTMAX_LOOP_CONST);
+    the forward's block kernel takes SOFTMAX_BLOCK_SHAPES' shape where the device has one."""
     const = _const_loop_shape(_by_device(SOFTMAX_LOOP_CONST, device_name), n) \
         if many and not backward and not interpreting() else None
     if const is not None:
         return RowConfig("loop", const[0], 1, const[1], const_n=True)
     wide = _wide_row(n)
+    shape = None if backward or interpreting() or wide is None or wide.mode != "block" else \
+        (_by_device(SOFTMAX_BLOCK_SHAPES, device_name) or {}).get(wide.block_n)
+    if shape is not None:
+        return dataclasses.replace(wide, rows=shape[0], num_warps=shape[1])
     if wide is not None:
         return wide
     if n <= 16 * CHUNK:

@@ -1,0 +1,86 @@
+"""Device probe (session 39, NOTES item 109): the softmax and log-softmax forward through
+``ops.softmax._softmax_fwd`` with its route forced to each of a list of shapes (``softmax_config``
+patched; the eager fast path off, so no call replays another shape's kernel), against the op's own
+route, torch.compile and Liger where importable. The H200's short cells after item 108: 1K (the
+block kernel 0.93-0.96x torch.compile) and 262K (the pipe, 73-78% of copy; the bar is 85%).
+bf16, M*N = 2^27; each variant checked against a float64 reference, then timed in ``--rounds``
+alternating rounds with the bench's timer.
+
+    python benchmarks/probe_softmax_shapes.py [--ns 1024,65536,262144] [--ops softmax,log_softmax] [--rounds 3]
+"""
+import argparse
+
+import torch
+
+import warpforge as wf
+from warpforge.ops import softmax as S
+from warpforge.runtime import device as dev
+from warpforge.runtime import fastpath
+from warpforge.runtime.heuristics import RowConfig
+
+from probe_softmax_loop import liger_softmax
+from probe_variants import check_variants, table_rows, time_rounds
+
+
+def shapes(n: int) -> dict:
+    """name -> RowConfig tried at rows of ``n``."""
+    out = {}
+    if n <= 4096:
+        for rows, warps in ((1, 2), (1, 4), (2, 2), (2, 4), (4, 4), (4, 8), (8, 8), (16, 8)):
+            out[f"block {rows}r x{warps}"] = RowConfig("block", n, rows, warps)
+        return out
+    for mode in ("pipe", "split"):
+        for chunk, warps in ((2048, 2), (4096, 2), (4096, 4), (8192, 4), (8192, 8), (16384, 8), (16384, 16)):
+            if n // chunk <= 128 and n % chunk == 0:
+                out[f"{mode} {chunk}x{warps}"] = RowConfig(mode, chunk, 1, warps, n // chunk)
+    for step in (8192, 16384):
+        out[f"loop {step}x32 const"] = RowConfig("loop", step, 1, 32, const_n=True)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ns", default="1024,65536,262144")
+    ap.add_argument("--ops", default="softmax,log_softmax")
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    copy = dev.ceilings()["copy_gbps"]
+    liger = liger_softmax()
+    own_config = S.softmax_config
+    fastpath.lib = None
+    table = []
+    for n in (int(v) for v in a.ns.split(",")):
+        m = 2**27 // n
+        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) * 3
+        nbytes = 2 * m * n * 2
+        for op in a.ops.split(","):
+            log = op == "log_softmax"
+            tfn = torch.log_softmax if log else torch.softmax
+            ref = tfn(x[:64].double(), -1)
+            comp = torch.compile(lambda t, f=tfn: f(t, -1), dynamic=False)
+            comp(x)
+
+            def forced(cfg, log=log):
+                def call():
+                    S.softmax_config = (lambda *_a, **_k: cfg) if cfg is not None else own_config
+                    try:
+                        return S._softmax_fwd(x, log)
+                    finally:
+                        S.softmax_config = own_config
+                return call
+
+            variants = {"compile": lambda c=comp: c(x), "default": forced(None)}
+            if liger is not None and not log and n <= 65536:     # Liger's kernel takes rows to 64K
+                variants["liger"] = lambda: liger(x)
+            variants.update({name: forced(cfg) for name, cfg in shapes(n).items()})
+            label = f"{op:11s} N={n:6d}"
+            check_variants(variants, torch.empty_like(x),
+                           lambda out: ((out[:64].double() - ref).norm() / ref.norm()).item(), 1e-2, label)
+            rows = table_rows(time_rounds(variants, a.rounds, nbytes, label), label, nbytes, copy)
+            print("\n".join(rows), flush=True)
+            table += rows
+    print("\n".join(table))
+
+
+if __name__ == "__main__":
+    main()
