@@ -35,6 +35,35 @@ def liger_softmax():
     return LigerSoftmaxFunction.apply
 
 
+def softmax_cases(ns, ops):
+    """For each N and op: (x, log, label, bytes moved, the peers' variants, the error of an
+    output's first 64 rows against float64). x: bf16 rows of N scaled by 3, M*N = 2^27; the peers:
+    torch.compile (warmed up) and Liger's softmax where it applies (rows to 64K)."""
+    liger = liger_softmax()
+    for n in ns:
+        m = 2**27 // n
+        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) * 3
+        for op in ops:
+            log = op == "log_softmax"
+            tfn = torch.log_softmax if log else torch.softmax
+            ref = tfn(x[:64].double(), -1)
+            comp = torch.compile(lambda t, f=tfn: f(t, -1), dynamic=False)
+            comp(x)
+            peers = {"compile": lambda c=comp, x=x: c(x)}
+            if liger is not None and not log and n <= 65536:
+                peers["liger"] = lambda x=x: liger(x)
+            yield (x, log, f"{op:11s} N={n:6d}", 2 * m * n * 2, peers,
+                   lambda out, ref=ref: ((out[:64].double() - ref).norm() / ref.norm()).item())
+
+
+def check_and_time(variants: dict, out_buf, error, label: str, nbytes: int, rounds: int, copy: float) -> list[str]:
+    """Check every variant (limit 1e-2), time the rest in alternating rounds, print their rows."""
+    check_variants(variants, out_buf, error, 1e-2, label)
+    rows = table_rows(time_rounds(variants, rounds, nbytes, label), label, nbytes, copy)
+    print("\n".join(rows), flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ns", default="4096,8192,16384,32768,65536")
@@ -42,36 +71,21 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     copy = dev.ceilings()["copy_gbps"]
-    liger = liger_softmax()
     table = []
-    for n in (int(v) for v in a.ns.split(",")):
-        m = 2**27 // n
-        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) * 3
+    for x, log, label, nbytes, peers, error in softmax_cases([int(v) for v in a.ns.split(",")], a.ops.split(",")):
+        m, n = x.shape
         y = torch.empty_like(x)
-        nbytes = 2 * m * n * 2
-        for op in a.ops.split(","):
-            log = op == "log_softmax"
-            tfn = torch.log_softmax if log else torch.softmax
-            ref = tfn(x[:64].double(), -1)
-            comp = torch.compile(lambda t, f=tfn: f(t, -1), dynamic=False)
-            comp(x)
-            ours = (lambda: wf.log_softmax(x, -1)) if log else (lambda: wf.softmax(x, -1))
 
-            def direct(block_n, warps, const, log=log):
-                return lambda: S._softmax_fwd_loop_kernel[(m,)](x, y, m, n, x.stride(0), y.stride(0), LOG=log,
-                                                                 BLOCK_N=block_n, N_CONST=n if const else 0,
-                                                                 num_warps=warps)
+        def direct(block_n, warps, const, x=x, y=y, log=log):
+            return lambda: S._softmax_fwd_loop_kernel[(m,)](x, y, m, n, x.stride(0), y.stride(0), LOG=log,
+                                                             BLOCK_N=block_n, N_CONST=n if const else 0,
+                                                             num_warps=warps)
 
-            variants = {"compile": lambda c=comp: c(x), "default": ours}
-            if liger is not None and not log:
-                variants["liger"] = lambda: liger(x)
-            for block_n, warps in SHAPES.get(n, []):
-                for const in (False, True):
-                    variants[f"loop {block_n}x{warps}{' const' if const else ''}"] = direct(block_n, warps, const)
-            label = f"{op:11s} N={n:6d}"
-            check_variants(variants, y, lambda out: ((out[:64].double() - ref).norm() / ref.norm()).item(), 1e-2,
-                           label)
-            table += table_rows(time_rounds(variants, a.rounds, nbytes, label), label, nbytes, copy)
+        variants = dict(peers, default=(lambda x=x: wf.log_softmax(x, -1)) if log else (lambda x=x: wf.softmax(x, -1)))
+        for block_n, warps in SHAPES.get(n, []):
+            for const in (False, True):
+                variants[f"loop {block_n}x{warps}{' const' if const else ''}"] = direct(block_n, warps, const)
+        table += check_and_time(variants, y, error, label, nbytes, a.rounds, copy)
     print("\n".join(table))
 
 

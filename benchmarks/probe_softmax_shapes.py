@@ -12,14 +12,12 @@ import argparse
 
 import torch
 
-import warpforge as wf
 from warpforge.ops import softmax as S
 from warpforge.runtime import device as dev
 from warpforge.runtime import fastpath
 from warpforge.runtime.heuristics import RowConfig
 
-from probe_softmax_loop import liger_softmax
-from probe_variants import check_variants, table_rows, time_rounds
+from probe_softmax_loop import check_and_time, softmax_cases
 
 
 def shapes(n: int) -> dict:
@@ -45,40 +43,22 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     copy = dev.ceilings()["copy_gbps"]
-    liger = liger_softmax()
     own_config = S.softmax_config
     fastpath.lib = None
     table = []
-    for n in (int(v) for v in a.ns.split(",")):
-        m = 2**27 // n
-        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) * 3
-        nbytes = 2 * m * n * 2
-        for op in a.ops.split(","):
-            log = op == "log_softmax"
-            tfn = torch.log_softmax if log else torch.softmax
-            ref = tfn(x[:64].double(), -1)
-            comp = torch.compile(lambda t, f=tfn: f(t, -1), dynamic=False)
-            comp(x)
+    for x, log, label, nbytes, peers, error in softmax_cases([int(v) for v in a.ns.split(",")], a.ops.split(",")):
+        def forced(cfg, x=x, log=log):
+            def call():
+                S.softmax_config = (lambda *_a, **_k: cfg) if cfg is not None else own_config
+                try:
+                    return S._softmax_fwd(x, log)
+                finally:
+                    S.softmax_config = own_config
+            return call
 
-            def forced(cfg, log=log):
-                def call():
-                    S.softmax_config = (lambda *_a, **_k: cfg) if cfg is not None else own_config
-                    try:
-                        return S._softmax_fwd(x, log)
-                    finally:
-                        S.softmax_config = own_config
-                return call
-
-            variants = {"compile": lambda c=comp: c(x), "default": forced(None)}
-            if liger is not None and not log and n <= 65536:     # Liger's kernel takes rows to 64K
-                variants["liger"] = lambda: liger(x)
-            variants.update({name: forced(cfg) for name, cfg in shapes(n).items()})
-            label = f"{op:11s} N={n:6d}"
-            check_variants(variants, torch.empty_like(x),
-                           lambda out: ((out[:64].double() - ref).norm() / ref.norm()).item(), 1e-2, label)
-            rows = table_rows(time_rounds(variants, a.rounds, nbytes, label), label, nbytes, copy)
-            print("\n".join(rows), flush=True)
-            table += rows
+        variants = dict(peers, default=forced(None))
+        variants.update({name: forced(cfg) for name, cfg in shapes(x.shape[1]).items()})
+        table += check_and_time(variants, torch.empty_like(x), error, label, nbytes, a.rounds, copy)
     print("\n".join(table))
 
 
