@@ -41,6 +41,27 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
+def load_cols(ptr, mask, other, MASKED: tl.constexpr, POLICY: tl.constexpr):
+    """One step's load in a row loop (``POLICY``: its eviction policy): masked, ``other`` where
+    ``mask`` is off, or, for a loop whose kernel has N compiled in (a whole number of steps, so
+    MASKED false), with no mask at all; the mask the caller built is then left unused."""
+    if MASKED:
+        v = tl.load(ptr, mask=mask, other=other, eviction_policy=POLICY)
+    else:
+        v = tl.load(ptr, eviction_policy=POLICY)
+    return v
+
+
+@triton.jit
+def store_cols(ptr, v, mask, MASKED: tl.constexpr):
+    """One step's store in a row loop: masked, or not at all with N compiled in (see load_cols)."""
+    if MASKED:
+        tl.store(ptr, v, mask=mask)
+    else:
+        tl.store(ptr, v)
+
+
+@triton.jit
 def exp_minus(x, m):
     """exp(x - m) as one FMA and one ex2 an element (x * log2 e - m * log2 e); ``tl.exp(x - m)``
     costs a subtract, a multiply and the ex2. Row kernels moving bf16 at ~4.2 TB/s have ~32 issue

@@ -99,7 +99,7 @@ from ..runtime.heuristics import (NORM_LOOP_ROWS_PER_SM, grad_grid, grad_sum_con
 from ..runtime.device import device_name
 from ..runtime.registry import Op
 from ..runtime.launch import run
-from ._rows import as_rows, gather_row_stats, publish_row_stats, split_launch
+from ._rows import as_rows, gather_row_stats, load_cols, publish_row_stats, split_launch, store_cols
 
 CASTING_MODES = ("gemma", "llama")
 
@@ -329,6 +329,7 @@ def _norm_fwd_loop_kernel(
     steps: fixed trip counts and no column masks."""
     tl.static_assert(RMS, "the loop kernel is RMSNorm's; LayerNorm takes _layer_norm_fwd_loop_kernel")
     tl.static_assert(N_CONST % BLOCK_N == 0, "N_CONST is a whole number of BLOCK_N steps")
+    MASKED: tl.constexpr = N_CONST == 0
     if N_CONST > 0:
         n_cols = N_CONST
     else:
@@ -350,11 +351,8 @@ def _norm_fwd_loop_kernel(
             h = x.to(h_ptr.dtype.element_ty)
             tl.store(h_ptr + r * stride_h + start + cols, h, mask=mask)
             x = h.to(tl.float32)
-        elif N_CONST > 0:
-            x = tl.load(x_ptr + r * stride_x + start + cols, eviction_policy="evict_last").to(tl.float32)
         else:
-            x = tl.load(x_ptr + r * stride_x + start + cols, mask=mask, other=0.0,
-                        eviction_policy="evict_last").to(tl.float32)
+            x = load_cols(x_ptr + r * stride_x + start + cols, mask, 0.0, MASKED, "evict_last").to(tl.float32)
         acc += x * x
     rstd = tl.rsqrt(tl.sum(acc, axis=0) / n_cols + eps)
     tl.store(rstd_ptr + row, rstd)
@@ -365,27 +363,18 @@ def _norm_fwd_loop_kernel(
         mask = start + cols < n_cols
         if HAS_RES:
             x = tl.load(h_ptr + r * stride_h + start + cols, mask=mask, other=0.0).to(tl.float32)
-        elif N_CONST > 0:
-            x = tl.load(x_ptr + r * stride_x + start + cols, eviction_policy="evict_first").to(tl.float32)
         else:
-            x = tl.load(x_ptr + r * stride_x + start + cols, mask=mask, other=0.0,
-                        eviction_policy="evict_first").to(tl.float32)
+            x = load_cols(x_ptr + r * stride_x + start + cols, mask, 0.0, MASKED, "evict_first").to(tl.float32)
         x_hat = x * rstd
         if LLAMA:
             x_hat = x_hat.to(x_ptr.dtype.element_ty).to(tl.float32)
         y = x_hat
         if HAS_W:
-            if N_CONST > 0:
-                w = tl.load(w_ptr + start + cols, eviction_policy="evict_last").to(tl.float32)
-            else:
-                w = tl.load(w_ptr + start + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            w = load_cols(w_ptr + start + cols, mask, 0.0, MASKED, "evict_last").to(tl.float32)
             if HAS_OFFSET:
                 w += offset
             y = y * w
-        if N_CONST > 0:
-            tl.store(y_ptr + r * stride_y + start + cols, y.to(y_ptr.dtype.element_ty))
-        else:
-            tl.store(y_ptr + r * stride_y + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        store_cols(y_ptr + r * stride_y + start + cols, y.to(y_ptr.dtype.element_ty), mask, MASKED)
 
 
 LN_GROUP = tl.constexpr(8)   # the LayerNorm loop's in-thread group: one 16-byte load of bf16 a thread
@@ -414,6 +403,7 @@ def _layer_norm_fwd_loop_kernel(
     the heuristics take 1 and ROWS stays for the probes."""
     G: tl.constexpr = BLOCK_N // LN_GROUP
     tl.static_assert(N_CONST == 0 or (EVEN_N and ROWS == 1 and N_CONST % BLOCK_N == 0))
+    MASKED: tl.constexpr = N_CONST == 0
     if N_CONST > 0:
         n_cols = N_CONST
     else:
@@ -428,11 +418,7 @@ def _layer_norm_fwd_loop_kernel(
     for start in range(0, n_cols, BLOCK_N):
         # pass 2 re-reads the rows: keep x in L2 (evict-last) until then
         if EVEN_N:
-            if N_CONST > 0:
-                x = tl.load(x_ptr + base_x + start + offs, eviction_policy="evict_last").to(tl.float32)
-            else:
-                x = tl.load(x_ptr + base_x + start + offs, mask=live, other=0.0,
-                            eviction_policy="evict_last").to(tl.float32)
+            x = load_cols(x_ptr + base_x + start + offs, live, 0.0, MASKED, "evict_last").to(tl.float32)
             m_c = tl.sum(x, axis=2) * (1.0 / LN_GROUP)
             d = x - m_c[:, :, None]
             n_old = start / G                                    # a position's columns before this step
@@ -468,27 +454,15 @@ def _layer_norm_fwd_loop_kernel(
     base_y = rows.to(tl.int64)[:, None, None] * stride_y
     # pass 2: normalise
     for start in range(0, n_cols, BLOCK_N):
-        if N_CONST > 0:
-            x = tl.load(x_ptr + base_x + start + offs, eviction_policy="evict_first").to(tl.float32)
-            y = (x - mean) * rstd
-            if HAS_W:
-                y = y * tl.load(w_ptr + start + offs, eviction_policy="evict_last").to(tl.float32)
-            if HAS_B:
-                y += tl.load(b_ptr + start + offs, eviction_policy="evict_last").to(tl.float32)
-            tl.store(y_ptr + base_y + start + offs, y.to(y_ptr.dtype.element_ty))
-        else:
-            cmask = start + offs < N
-            mask = live & cmask
-            x = tl.load(x_ptr + base_x + start + offs, mask=mask, other=0.0,
-                        eviction_policy="evict_first").to(tl.float32)
-            y = (x - mean) * rstd
-            if HAS_W:
-                y = y * tl.load(w_ptr + start + offs, mask=cmask, other=0.0,
-                                eviction_policy="evict_last").to(tl.float32)
-            if HAS_B:
-                y += tl.load(b_ptr + start + offs, mask=cmask, other=0.0,
-                             eviction_policy="evict_last").to(tl.float32)
-            tl.store(y_ptr + base_y + start + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        cmask = start + offs < N
+        mask = live & cmask
+        x = load_cols(x_ptr + base_x + start + offs, mask, 0.0, MASKED, "evict_first").to(tl.float32)
+        y = (x - mean) * rstd
+        if HAS_W:
+            y = y * load_cols(w_ptr + start + offs, cmask, 0.0, MASKED, "evict_last").to(tl.float32)
+        if HAS_B:
+            y += load_cols(b_ptr + start + offs, cmask, 0.0, MASKED, "evict_last").to(tl.float32)
+        store_cols(y_ptr + base_y + start + offs, y.to(y_ptr.dtype.element_ty), mask, MASKED)
 
 
 @triton.jit

@@ -143,6 +143,20 @@ def _reduce_fwd_partial_kernel(
 
 
 @triton.jit
+def _reduce_step(acc, ties, x, MAX: tl.constexpr, COUNT: tl.constexpr):
+    """One step of the row loop's lane-wise fold: sum, or max (and with COUNT the tie counts)."""
+    if MAX:                                        # max.NaN: a lane that met a NaN keeps it
+        if COUNT:                                  # (NaN compares false: a NaN lane stops counting)
+            # padding (-inf) counts only in lanes whose max is -inf, which add to the row's
+            # count only when the whole row is -inf: clamped to N below, no mask per element
+            ties = tl.where(x > acc, 0.0, ties) + (x >= acc).to(tl.float32)
+        acc = tl.maximum(acc, x, propagate_nan=tl.PropagateNan.ALL)
+    else:
+        acc += x
+    return acc, ties
+
+
+@triton.jit
 def _reduce_fwd_loop_kernel(
     x_ptr, y_ptr, cnt_ptr,     # (M, N) rows (column stride 1), (M,) contiguous out, (M,) fp32 tie counts
     N, stride_x,               # one program a row
@@ -164,26 +178,14 @@ def _reduce_fwd_loop_kernel(
     if N_CONST > 0:
         for start in range(0, N_CONST, BLOCK_N):
             x = tl.load(base + start + cols, eviction_policy="evict_first").to(tl.float32)
-            if MAX:
-                if COUNT:
-                    ties = tl.where(x > acc, 0.0, ties) + (x >= acc).to(tl.float32)
-                acc = tl.maximum(acc, x, propagate_nan=tl.PropagateNan.ALL)
-            else:
-                acc += x
+            acc, ties = _reduce_step(acc, ties, x, MAX, COUNT)
     else:
         nxt = tl.load(base + cols, mask=cols < N, other=other, eviction_policy="evict_first")
         for start in range(0, N, BLOCK_N):
             x = nxt.to(tl.float32)
             c = start + BLOCK_N + cols
             nxt = tl.load(base + c, mask=c < N, other=other, eviction_policy="evict_first")
-            if MAX:                                        # max.NaN: a lane that met a NaN keeps it
-                if COUNT:                                  # (NaN compares false: a NaN lane stops counting)
-                    # padding (-inf) counts only in lanes whose max is -inf, which add to the row's
-                    # count only when the whole row is -inf: clamped to N below, no mask per element
-                    ties = tl.where(x > acc, 0.0, ties) + (x >= acc).to(tl.float32)
-                acc = tl.maximum(acc, x, propagate_nan=tl.PropagateNan.ALL)
-            else:
-                acc += x
+            acc, ties = _reduce_step(acc, ties, x, MAX, COUNT)
     if MAX:                                            # the lane fold drops NaN: test for it once
         v = tl.max(acc, axis=0)
         v = tl.where(tl.sum((acc != acc).to(tl.int32), axis=0) > 0, float("nan"), v)

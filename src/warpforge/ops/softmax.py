@@ -32,7 +32,8 @@ from ..runtime.device import device_name, sm_count
 from ..runtime.heuristics import NORM_LOOP_ROWS_PER_SM, softmax_config
 from ..runtime.registry import Op
 from ..runtime.launch import run
-from ._rows import LOG2E, as_rows, exp_minus, gather_row_stats, online_finish, publish_row_stats, split_launch
+from ._rows import (LOG2E, as_rows, exp_minus, gather_row_stats, load_cols, online_finish, publish_row_stats,
+                    split_launch, store_cols)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -161,6 +162,7 @@ def _softmax_fwd_loop_kernel(
     (the per-lane online update ran it twice, a rate near the SFU's at the copy roof); pass 2
     re-reads x (evict-first) and writes y, one more exp an element for softmax, none for log-softmax."""
     G: tl.constexpr = BLOCK_N // SOFTMAX_GROUP
+    MASKED: tl.constexpr = N_CONST == 0
     tl.static_assert(N_CONST % BLOCK_N == 0, "N_CONST is a whole number of BLOCK_N steps")
     if N_CONST > 0:
         n_cols = N_CONST
@@ -173,11 +175,7 @@ def _softmax_fwd_loop_kernel(
     m_g = tl.full((G,), -float("inf"), tl.float32)
     s_g = tl.zeros((G,), tl.float32)
     for start in range(0, n_cols, BLOCK_N):
-        if N_CONST > 0:
-            x = tl.load(xrow + start + offs, eviction_policy="evict_last").to(tl.float32)
-        else:
-            x = tl.load(xrow + start + offs, mask=start + offs < N, other=-float("inf"),
-                        eviction_policy="evict_last").to(tl.float32)
+        x = load_cols(xrow + start + offs, start + offs < N, -float("inf"), MASKED, "evict_last").to(tl.float32)
         m_new = tl.maximum(m_g, tl.max(x, axis=1))
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)      # an all -inf group keeps sum 0
         if LOG:
@@ -190,19 +188,12 @@ def _softmax_fwd_loop_kernel(
         m_g = m_new
     m, s = online_finish(m_g, s_g)
     for start in range(0, n_cols, BLOCK_N):
-        if N_CONST > 0:
-            x = tl.load(xrow + start + offs, eviction_policy="evict_first").to(tl.float32)
-        else:
-            x = tl.load(xrow + start + offs, mask=start + offs < N, other=0.0,
-                        eviction_policy="evict_first").to(tl.float32)
+        x = load_cols(xrow + start + offs, start + offs < N, 0.0, MASKED, "evict_first").to(tl.float32)
         if LOG:
             y = x - m - tl.log(s)
         else:
             y = exp_minus(x, m) * (1.0 / s)
-        if N_CONST > 0:
-            tl.store(yrow + start + offs, y.to(y_ptr.dtype.element_ty))
-        else:
-            tl.store(yrow + start + offs, y.to(y_ptr.dtype.element_ty), mask=start + offs < N)
+        store_cols(yrow + start + offs, y.to(y_ptr.dtype.element_ty), start + offs < N, MASKED)
 
 
 @triton.jit

@@ -241,6 +241,16 @@ def _const_loop_shape(shapes, n: int) -> tuple[int, int] | None:
     return next(((block, warps) for lo, hi, block, warps in shapes or () if lo <= n <= hi and n % block == 0), None)
 
 
+def _device_block_shape(wide: RowConfig | None, table: dict, device_name: str, key=lambda block_n: block_n):
+    """``wide`` (``_wide_row``'s config) with the (rows, warps) this device's ``table`` gives its
+    block kernel (NORM_BLOCK_SHAPES, SOFTMAX_BLOCK_SHAPES) at ``key(block_n)``; else ``wide`` as it
+    is (None, not the block kernel, no entry, or the interpreter)."""
+    if wide is None or wide.mode != "block" or interpreting():
+        return wide
+    shape = (_by_device(table, device_name) or {}).get(key(wide.block_n))
+    return wide if shape is None else dataclasses.replace(wide, rows=shape[0], num_warps=shape[1])
+
+
 def norm_loop_max_n(device_name: str) -> int:
     """The longest row ``norm_fwd_config`` may give the loop kernel on this device: the eager fast
     path (which replays the block kernel whatever M is) leaves norm forwards of many rows from
@@ -274,12 +284,8 @@ def norm_fwd_config(n: int, layer: bool, many: bool = False, device_name: str = 
     wide_loop = None if interpreting() else (_by_device(NORM_WIDE_LOOP, device_name) or {}).get(layer)
     if many and wide_loop and wide_loop[0] <= n <= wide_loop[1]:
         return RowConfig("loop", wide_loop[2], 1, wide_loop[3])
-    wide = _wide_row(n)
-    shapes = None if interpreting() else _by_device(NORM_BLOCK_SHAPES, device_name)
-    key = ("layer" if layer else "add" if residual else "rms", None if wide is None else wide.block_n)
-    if shapes and wide is not None and wide.mode == "block" and key in shapes:
-        rows, warps = shapes[key]
-        return dataclasses.replace(wide, rows=rows, num_warps=warps)
+    wide = _device_block_shape(_wide_row(n), NORM_BLOCK_SHAPES, device_name,
+                               lambda block_n: ("layer" if layer else "add" if residual else "rms", block_n))
     if wide is not None:
         return wide
     if n > 16 * CHUNK:
@@ -330,11 +336,7 @@ def softmax_config(n: int, backward: bool, many: bool = False, device_name: str 
         if many and not backward and not interpreting() else None
     if const is not None:
         return RowConfig("loop", const[0], 1, const[1], const_n=True)
-    wide = _wide_row(n)
-    shape = None if backward or interpreting() or wide is None or wide.mode != "block" else \
-        (_by_device(SOFTMAX_BLOCK_SHAPES, device_name) or {}).get(wide.block_n)
-    if shape is not None:
-        return dataclasses.replace(wide, rows=shape[0], num_warps=shape[1])
+    wide = _wide_row(n) if backward else _device_block_shape(_wide_row(n), SOFTMAX_BLOCK_SHAPES, device_name)
     if wide is not None:
         return wide
     if n <= 16 * CHUNK:
