@@ -219,6 +219,20 @@ def norm_bwd_cluster_config(n: int, m: int, layer: bool, device_name: str) -> tu
     return _cluster_shape(NORM_BWD_CLUSTER, (layer, n), m, device_name)
 
 
+# The softmax forward over long rows through the CUDA backend's staged cluster kernel
+# (cuda/csrc/softmax.cu softmax_fwd_cluster_kernel: the LayerNorm forward's skeleton, NORM_LAYER_CLUSTER,
+# with (max, sum of exp) pairs exchanged), 16-bit dtypes, at least one row an SM. Empty until measured
+# (branch s39-softmax-cluster, NOTES item 113); the shapes to try first are LayerNorm's.
+SOFTMAX_CLUSTER: dict = {}
+# device: {N: (cluster, threads, vectors a thread, rows a group, stages)}
+
+
+def softmax_cluster_config(n: int, m: int, device_name: str) -> tuple[int, int, int, int, int] | None:
+    """The staged cluster kernel's launch shape for softmax forwards of ``m`` rows of ``n`` on this
+    device, or None where the Triton kernels keep the call (SOFTMAX_CLUSTER; at least one row an SM)."""
+    return _cluster_shape(SOFTMAX_CLUSTER, n, m, device_name)
+
+
 def layer_norm_cluster_config(n: int, m: int, device_name: str) -> tuple[int, int, int, int, int] | None:
     """The cluster kernel's launch shape for LayerNorm rows of ``n`` (``m`` rows) on this device, or
     None where the Triton kernels keep the call (NORM_LAYER_CLUSTER; at least one row an SM)."""

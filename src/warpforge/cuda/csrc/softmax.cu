@@ -38,6 +38,7 @@
 #include <cooperative_groups.h>
 
 #include "cluster.cuh"
+#include "cluster_rows.cuh"
 #include "common.cuh"
 
 namespace cg = cooperative_groups;
@@ -398,6 +399,111 @@ __global__ void __launch_bounds__(1024) softmax_bwd_loop_kernel(
   }
 }
 
+// ---- forward over long rows, staged: the norm forward's skeleton (cluster_rows.cuh) ------------------
+// Block b of a cluster owns a fixed column slice of every row (THREADS x VPT 16-byte vectors); its
+// slice of a group of `rows` rows reaches shared memory by bulk copies `stages` groups ahead, so
+// HBM reads stay in flight while the block reduces, exchanges and writes -- what the one-row-at-a-
+// time cluster kernel above lacks. Per row a thread loads its vectors from shared memory into
+// registers once for its (max, sum of exp) pair, the block merges the pairs (warp shuffles, one
+// __syncthreads), block b pushes its slice's pair for every row of the group to every partner by
+// st.async (warp r sends row r), and once the partners' pairs have landed each warp merges the
+// slices of the group's rows and the block writes y from shared memory. The loop is pipelined by
+// one group (run_groups). Log-softmax sums exp2((x - m) log2 e): x - m is exact near the max, and
+// y = x - M - log S carries the sum's error whole (the FMA form's rounding of m log2 e would not
+// cancel, NOTES item 108).
+template <typename T, int THREADS, int VPT, bool LOG>
+__global__ void __launch_bounds__(THREADS, 1) softmax_fwd_cluster_kernel(
+    const T* __restrict__ x, T* __restrict__ y, int64_t m, int64_t n, int64_t sx, int64_t sy, int rows, int stages) {
+  constexpr int N = Vec<T>::N;
+  constexpr int WARPS = THREADS / 32;
+  extern __shared__ __align__(128) unsigned char stage_mem[];   // [stages][rows][slice] of T
+  __shared__ ClusterRowShared sh;
+  cg::cluster_group cluster = cg::this_cluster();
+  const unsigned csize = cluster.num_blocks(), crank = cluster.block_rank();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t slice = static_cast<int64_t>(THREADS) * VPT * N, col0 = static_cast<int64_t>(crank) * slice;
+  const uint32_t row_bytes = static_cast<uint32_t>(slice * sizeof(T));
+  const Groups groups(m, rows, csize);
+  const uint32_t stage_bytes = static_cast<uint32_t>(rows) * row_bytes;
+
+  init_barriers(sh, stages, cluster);
+
+  auto issue = [&](int64_t it, int s) {
+    int64_t row0;
+    const int nr = groups.at(it, row0);
+    const uint32_t bar = smem_u32(&sh.full[s]);
+    mbar_arrive_expect_tx(bar, static_cast<uint32_t>(nr) * row_bytes);
+    const uint32_t dst = smem_u32(stage_mem) + s * stage_bytes;
+    for (int r = 0; r < nr; ++r) bulk_load(dst + r * row_bytes, x + (row0 + r) * sx + col0, row_bytes, bar);
+  };
+  auto vec_at = [&](int s, int r, int k) {
+    Vec<T> v;
+    v.raw = *reinterpret_cast<const uint4*>(stage_mem + s * stage_bytes + r * row_bytes + (tid + k * THREADS) * 16);
+    return v;
+  };
+  auto stats_and_send = [&](int64_t it) {
+    const int s = static_cast<int>(it % stages), slot = static_cast<int>(it % kSlots);
+    int64_t row0;
+    const int nr = groups.at(it, row0);
+    const uint32_t xbar = smem_u32(&sh.xbar[slot]);
+    if (tid == 0) mbar_arrive_expect_tx(xbar, csize * static_cast<uint32_t>(nr) * 8u);
+    mbar_wait(smem_u32(&sh.full[s]), static_cast<uint32_t>((it / stages) & 1));
+    for (int r = 0; r < nr; ++r) {
+      Vec<T> v[VPT];
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) v[k] = vec_at(s, r, k);
+      float mx = -INFINITY;
+#pragma unroll
+      for (int k = 0; k < VPT; ++k)
+#pragma unroll
+        for (int e = 0; e < N; ++e) mx = fmaxf(mx, v[k].get(e));
+      float sum = 0.f;
+      if (mx != -INFINITY) {   // an all -inf thread keeps (-inf, 0)
+        const float ml = mx * kLog2e;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+#pragma unroll
+          for (int e = 0; e < N; ++e)
+            sum += LOG ? fast_exp2((v[k].get(e) - mx) * kLog2e) : fast_exp2(fmaf(v[k].get(e), kLog2e, -ml));
+      }
+      const MaxSum t = warp_allreduce(MaxSum{mx, sum});
+      if (lane == 0) sh.warp_stats[r][warp] = t.pack();
+    }
+    __syncthreads();
+    if (warp < nr) {
+      MaxSum t = lane < WARPS ? MaxSum::unpack(sh.warp_stats[warp][lane]) : MaxSum::identity();
+      t = warp_allreduce(t);
+      if (lane < static_cast<int>(csize))
+        st_async_f2(smem_u32(&sh.slots[slot][crank][warp]), xbar, lane, t.m, t.s);
+    }
+  };
+  // group it, once its partners' pairs have landed: lane l of every warp holds row l / csize, slice
+  // l % csize; a butterfly over the csize lanes of a row merges them; then y from shared memory
+  auto write = [&](int64_t, int s, int slot, int64_t row0, int nr) {
+    const int lr = lane / static_cast<int>(csize), lc = lane % static_cast<int>(csize);
+    MaxSum t = lr < nr ? MaxSum::unpack(sh.slots[slot][lc][lr]) : MaxSum::identity();
+    for (int o = 1; o < static_cast<int>(csize); o <<= 1) t = MaxSum::combine(t, t.shfl(o));
+    // an all -inf row: M = -inf and S = 0 give NaN, as torch does (exp(-inf - -inf))
+    for (int r = 0; r < nr; ++r) {
+      const float M = __shfl_sync(0xffffffffu, t.m, r * static_cast<int>(csize));
+      const float S = __shfl_sync(0xffffffffu, t.s, r * static_cast<int>(csize));
+      T* yr = y + (row0 + r) * sy + col0 + tid * N;
+      const float lse = M + __logf(S), ml = M * kLog2e, inv = 1.f / S;
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        const Vec<T> xv = vec_at(s, r, k);
+        Vec<T> o;
+#pragma unroll
+        for (int e = 0; e < N; ++e)
+          o.set(e, LOG ? xv.get(e) - lse : fast_exp2(fmaf(xv.get(e), kLog2e, -ml)) * inv);
+        store_vec(yr + k * THREADS * N, o);
+      }
+    }
+  };
+  run_groups(sh, groups, stages, issue, stats_and_send, write);
+  cluster.sync();   // no block leaves while a partner's st.async may still target it
+}
+
 // ---- launch -----------------------------------------------------------------------------------
 
 // Grid and launch of a block-per-row (cluster) kernel; cluster > 1 goes through cudaLaunchKernelEx.
@@ -517,6 +623,41 @@ cudaError_t softmax_bwd(DType dt, const void* y, const void* dy, void* dx, int64
       case 1: return launch_rows(softmax_bwd_block_kernel<T, 1>, m, cfg, 0, stream, yp, gp, xp, m, n, sy, sdy, sdx, aligned, log);
       case 2: return launch_rows(softmax_bwd_block_kernel<T, 2>, m, cfg, 0, stream, yp, gp, xp, m, n, sy, sdy, sdx, aligned, log);
       default: return launch_rows(softmax_bwd_block_kernel<T, 4>, m, cfg, 0, stream, yp, gp, xp, m, n, sy, sdy, sdx, aligned, log);
+    }
+  });
+}
+
+// 1,024 threads at 4 vectors a thread spill (the 64 registers __launch_bounds__(1024, 1) leaves
+// hold the 16 packed registers of a row's vectors, but not the pair reduction around them).
+constexpr bool softmax_cluster_fits(int threads, int vpt) { return !(threads == 1024 && vpt >= 4); }
+
+const char* softmax_cluster_config_error(DType dt, int64_t n, NormClusterConfig cfg) {
+  if (const char* why = cluster_rows_shape_error(dt, n, cfg, 1)) return why;
+  if (!softmax_cluster_fits(cfg.threads, cfg.vpt)) return "1024 threads hold at most 2 vectors a thread here (registers)";
+  return nullptr;
+}
+
+cudaError_t softmax_fwd_cluster(DType dt, const void* x, void* y, int64_t m, int64_t n, int64_t sx, int64_t sy,
+                                bool log, NormClusterConfig c, cudaStream_t stream) {
+  if (m <= 0 || softmax_cluster_config_error(dt, n, c) != nullptr) return cudaErrorInvalidValue;
+  return dispatch(dt, [&](auto tag) -> cudaError_t {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) == 4) {
+      return cudaErrorInvalidValue;
+    } else {
+      const size_t smem = static_cast<size_t>(c.stages) * c.rows * (n / c.cluster) * sizeof(T);
+      const T* xp = static_cast<const T*>(x);
+      T* yp = static_cast<T*>(y);
+#define WF_CASE(TH, V)                                                                                      \
+      if constexpr (softmax_cluster_fits(TH, V))                                                            \
+      if (c.threads == TH && c.vpt == V)                                                                    \
+        return log ? launch_cluster_rows(softmax_fwd_cluster_kernel<T, TH, V, true>, c, m, smem, 0, stream, \
+                                         xp, yp, m, n, sx, sy, c.rows, c.stages)                           \
+                   : launch_cluster_rows(softmax_fwd_cluster_kernel<T, TH, V, false>, c, m, smem, 0, stream, \
+                                         xp, yp, m, n, sx, sy, c.rows, c.stages);
+      WF_CLUSTER_ROW_SHAPES(WF_CASE)
+#undef WF_CASE
+      return cudaErrorInvalidValue;
     }
   });
 }
