@@ -113,13 +113,18 @@ cudaError_t launch_cluster_rows(Kernel kernel, const NormClusterConfig& c, int64
 
 // nullptr when `c` can run rows of n elements of dt in a cluster-rows kernel that stages `copies`
 // tensors a row (the forwards 1, the norm backward 2: x and dy), else why not.
-inline const char* cluster_rows_shape_error(DType dt, int64_t n, const NormClusterConfig& c, int copies) {
+// `fits` (may be null): the kernel's own (threads, vectors a thread) rule, checked after the
+// generic ones on those two and before the rest.
+inline const char* cluster_rows_shape_error(DType dt, int64_t n, const NormClusterConfig& c, int copies,
+                                            const char* (*fits)(int threads, int vpt) = nullptr) {
   if (dt == DType::f32) return "16-bit dtypes only (float16, bfloat16)";
   if (c.cluster != 2 && c.cluster != 4 && c.cluster != 8 && c.cluster != 16) return "cluster must be 2, 4, 8 or 16";
   if (c.threads != 128 && c.threads != 256 && c.threads != 512 && c.threads != 1024)
     return "threads must be 128, 256, 512 or 1024";
   if (c.vpt != 1 && c.vpt != 2 && c.vpt != 4 && c.vpt != 8) return "vectors per thread must be 1, 2, 4 or 8";
   if (c.threads == 1024 && c.vpt == 8) return "1024 threads hold at most 4 vectors a thread (registers)";
+  if (fits != nullptr)
+    if (const char* why = fits(c.threads, c.vpt)) return why;
   if (c.rows < 1 || c.rows > kMaxRows) return "rows a group must be 1 to 8";
   if (c.rows > c.threads / 32) return "rows a group must not exceed the block's warps";
   if (c.rows * c.cluster > 32) return "rows a group x cluster must be at most 32";

@@ -447,11 +447,14 @@ __global__ void __launch_bounds__(THREADS, 1) norm_bwd_cluster_kernel(
 // instantiates no others.
 constexpr bool backward_fits(int threads, int vpt) { return threads <= 256 || (threads == 512 && vpt <= 2); }
 
+const char* backward_fit_error(int threads, int vpt) {
+  return backward_fits(threads, vpt)
+             ? nullptr
+             : "the backward runs 128 or 256 threads, or 512 at up to 2 vectors a thread (registers for dw and db)";
+}
+
 const char* config_error(DType dt, int64_t n, NormClusterConfig c, bool backward) {
-  if (const char* why = cluster_rows_shape_error(dt, n, c, backward ? 2 : 1)) return why;
-  if (backward && !backward_fits(c.threads, c.vpt))
-    return "the backward runs 128 or 256 threads, or 512 at up to 2 vectors a thread (registers for dw and db)";
-  return nullptr;
+  return cluster_rows_shape_error(dt, n, c, backward ? 2 : 1, backward ? backward_fit_error : nullptr);
 }
 
 

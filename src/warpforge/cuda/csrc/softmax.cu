@@ -631,10 +631,12 @@ cudaError_t softmax_bwd(DType dt, const void* y, const void* dy, void* dx, int64
 // hold the 16 packed registers of a row's vectors, but not the pair reduction around them).
 constexpr bool softmax_cluster_fits(int threads, int vpt) { return !(threads == 1024 && vpt >= 4); }
 
+const char* softmax_cluster_fit_error(int threads, int vpt) {
+  return softmax_cluster_fits(threads, vpt) ? nullptr : "1024 threads hold at most 2 vectors a thread here (registers)";
+}
+
 const char* softmax_cluster_config_error(DType dt, int64_t n, NormClusterConfig cfg) {
-  if (const char* why = cluster_rows_shape_error(dt, n, cfg, 1)) return why;
-  if (!softmax_cluster_fits(cfg.threads, cfg.vpt)) return "1024 threads hold at most 2 vectors a thread here (registers)";
-  return nullptr;
+  return cluster_rows_shape_error(dt, n, cfg, 1, softmax_cluster_fit_error);
 }
 
 cudaError_t softmax_fwd_cluster(DType dt, const void* x, void* y, int64_t m, int64_t n, int64_t sx, int64_t sy,
