@@ -35,17 +35,17 @@ def shapes(n: int) -> dict:
                 out[f"{mode} {chunk}x{warps}"] = RowConfig(mode, chunk, 1, warps, n // chunk)
     for step in (8192, 16384):
         out[f"loop {step}x32 const"] = RowConfig("loop", step, 1, 32, const_n=True)
-    for c, t, v, r, st in CLUSTER_SHAPES.get(n, ()):
-        out[f"cluster {c}x{t}x{v} r{r} s{st}"] = (c, t, v, r, st)
+    for c, t, v, r, st, *more in CLUSTER_SHAPES.get(n, ()):
+        out[f"cluster {c}x{t}x{v} r{r} s{st}" + (f" b{more[0]}" if more else "")] = (c, t, v, r, st, *more)
     return out
 
 
-# (cluster, threads, vectors a thread, rows a group, stages) of the CUDA backend's staged cluster
-# forward (NOTES item 113; LayerNorm's H200 shapes first, NORM_LAYER_CLUSTER)
-CLUSTER_SHAPES = {65536: ((8, 256, 4, 4, 3), (8, 256, 4, 2, 3), (8, 512, 2, 4, 3), (4, 512, 4, 2, 3),
-                          (16, 256, 2, 4, 3)),
-                  262144: ((16, 512, 4, 2, 3), (16, 512, 4, 1, 3), (16, 512, 4, 1, 4), (16, 512, 4, 2, 2),
-                           (16, 1024, 2, 1, 3), (16, 1024, 2, 2, 3), (16, 256, 8, 2, 3))}
+# (cluster, threads, vectors a thread, rows a group, stages[, blocks an SM]) of the CUDA backend's
+# staged cluster forward (NOTES items 113-114; LayerNorm's H200 shapes first, NORM_LAYER_CLUSTER)
+CLUSTER_SHAPES = {65536: ((8, 256, 4, 4, 3), (8, 256, 4, 2, 3), (4, 512, 4, 2, 3), (8, 256, 4, 2, 3, 2),
+                          (8, 256, 4, 1, 3, 2), (4, 256, 8, 1, 3, 2)),
+                  262144: ((16, 512, 4, 2, 3), (16, 256, 8, 2, 3), (16, 256, 8, 1, 3), (16, 256, 8, 1, 3, 2),
+                           (16, 256, 8, 1, 2, 2), (16, 512, 4, 1, 3))}
 
 
 def main():

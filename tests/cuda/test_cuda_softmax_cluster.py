@@ -76,7 +76,8 @@ def check(x, log, cfg, what=""):
     assert_close(y[rest], ref[rest], x.dtype, what=what)
 
 
-# (cluster, threads, vectors a thread, rows a group, stages): n = cluster x threads x vectors x 8
+# (cluster, threads, vectors a thread, rows a group, stages[, blocks an SM]): n = cluster x threads x
+# vectors x 8
 SHAPES = [
     (2, 128, 1, 2, 2),    # n = 2,048
     (4, 128, 2, 4, 3),    # 8,192
@@ -85,6 +86,9 @@ SHAPES = [
     (2, 1024, 2, 1, 3),   # 32,768 at 1,024 threads
     (8, 256, 4, 4, 3),    # 65,536: LayerNorm's H200 shape
     (16, 512, 4, 2, 3),   # 262,144: LayerNorm's H200 shape
+    (4, 128, 2, 4, 3, 2),     # 8,192, two blocks an SM
+    (8, 256, 4, 2, 3, 2),     # 65,536, two blocks an SM
+    (16, 256, 8, 1, 3, 2),    # 262,144, two blocks an SM
 ]
 
 
@@ -94,7 +98,7 @@ SHAPES = [
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_cluster_softmax_shapes(cfg, m, log, dtype):
-    c, t, v, _, _ = cfg
+    c, t, v = cfg[:3]
     n = c * t * v * 8
     if n > 65536 and m > 5:
         m = 133    # 262K: more groups than the 8 resident 16-block clusters, at a bearable size
@@ -120,9 +124,14 @@ def test_cluster_softmax_refuses_bad_calls():
         op(x, False, [4, 128, 1, 2, 2], y)
     with pytest.raises(RuntimeError, match="stages must be 2 to 8"):
         op(x, False, [2, 128, 1, 2, 1], y)
+    with pytest.raises(RuntimeError, match="blocks an SM must be 1 or 2"):
+        op(x, False, [2, 128, 1, 2, 2, 3], y)
+    with pytest.raises(RuntimeError, match="exceeds shared memory \\(x blocks an SM\\)"):
+        op(torch.randn(4, 32768, device=DEV).to(torch.bfloat16), False, [2, 256, 8, 1, 4, 2],
+           torch.empty(4, 32768, device=DEV, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="must be \\[cluster, threads"):
         op(x, False, [2, 128, 1, 2], y)
-    with pytest.raises(RuntimeError, match="1024 threads hold at most 2 vectors"):
+    with pytest.raises(RuntimeError, match="1,024 threads an SM .* hold at most 2 vectors"):
         op(torch.randn(4, 65536, device=DEV).to(torch.bfloat16), False, [2, 1024, 4, 1, 2],
            torch.empty(4, 65536, device=DEV, dtype=torch.bfloat16))
     xf = x.float()

@@ -94,6 +94,10 @@ cudaError_t launch_cluster_rows(Kernel kernel, const NormClusterConfig& c, int64
   cudaError_t err = cluster_launch_config(kernel, static_cast<unsigned>(c.cluster), static_cast<unsigned>(c.threads),
                                           smem, stream, lc, attr);
   if (err != cudaSuccess) return err;
+  if (c.per_sm > 1) {   // the carveout that leaves room for two blocks' stages
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    if (err != cudaSuccess) return err;
+  }
   const int fit = resident_clusters(reinterpret_cast<const void*>(kernel), lc);
   if (fit <= 0) return cudaErrorInvalidConfiguration;   // this cluster shape cannot be placed on the device
   const int64_t groups = (m + c.rows - 1) / c.rows;
@@ -113,18 +117,20 @@ cudaError_t launch_cluster_rows(Kernel kernel, const NormClusterConfig& c, int64
 
 // nullptr when `c` can run rows of n elements of dt in a cluster-rows kernel that stages `copies`
 // tensors a row (the forwards 1, the norm backward 2: x and dy), else why not.
-// `fits` (may be null): the kernel's own (threads, vectors a thread) rule, checked after the
-// generic ones on those two and before the rest.
+// `fits` (may be null): the kernel's own rule on (threads, vectors a thread, blocks an SM), checked
+// after the generic ones on those and before the rest.
 inline const char* cluster_rows_shape_error(DType dt, int64_t n, const NormClusterConfig& c, int copies,
-                                            const char* (*fits)(int threads, int vpt) = nullptr) {
+                                            const char* (*fits)(const NormClusterConfig&) = nullptr) {
   if (dt == DType::f32) return "16-bit dtypes only (float16, bfloat16)";
   if (c.cluster != 2 && c.cluster != 4 && c.cluster != 8 && c.cluster != 16) return "cluster must be 2, 4, 8 or 16";
   if (c.threads != 128 && c.threads != 256 && c.threads != 512 && c.threads != 1024)
     return "threads must be 128, 256, 512 or 1024";
   if (c.vpt != 1 && c.vpt != 2 && c.vpt != 4 && c.vpt != 8) return "vectors per thread must be 1, 2, 4 or 8";
   if (c.threads == 1024 && c.vpt == 8) return "1024 threads hold at most 4 vectors a thread (registers)";
+  if (c.per_sm != 1 && c.per_sm != 2) return "blocks an SM must be 1 or 2";
+  if (c.per_sm * c.threads > 1024) return "blocks an SM x threads must be at most 1,024";
   if (fits != nullptr)
-    if (const char* why = fits(c.threads, c.vpt)) return why;
+    if (const char* why = fits(c)) return why;
   if (c.rows < 1 || c.rows > kMaxRows) return "rows a group must be 1 to 8";
   if (c.rows > c.threads / 32) return "rows a group must not exceed the block's warps";
   if (c.rows * c.cluster > 32) return "rows a group x cluster must be at most 32";
@@ -132,8 +138,11 @@ inline const char* cluster_rows_shape_error(DType dt, int64_t n, const NormClust
   if (c.stages < 2 || c.stages > kMaxStages) return "stages must be 2 to 8";
   const int64_t slice = static_cast<int64_t>(c.threads) * c.vpt * 8;
   if (slice * c.cluster != n) return "the row length must be exactly cluster x threads x vectors per thread x 8";
-  if (static_cast<int64_t>(c.stages) * c.rows * slice * 2 * copies > 220 * 1024)
-    return "stages x rows x slice exceeds shared memory";
+  // an SM's 228 KB hold per_sm blocks' stages, their static ClusterRowShared and the 1 KB the
+  // runtime reserves a block
+  const int64_t block_smem = static_cast<int64_t>(c.stages) * c.rows * slice * 2 * copies +
+                             static_cast<int64_t>(sizeof(ClusterRowShared)) + 1024;
+  if (c.per_sm * block_smem > 228 * 1024) return "stages x rows x slice exceeds shared memory (x blocks an SM)";
   return nullptr;
 }
 

@@ -447,14 +447,19 @@ __global__ void __launch_bounds__(THREADS, 1) norm_bwd_cluster_kernel(
 // instantiates no others.
 constexpr bool backward_fits(int threads, int vpt) { return threads <= 256 || (threads == 512 && vpt <= 2); }
 
-const char* backward_fit_error(int threads, int vpt) {
-  return backward_fits(threads, vpt)
+const char* one_block_an_sm(const NormClusterConfig& c) {
+  return c.per_sm == 1 ? nullptr : "the norm kernels run one block an SM (blocks an SM must be 1)";
+}
+
+const char* backward_fit_error(const NormClusterConfig& c) {
+  if (const char* why = one_block_an_sm(c)) return why;
+  return backward_fits(c.threads, c.vpt)
              ? nullptr
              : "the backward runs 128 or 256 threads, or 512 at up to 2 vectors a thread (registers for dw and db)";
 }
 
 const char* config_error(DType dt, int64_t n, NormClusterConfig c, bool backward) {
-  return cluster_rows_shape_error(dt, n, c, backward ? 2 : 1, backward ? backward_fit_error : nullptr);
+  return cluster_rows_shape_error(dt, n, c, backward ? 2 : 1, backward ? backward_fit_error : one_block_an_sm);
 }
 
 

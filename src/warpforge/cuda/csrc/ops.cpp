@@ -262,17 +262,18 @@ void check_row_stats(const Tensor& t, const Tensor& input, int64_t m, const char
 }
 
 wf::NormClusterConfig norm_cluster_config(c10::IntArrayRef config, const char* op) {
-  TORCH_CHECK(config.size() == 5, "warpforge_cuda::", op,
-              ": 'config' must be [cluster, threads, vectors per thread, rows a group, stages]; got ",
-              num(config.size()), " values");
+  TORCH_CHECK(config.size() == 5 || config.size() == 6, "warpforge_cuda::", op,
+              ": 'config' must be [cluster, threads, vectors per thread, rows a group, stages] and optionally "
+              "blocks an SM; got ", num(config.size()), " values");
   return {static_cast<int>(config[0]), static_cast<int>(config[1]), static_cast<int>(config[2]),
-          static_cast<int>(config[3]), static_cast<int>(config[4])};
+          static_cast<int>(config[3]), static_cast<int>(config[4]), config.size() == 6 ? static_cast<int>(config[5]) : 1};
 }
 
 void check_launch_shape(const char* why, const wf::NormClusterConfig& cfg, int64_t n, const char* op) {
   TORCH_CHECK(why == nullptr, "warpforge_cuda::", op, ": launch shape 'config' [", num(cfg.cluster), ", ",
               num(cfg.threads), ", ", num(cfg.vpt), ", ", num(cfg.rows), ", ", num(cfg.stages),
-              "] cannot run rows of ", num(n), " elements: ", why ? why : "");
+              cfg.per_sm != 1 ? ", " + std::to_string(cfg.per_sm) : std::string(), "] cannot run rows of ", num(n),
+              " elements: ", why ? why : "");
 }
 
 // A 2-D tensor of the input's dtype and shape (out, grad_output, dx) on its device, rows dense.

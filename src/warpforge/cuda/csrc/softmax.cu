@@ -411,8 +411,8 @@ __global__ void __launch_bounds__(1024) softmax_bwd_loop_kernel(
 // one group (run_groups). Log-softmax sums exp2((x - m) log2 e): x - m is exact near the max, and
 // y = x - M - log S carries the sum's error whole (the FMA form's rounding of m log2 e would not
 // cancel, NOTES item 108).
-template <typename T, int THREADS, int VPT, bool LOG>
-__global__ void __launch_bounds__(THREADS, 1) softmax_fwd_cluster_kernel(
+template <typename T, int THREADS, int VPT, bool LOG, int PER_SM>
+__global__ void __launch_bounds__(THREADS, PER_SM) softmax_fwd_cluster_kernel(
     const T* __restrict__ x, T* __restrict__ y, int64_t m, int64_t n, int64_t sx, int64_t sy, int rows, int stages) {
   constexpr int N = Vec<T>::N;
   constexpr int WARPS = THREADS / 32;
@@ -488,14 +488,15 @@ __global__ void __launch_bounds__(THREADS, 1) softmax_fwd_cluster_kernel(
       const float M = __shfl_sync(0xffffffffu, t.m, r * static_cast<int>(csize));
       const float S = __shfl_sync(0xffffffffu, t.s, r * static_cast<int>(csize));
       T* yr = y + (row0 + r) * sy + col0 + tid * N;
-      const float lse = M + __logf(S), ml = M * kLog2e, inv = 1.f / S;
+      // softmax: exp2(x log2 e - (M log2 e + log2 S)), the 1 / S folded into the exponent
+      const float lse = M + __logf(S), shift = fmaf(M, kLog2e, __log2f(S));
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
         const Vec<T> xv = vec_at(s, r, k);
         Vec<T> o;
 #pragma unroll
         for (int e = 0; e < N; ++e)
-          o.set(e, LOG ? xv.get(e) - lse : fast_exp2(fmaf(xv.get(e), kLog2e, -ml)) * inv);
+          o.set(e, LOG ? xv.get(e) - lse : fast_exp2(fmaf(xv.get(e), kLog2e, -shift)));
         store_vec(yr + k * THREADS * N, o);
       }
     }
@@ -627,12 +628,18 @@ cudaError_t softmax_bwd(DType dt, const void* y, const void* dy, void* dx, int64
   });
 }
 
-// 1,024 threads at 4 vectors a thread spill (the 64 registers __launch_bounds__(1024, 1) leaves
-// hold the 16 packed registers of a row's vectors, but not the pair reduction around them).
-constexpr bool softmax_cluster_fits(int threads, int vpt) { return !(threads == 1024 && vpt >= 4); }
+// The registers a thread gets: 65,536 over the SM's threads (per_sm blocks), at most 255. The shapes
+// that spill there are not instantiated: 1,024 threads at 4 vectors (64 registers hold a row's 16
+// packed registers of vectors but not the pair reduction around them), and likewise 2 x 512
+// threads at 4 vectors. (2 blocks an SM: at most 512 threads a block, cluster_rows_shape_error.)
+constexpr bool softmax_cluster_fits(int threads, int vpt, int per_sm) {
+  return !(threads * per_sm == 1024 && vpt >= 4);
+}
 
-const char* softmax_cluster_fit_error(int threads, int vpt) {
-  return softmax_cluster_fits(threads, vpt) ? nullptr : "1024 threads hold at most 2 vectors a thread here (registers)";
+const char* softmax_cluster_fit_error(const NormClusterConfig& c) {
+  return softmax_cluster_fits(c.threads, c.vpt, c.per_sm)
+             ? nullptr
+             : "1,024 threads an SM (threads x blocks an SM) hold at most 2 vectors a thread here (registers)";
 }
 
 const char* softmax_cluster_config_error(DType dt, int64_t n, NormClusterConfig cfg) {
@@ -650,15 +657,17 @@ cudaError_t softmax_fwd_cluster(DType dt, const void* x, void* y, int64_t m, int
       const size_t smem = static_cast<size_t>(c.stages) * c.rows * (n / c.cluster) * sizeof(T);
       const T* xp = static_cast<const T*>(x);
       T* yp = static_cast<T*>(y);
-#define WF_CASE(TH, V)                                                                                      \
-      if constexpr (softmax_cluster_fits(TH, V))                                                            \
-      if (c.threads == TH && c.vpt == V)                                                                    \
-        return log ? launch_cluster_rows(softmax_fwd_cluster_kernel<T, TH, V, true>, c, m, smem, 0, stream, \
-                                         xp, yp, m, n, sx, sy, c.rows, c.stages)                           \
-                   : launch_cluster_rows(softmax_fwd_cluster_kernel<T, TH, V, false>, c, m, smem, 0, stream, \
+#define WF_LAUNCH(TH, V, P)                                                                                    \
+      if constexpr (TH * P <= 1024 && softmax_cluster_fits(TH, V, P))                                          \
+      if (c.threads == TH && c.vpt == V && c.per_sm == P)                                                      \
+        return log ? launch_cluster_rows(softmax_fwd_cluster_kernel<T, TH, V, true, P>, c, m, smem, 0, stream,  \
+                                         xp, yp, m, n, sx, sy, c.rows, c.stages)                              \
+                   : launch_cluster_rows(softmax_fwd_cluster_kernel<T, TH, V, false, P>, c, m, smem, 0, stream, \
                                          xp, yp, m, n, sx, sy, c.rows, c.stages);
+#define WF_CASE(TH, V) WF_LAUNCH(TH, V, 1) WF_LAUNCH(TH, V, 2)
       WF_CLUSTER_ROW_SHAPES(WF_CASE)
 #undef WF_CASE
+#undef WF_LAUNCH
       return cudaErrorInvalidValue;
     }
   });
