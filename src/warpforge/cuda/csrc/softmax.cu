@@ -153,23 +153,41 @@ struct RowSpan {
   }
 };
 
-// Thread-local (max, sum exp) of VPT vectors.
-template <typename T, int VPT>
+// Thread-local (max, sum exp) of VPT vectors, in CHAINS independent running maxima and sums (element
+// e of a vector goes to chain e % CHAINS; a tree merges them at the end): more chains let the exps
+// and adds of different positions overlap, where one chain is VPT x N dependent adds (the staged
+// cluster kernel takes N chains; the one-row kernels keep one: more registers spill there). LOG
+// sums exp2((x - m) log2 e), whose x - m is exact near the max (NOTES item 108); softmax the FMA form.
+template <typename T, int VPT, bool LOG = false, int CHAINS = 1>
 __device__ __forceinline__ MaxSum local_stats(const Vec<T> (&v)[VPT]) {
-  float mx = -INFINITY;
+  constexpr int N = Vec<T>::N;
+  static_assert(CHAINS >= 1 && CHAINS <= N && N % CHAINS == 0 && (CHAINS & (CHAINS - 1)) == 0, "chains");
+  float part[CHAINS];
+#pragma unroll
+  for (int c = 0; c < CHAINS; ++c) part[c] = -INFINITY;
 #pragma unroll
   for (int k = 0; k < VPT; ++k)
 #pragma unroll
-    for (int e = 0; e < Vec<T>::N; ++e) mx = fmaxf(mx, v[k].get(e));
-  float s = 0.f;
-  if (mx != -INFINITY) {
-    const float ml = mx * kLog2e;
+    for (int e = 0; e < N; ++e) part[e % CHAINS] = fmaxf(part[e % CHAINS], v[k].get(e));
 #pragma unroll
-    for (int k = 0; k < VPT; ++k)
+  for (int w = CHAINS / 2; w > 0; w >>= 1)
 #pragma unroll
-      for (int e = 0; e < Vec<T>::N; ++e) s += fast_exp2(fmaf(v[k].get(e), kLog2e, -ml));
-  }
-  return {mx, s};
+    for (int c = 0; c < w; ++c) part[c] = fmaxf(part[c], part[c + w]);
+  const float mx = part[0];
+  if (mx == -INFINITY) return {mx, 0.f};   // an all -inf thread keeps (-inf, 0)
+  const float ml = mx * kLog2e;
+#pragma unroll
+  for (int c = 0; c < CHAINS; ++c) part[c] = 0.f;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k)
+#pragma unroll
+    for (int e = 0; e < N; ++e)
+      part[e % CHAINS] += LOG ? fast_exp2((v[k].get(e) - mx) * kLog2e) : fast_exp2(fmaf(v[k].get(e), kLog2e, -ml));
+#pragma unroll
+  for (int w = CHAINS / 2; w > 0; w >>= 1)
+#pragma unroll
+    for (int c = 0; c < w; ++c) part[c] += part[c + w];
+  return {mx, part[0]};
 }
 
 // y for one vector from the row's (M, S).
@@ -452,21 +470,7 @@ __global__ void __launch_bounds__(THREADS, PER_SM) softmax_fwd_cluster_kernel(
       Vec<T> v[VPT];
 #pragma unroll
       for (int k = 0; k < VPT; ++k) v[k] = vec_at(s, r, k);
-      float mx = -INFINITY;
-#pragma unroll
-      for (int k = 0; k < VPT; ++k)
-#pragma unroll
-        for (int e = 0; e < N; ++e) mx = fmaxf(mx, v[k].get(e));
-      float sum = 0.f;
-      if (mx != -INFINITY) {   // an all -inf thread keeps (-inf, 0)
-        const float ml = mx * kLog2e;
-#pragma unroll
-        for (int k = 0; k < VPT; ++k)
-#pragma unroll
-          for (int e = 0; e < N; ++e)
-            sum += LOG ? fast_exp2((v[k].get(e) - mx) * kLog2e) : fast_exp2(fmaf(v[k].get(e), kLog2e, -ml));
-      }
-      const MaxSum t = warp_allreduce(MaxSum{mx, sum});
+      const MaxSum t = warp_allreduce(local_stats<T, VPT, LOG, N>(v));
       if (lane == 0) sh.warp_stats[r][warp] = t.pack();
     }
     __syncthreads();
