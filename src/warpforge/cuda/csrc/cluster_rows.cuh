@@ -118,9 +118,11 @@ cudaError_t launch_cluster_rows(Kernel kernel, const NormClusterConfig& c, int64
 // nullptr when `c` can run rows of n elements of dt in a cluster-rows kernel that stages `copies`
 // tensors a row (the forwards 1, the norm backward 2: x and dy), else why not.
 // `fits` (may be null): the kernel's own rule on (threads, vectors a thread, blocks an SM), checked
-// after the generic ones on those and before the rest.
+// after the generic ones on those and before the rest. `extra`: bytes of shared memory a kernel keeps
+// beside each staged row (softmax: a float a thread).
 inline const char* cluster_rows_shape_error(DType dt, int64_t n, const NormClusterConfig& c, int copies,
-                                            const char* (*fits)(const NormClusterConfig&) = nullptr) {
+                                            const char* (*fits)(const NormClusterConfig&) = nullptr,
+                                            int64_t extra = 0) {
   if (dt == DType::f32) return "16-bit dtypes only (float16, bfloat16)";
   if (c.cluster != 2 && c.cluster != 4 && c.cluster != 8 && c.cluster != 16) return "cluster must be 2, 4, 8 or 16";
   if (c.threads != 128 && c.threads != 256 && c.threads != 512 && c.threads != 1024)
@@ -140,7 +142,7 @@ inline const char* cluster_rows_shape_error(DType dt, int64_t n, const NormClust
   if (slice * c.cluster != n) return "the row length must be exactly cluster x threads x vectors per thread x 8";
   // an SM's 228 KB hold per_sm blocks' stages, their static ClusterRowShared and the 1 KB the
   // runtime reserves a block
-  const int64_t block_smem = static_cast<int64_t>(c.stages) * c.rows * slice * 2 * copies +
+  const int64_t block_smem = static_cast<int64_t>(c.stages) * c.rows * (slice * 2 * copies + extra) +
                              static_cast<int64_t>(sizeof(ClusterRowShared)) + 1024;
   if (c.per_sm * block_smem > 228 * 1024) return "stages x rows x slice exceeds shared memory (x blocks an SM)";
   return nullptr;

@@ -36,6 +36,7 @@
 // Loads are streaming (evict-first); exp is ex2.approx on x*log2(e) - M*log2(e), one FMA + MUFU.
 // Statistics are fp32 for every dtype; each output is rounded once, at its store.
 #include <cooperative_groups.h>
+#include <cstdlib>
 
 #include "cluster.cuh"
 #include "cluster_rows.cuh"
@@ -187,6 +188,48 @@ __device__ __forceinline__ MaxSum local_stats(const Vec<T> (&v)[VPT]) {
   for (int w = CHAINS / 2; w > 0; w >>= 1)
 #pragma unroll
     for (int c = 0; c < w; ++c) part[c] += part[c + w];
+  return {mx, part[0]};
+}
+
+// Softmax's thread-local statistics that also keep the exps: v becomes e = exp(x - mt) rounded to T
+// (mt the thread's max; all zeros where mt = -inf), and the pair is (mt, sum of the unrounded e).
+// y = e exp(mt - M) / S then needs no second exp; e's rounding to T adds at most half a unit in the
+// last place of T before y's own rounding.
+template <typename T, int VPT>
+__device__ __forceinline__ MaxSum local_exps(Vec<T> (&v)[VPT]) {
+  constexpr int N = Vec<T>::N;
+  float part[N];
+#pragma unroll
+  for (int e = 0; e < N; ++e) part[e] = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k)
+#pragma unroll
+    for (int e = 0; e < N; ++e) part[e] = fmaxf(part[e], v[k].get(e));
+#pragma unroll
+  for (int w = N / 2; w > 0; w >>= 1)
+#pragma unroll
+    for (int e = 0; e < w; ++e) part[e] = fmaxf(part[e], part[e + w]);
+  const float mx = part[0];
+  if (mx == -INFINITY) {
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) v[k].raw = make_uint4(0u, 0u, 0u, 0u);
+    return {mx, 0.f};
+  }
+  const float ml = mx * kLog2e;
+#pragma unroll
+  for (int e = 0; e < N; ++e) part[e] = 0.f;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k)
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      const float ex = fast_exp2(fmaf(v[k].get(e), kLog2e, -ml));
+      part[e] += ex;
+      v[k].set(e, ex);
+    }
+#pragma unroll
+  for (int w = N / 2; w > 0; w >>= 1)
+#pragma unroll
+    for (int e = 0; e < w; ++e) part[e] += part[e + w];
   return {mx, part[0]};
 }
 
@@ -431,10 +474,12 @@ __global__ void __launch_bounds__(1024) softmax_bwd_loop_kernel(
 // cancel, NOTES item 108).
 template <typename T, int THREADS, int VPT, bool LOG, int PER_SM>
 __global__ void __launch_bounds__(THREADS, PER_SM) softmax_fwd_cluster_kernel(
-    const T* __restrict__ x, T* __restrict__ y, int64_t m, int64_t n, int64_t sx, int64_t sy, int rows, int stages) {
+    const T* __restrict__ x, T* __restrict__ y, int64_t m, int64_t n, int64_t sx, int64_t sy, int rows, int stages,
+    bool keep_exp) {
   constexpr int N = Vec<T>::N;
   constexpr int WARPS = THREADS / 32;
-  extern __shared__ __align__(128) unsigned char stage_mem[];   // [stages][rows][slice] of T
+  // [stages][rows][slice] of T, then [stages][rows][THREADS] floats: each thread's max (keep_exp)
+  extern __shared__ __align__(128) unsigned char stage_mem[];
   __shared__ ClusterRowShared sh;
   cg::cluster_group cluster = cg::this_cluster();
   const unsigned csize = cluster.num_blocks(), crank = cluster.block_rank();
@@ -443,6 +488,8 @@ __global__ void __launch_bounds__(THREADS, PER_SM) softmax_fwd_cluster_kernel(
   const uint32_t row_bytes = static_cast<uint32_t>(slice * sizeof(T));
   const Groups groups(m, rows, csize);
   const uint32_t stage_bytes = static_cast<uint32_t>(rows) * row_bytes;
+  float* const thread_max = reinterpret_cast<float*>(stage_mem + static_cast<size_t>(stages) * stage_bytes);
+  const bool keep = !LOG && keep_exp;
 
   init_barriers(sh, stages, cluster);
 
@@ -470,7 +517,17 @@ __global__ void __launch_bounds__(THREADS, PER_SM) softmax_fwd_cluster_kernel(
       Vec<T> v[VPT];
 #pragma unroll
       for (int k = 0; k < VPT; ++k) v[k] = vec_at(s, r, k);
-      const MaxSum t = warp_allreduce(local_stats<T, VPT, LOG, N>(v));
+      MaxSum t;
+      if (keep) {   // the exps replace x in the stage (each thread rewrites only its own vectors)
+        t = local_exps<T, VPT>(v);
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+          *reinterpret_cast<uint4*>(stage_mem + s * stage_bytes + r * row_bytes + (tid + k * THREADS) * 16) = v[k].raw;
+        thread_max[(s * rows + r) * THREADS + tid] = t.m;
+      } else {
+        t = local_stats<T, VPT, LOG, N>(v);
+      }
+      t = warp_allreduce(t);
       if (lane == 0) sh.warp_stats[r][warp] = t.pack();
     }
     __syncthreads();
@@ -492,6 +549,19 @@ __global__ void __launch_bounds__(THREADS, PER_SM) softmax_fwd_cluster_kernel(
       const float M = __shfl_sync(0xffffffffu, t.m, r * static_cast<int>(csize));
       const float S = __shfl_sync(0xffffffffu, t.s, r * static_cast<int>(csize));
       T* yr = y + (row0 + r) * sy + col0 + tid * N;
+      if (keep) {   // y = e exp(mt - M) / S: an all -inf thread's e are 0 (scale 0); an all -inf row NaN
+        const float mt = thread_max[(s * rows + r) * THREADS + tid];
+        const float scale = fast_exp2(fmaf(mt - M, kLog2e, -__log2f(S)));
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+          const Vec<T> ev = vec_at(s, r, k);
+          Vec<T> o;
+#pragma unroll
+          for (int e = 0; e < N; ++e) o.set(e, ev.get(e) * scale);
+          store_vec(yr + k * THREADS * N, o);
+        }
+        continue;
+      }
       // softmax: exp2(x log2 e - (M log2 e + log2 S)), the 1 / S folded into the exponent
       const float lse = M + __logf(S), shift = fmaf(M, kLog2e, __log2f(S));
 #pragma unroll
@@ -647,7 +717,7 @@ const char* softmax_cluster_fit_error(const NormClusterConfig& c) {
 }
 
 const char* softmax_cluster_config_error(DType dt, int64_t n, NormClusterConfig cfg) {
-  return cluster_rows_shape_error(dt, n, cfg, 1, softmax_cluster_fit_error);
+  return cluster_rows_shape_error(dt, n, cfg, 1, softmax_cluster_fit_error, 4 * cfg.threads);
 }
 
 cudaError_t softmax_fwd_cluster(DType dt, const void* x, void* y, int64_t m, int64_t n, int64_t sx, int64_t sy,
@@ -658,16 +728,18 @@ cudaError_t softmax_fwd_cluster(DType dt, const void* x, void* y, int64_t m, int
     if constexpr (sizeof(T) == 4) {
       return cudaErrorInvalidValue;
     } else {
-      const size_t smem = static_cast<size_t>(c.stages) * c.rows * (n / c.cluster) * sizeof(T);
+      const size_t smem = static_cast<size_t>(c.stages) * c.rows * ((n / c.cluster) * sizeof(T) + c.threads * 4);
+      const char* env = std::getenv("WARPFORGE_SOFTMAX_KEEP_EXP");   // experiment switch (session 40)
+      const bool keep_exp = env == nullptr || env[0] != '0';
       const T* xp = static_cast<const T*>(x);
       T* yp = static_cast<T*>(y);
 #define WF_LAUNCH(TH, V, P)                                                                                    \
       if constexpr (TH * P <= 1024 && softmax_cluster_fits(TH, V, P))                                          \
       if (c.threads == TH && c.vpt == V && c.per_sm == P)                                                      \
         return log ? launch_cluster_rows(softmax_fwd_cluster_kernel<T, TH, V, true, P>, c, m, smem, 0, stream,  \
-                                         xp, yp, m, n, sx, sy, c.rows, c.stages)                              \
+                                         xp, yp, m, n, sx, sy, c.rows, c.stages, keep_exp)                              \
                    : launch_cluster_rows(softmax_fwd_cluster_kernel<T, TH, V, false, P>, c, m, smem, 0, stream, \
-                                         xp, yp, m, n, sx, sy, c.rows, c.stages);
+                                         xp, yp, m, n, sx, sy, c.rows, c.stages, keep_exp);
 #define WF_CASE(TH, V) WF_LAUNCH(TH, V, 1) WF_LAUNCH(TH, V, 2)
       WF_CLUSTER_ROW_SHAPES(WF_CASE)
 #undef WF_CASE
