@@ -83,7 +83,7 @@ SHAPES = [
     (4, 128, 2, 4, 3),    # 8,192
     (4, 256, 1, 8, 2),    # 8,192, 8 rows a group
     (16, 128, 1, 2, 2),   # 16,384 over 16 blocks
-    (2, 1024, 2, 1, 3),   # 32,768 at 1,024 threads
+    (2, 1024, 1, 1, 3),   # 16,384 at 1,024 threads
     (8, 256, 4, 4, 3),    # 65,536: LayerNorm's H200 shape
     (16, 512, 4, 2, 3),   # 262,144: LayerNorm's H200 shape
     (4, 128, 2, 4, 3, 2),     # 8,192, two blocks an SM
@@ -131,9 +131,9 @@ def test_cluster_softmax_refuses_bad_calls():
            torch.empty(4, 32768, device=DEV, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="must be \\[cluster, threads"):
         op(x, False, [2, 128, 1, 2], y)
-    with pytest.raises(RuntimeError, match="1,024 threads an SM .* hold at most 2 vectors"):
-        op(torch.randn(4, 65536, device=DEV).to(torch.bfloat16), False, [2, 1024, 4, 1, 2],
-           torch.empty(4, 65536, device=DEV, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="1,024 threads an SM .* hold 1 vector"):
+        op(torch.randn(4, 32768, device=DEV).to(torch.bfloat16), False, [2, 1024, 2, 1, 2],
+           torch.empty(4, 32768, device=DEV, dtype=torch.bfloat16))
     xf = x.float()
     with pytest.raises(RuntimeError, match="16-bit dtypes only"):
         op(xf, False, [2, 128, 1, 2, 2], torch.empty_like(xf))

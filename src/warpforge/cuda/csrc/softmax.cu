@@ -702,18 +702,18 @@ cudaError_t softmax_bwd(DType dt, const void* y, const void* dy, void* dx, int64
   });
 }
 
-// The registers a thread gets: 65,536 over the SM's threads (per_sm blocks), at most 255. The shapes
-// that spill there are not instantiated: 1,024 threads at 4 vectors (64 registers hold a row's 16
-// packed registers of vectors but not the pair reduction around them), and likewise 2 x 512
-// threads at 4 vectors. (2 blocks an SM: at most 512 threads a block, cluster_rows_shape_error.)
+// The registers a thread gets: 65,536 over the SM's threads (per_sm blocks), at most 255. At 1,024
+// threads an SM (64 registers a thread) only 1 vector a thread fits: 2 spill in the float16 softmax
+// (a row's packed vectors, the exps kept in them, the pair reduction around them); those shapes are
+// not instantiated. (2 blocks an SM: at most 512 threads a block, cluster_rows_shape_error.)
 constexpr bool softmax_cluster_fits(int threads, int vpt, int per_sm) {
-  return !(threads * per_sm == 1024 && vpt >= 4);
+  return !(threads * per_sm == 1024 && vpt >= 2);
 }
 
 const char* softmax_cluster_fit_error(const NormClusterConfig& c) {
   return softmax_cluster_fits(c.threads, c.vpt, c.per_sm)
              ? nullptr
-             : "1,024 threads an SM (threads x blocks an SM) hold at most 2 vectors a thread here (registers)";
+             : "1,024 threads an SM (threads x blocks an SM) hold 1 vector a thread here (registers)";
 }
 
 const char* softmax_cluster_config_error(DType dt, int64_t n, NormClusterConfig cfg) {
