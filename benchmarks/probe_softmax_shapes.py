@@ -3,7 +3,9 @@
 patched; the eager fast path off, so no call replays another shape's kernel), against the op's own
 route, torch.compile and Liger where importable. The H200's short cells after item 108: 1K (the
 block kernel 0.93-0.96x torch.compile) and 262K (the pipe, 73-78% of copy; the bar is 85%), where
-item 113 adds the CUDA backend's staged cluster forward (``cluster`` rows).
+items 113-114 add the CUDA backend's staged cluster forward (``cluster`` rows; a sixth value is
+blocks an SM). The ``default`` row is the op's own route: at 262K on the H200 that is now the
+cluster kernel (heuristics.SOFTMAX_CLUSTER); ``pipe 8192x4`` is the Triton route it replaced.
 bf16, M*N = 2^27; each variant checked against a float64 reference, then timed in ``--rounds``
 alternating rounds with the bench's timer.
 

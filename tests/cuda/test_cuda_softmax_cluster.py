@@ -2,7 +2,7 @@
 csrc/softmax.cu: a row over a thread-block cluster, groups of rows staged in shared memory by bulk
 copies, the slices' (max, sum of exp) pairs exchanged by st.async -- the LayerNorm forward's
 skeleton, csrc/cluster_rows.cuh) on a GPU, and the route by which ``warpforge.softmax`` and
-``log_softmax`` take it (heuristics.SOFTMAX_CLUSTER, empty until measured: forced here).
+``log_softmax`` take it (heuristics.SOFTMAX_CLUSTER: forced here, and the device's own table).
 
 Outputs are allocated by the caller and filled with NaN first, so an element the kernel leaves
 unwritten fails. References are float64. Launch shapes: n = cluster x threads x vectors a thread x 8
@@ -178,3 +178,31 @@ def test_softmax_takes_the_cluster_route(monkeypatch, log):
     fn(x.detach()[:4], -1)                        # too few rows: Triton
     fn(x.detach().float(), -1)                    # fp32: Triton
     assert routes[1:] == [None, None]
+
+
+@needs_hopper
+@pytest.mark.parametrize("log", [False, True])
+def test_device_table_route_with_the_fast_path(monkeypatch, log):
+    """With this device's own SOFTMAX_CLUSTER entry (H200: 262,144) and the eager fast path left on,
+    a forward of one row an SM of that length reaches the cluster kernel (the fast path replays only
+    the block kernel, which no such call offers) twice running, and is right."""
+    from warpforge.ops import softmax as mod
+    from warpforge.runtime.device import device_info, sm_count
+
+    table = heuristics._by_device(heuristics.SOFTMAX_CLUSTER, device_info().name) or {}
+    if not table:
+        pytest.skip(f"no SOFTMAX_CLUSTER entry for {device_info().name}")
+    n = max(table)
+    routes = []
+    real = mod._softmax_cluster
+    monkeypatch.setattr(mod, "_softmax_cluster", lambda *a: routes.append(real(*a)) or routes[-1])
+    fn, tfn = (wf.log_softmax, torch.log_softmax) if log else (wf.softmax, torch.softmax)
+    x = hard_rows(sm_count(), n, torch.bfloat16)
+    for _ in range(2):
+        y = fn(x, -1)
+    assert routes == [table[n]] * 2
+    ref = tfn(x.double(), -1)
+    rest = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+    rest[3] = False
+    assert_close(y[rest], ref[rest], torch.bfloat16, what=f"table route n={n}")
+    assert_close(y[3], ref[3], torch.bfloat16, what=f"table route n={n} (1e4-scaled row)")

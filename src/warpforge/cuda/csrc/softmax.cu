@@ -36,7 +36,6 @@
 // Loads are streaming (evict-first); exp is ex2.approx on x*log2(e) - M*log2(e), one FMA + MUFU.
 // Statistics are fp32 for every dtype; each output is rounded once, at its store.
 #include <cooperative_groups.h>
-#include <cstdlib>
 
 #include "cluster.cuh"
 #include "cluster_rows.cuh"
@@ -465,20 +464,22 @@ __global__ void __launch_bounds__(1024) softmax_bwd_loop_kernel(
 // slice of a group of `rows` rows reaches shared memory by bulk copies `stages` groups ahead, so
 // HBM reads stay in flight while the block reduces, exchanges and writes -- what the one-row-at-a-
 // time cluster kernel above lacks. Per row a thread loads its vectors from shared memory into
-// registers once for its (max, sum of exp) pair, the block merges the pairs (warp shuffles, one
-// __syncthreads), block b pushes its slice's pair for every row of the group to every partner by
-// st.async (warp r sends row r), and once the partners' pairs have landed each warp merges the
-// slices of the group's rows and the block writes y from shared memory. The loop is pipelined by
-// one group (run_groups). Log-softmax sums exp2((x - m) log2 e): x - m is exact near the max, and
-// y = x - M - log S carries the sum's error whole (the FMA form's rounding of m log2 e would not
-// cancel, NOTES item 108).
+// registers once for its (max, sum of exp) pair; softmax writes its exps e = exp(x - mt) (mt the
+// thread's max), rounded to T, back over x in the stage and mt beside it, so y = e exp(mt - M) / S
+// costs a multiply, not a second exp (NOTES item 114: 170 -> 160 us at 262K on the H200). The block
+// merges the pairs (warp shuffles, one __syncthreads), block b pushes its slice's pair for every
+// row of the group to every partner by st.async (warp r sends row r), and once the partners' pairs
+// have landed each warp merges the slices of the group's rows and the block writes y from shared
+// memory. The loop is pipelined by one group (run_groups). Log-softmax sums exp2((x - m) log2 e):
+// x - m is exact near the max, and y = x - M - log S carries the sum's error whole (the FMA form's
+// rounding of m log2 e would not cancel, NOTES item 108). Blocks an SM (PER_SM, 1 or 2) bound the
+// registers; shared memory decides how many blocks share an SM.
 template <typename T, int THREADS, int VPT, bool LOG, int PER_SM>
 __global__ void __launch_bounds__(THREADS, PER_SM) softmax_fwd_cluster_kernel(
-    const T* __restrict__ x, T* __restrict__ y, int64_t m, int64_t n, int64_t sx, int64_t sy, int rows, int stages,
-    bool keep_exp) {
+    const T* __restrict__ x, T* __restrict__ y, int64_t m, int64_t n, int64_t sx, int64_t sy, int rows, int stages) {
   constexpr int N = Vec<T>::N;
   constexpr int WARPS = THREADS / 32;
-  // [stages][rows][slice] of T, then [stages][rows][THREADS] floats: each thread's max (keep_exp)
+  // [stages][rows][slice] of T, then [stages][rows][THREADS] floats: each thread's max (softmax)
   extern __shared__ __align__(128) unsigned char stage_mem[];
   __shared__ ClusterRowShared sh;
   cg::cluster_group cluster = cg::this_cluster();
@@ -489,7 +490,6 @@ __global__ void __launch_bounds__(THREADS, PER_SM) softmax_fwd_cluster_kernel(
   const Groups groups(m, rows, csize);
   const uint32_t stage_bytes = static_cast<uint32_t>(rows) * row_bytes;
   float* const thread_max = reinterpret_cast<float*>(stage_mem + static_cast<size_t>(stages) * stage_bytes);
-  const bool keep = !LOG && keep_exp;
 
   init_barriers(sh, stages, cluster);
 
@@ -518,7 +518,7 @@ __global__ void __launch_bounds__(THREADS, PER_SM) softmax_fwd_cluster_kernel(
 #pragma unroll
       for (int k = 0; k < VPT; ++k) v[k] = vec_at(s, r, k);
       MaxSum t;
-      if (keep) {   // the exps replace x in the stage (each thread rewrites only its own vectors)
+      if constexpr (!LOG) {   // the exps replace x in the stage (each thread rewrites only its own vectors)
         t = local_exps<T, VPT>(v);
 #pragma unroll
         for (int k = 0; k < VPT; ++k)
@@ -549,7 +549,7 @@ __global__ void __launch_bounds__(THREADS, PER_SM) softmax_fwd_cluster_kernel(
       const float M = __shfl_sync(0xffffffffu, t.m, r * static_cast<int>(csize));
       const float S = __shfl_sync(0xffffffffu, t.s, r * static_cast<int>(csize));
       T* yr = y + (row0 + r) * sy + col0 + tid * N;
-      if (keep) {   // y = e exp(mt - M) / S: an all -inf thread's e are 0 (scale 0); an all -inf row NaN
+      if constexpr (!LOG) {   // y = e exp(mt - M) / S: an all -inf thread's e are 0 (scale 0); an all -inf row NaN
         const float mt = thread_max[(s * rows + r) * THREADS + tid];
         const float scale = fast_exp2(fmaf(mt - M, kLog2e, -__log2f(S)));
 #pragma unroll
@@ -729,17 +729,15 @@ cudaError_t softmax_fwd_cluster(DType dt, const void* x, void* y, int64_t m, int
       return cudaErrorInvalidValue;
     } else {
       const size_t smem = static_cast<size_t>(c.stages) * c.rows * ((n / c.cluster) * sizeof(T) + c.threads * 4);
-      const char* env = std::getenv("WARPFORGE_SOFTMAX_KEEP_EXP");   // experiment switch (session 40)
-      const bool keep_exp = env == nullptr || env[0] != '0';
       const T* xp = static_cast<const T*>(x);
       T* yp = static_cast<T*>(y);
 #define WF_LAUNCH(TH, V, P)                                                                                    \
       if constexpr (TH * P <= 1024 && softmax_cluster_fits(TH, V, P))                                          \
       if (c.threads == TH && c.vpt == V && c.per_sm == P)                                                      \
         return log ? launch_cluster_rows(softmax_fwd_cluster_kernel<T, TH, V, true, P>, c, m, smem, 0, stream,  \
-                                         xp, yp, m, n, sx, sy, c.rows, c.stages, keep_exp)                              \
+                                         xp, yp, m, n, sx, sy, c.rows, c.stages)                              \
                    : launch_cluster_rows(softmax_fwd_cluster_kernel<T, TH, V, false, P>, c, m, smem, 0, stream, \
-                                         xp, yp, m, n, sx, sy, c.rows, c.stages, keep_exp);
+                                         xp, yp, m, n, sx, sy, c.rows, c.stages);
 #define WF_CASE(TH, V) WF_LAUNCH(TH, V, 1) WF_LAUNCH(TH, V, 2)
       WF_CLUSTER_ROW_SHAPES(WF_CASE)
 #undef WF_CASE
