@@ -7,7 +7,7 @@ timed (two rounds, alternating) on the bench's timer. A probe, not the benchmark
 import os, sys
 import torch
 from warpforge.bench import timing
-from warpforge.ops import norms
+from warpforge.ops import _cluster_rows, norms
 
 from cluster_probe_setup import setup
 
@@ -29,13 +29,13 @@ if ns:
 
 
 def triton_ln(x, w, b):   # the Triton route: the cluster kernel's switched off
-    norms._cuda_backend_ready.cache_clear()
+    _cluster_rows.cuda_backend_ready.cache_clear()
     os.environ["WARPFORGE_NORM_CUDA"] = "0"
     try:
         return norms.layer_norm_op(x, w, b, 1e-5)
     finally:
         os.environ["WARPFORGE_NORM_CUDA"] = "1"
-        norms._cuda_backend_ready.cache_clear()
+        _cluster_rows.cuda_backend_ready.cache_clear()
 
 
 def cluster_ln(x, w, b, c):

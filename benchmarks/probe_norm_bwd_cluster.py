@@ -11,7 +11,7 @@ cluster call, and not inside the Triton one; the cluster figures of item 87 carr
 import os, sys
 import torch
 from warpforge.bench import timing
-from warpforge.ops import norms
+from warpforge.ops import _cluster_rows, norms
 
 from cluster_probe_setup import setup
 
@@ -68,7 +68,7 @@ def inputs(m, n, layer, seed):
 
 
 os.environ["WARPFORGE_NORM_CUDA"] = "0"   # the Triton route for the reference and the baseline
-norms._cuda_backend_ready.cache_clear()
+_cluster_rows.cuda_backend_ready.cache_clear()
 rows = []
 for kind in kinds:
     layer = kind == "ln"

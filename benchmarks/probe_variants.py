@@ -6,11 +6,17 @@ from warpforge.bench import timing
 
 
 def check_variants(variants: dict, out_buf: torch.Tensor, error, limit: float, label: str) -> None:
-    """Drop (and say so) each variant whose output -- its return value, or ``out_buf``, which it
-    writes and which is filled with NaN first -- has ``error(out)`` above ``limit`` (NaN fails)."""
+    """Drop (and say so) each variant that raises, or whose output -- its return value, or
+    ``out_buf``, which it writes and which is filled with NaN first -- has ``error(out)`` above
+    ``limit`` (NaN fails)."""
     for name, fn in list(variants.items()):
         out_buf.fill_(float("nan"))
-        out = fn()
+        try:
+            out = fn()
+        except Exception as e:  # noqa: BLE001 -- a variant this device or shape refuses: drop it, keep the rest
+            print(f"{label} {name}: {type(e).__name__}: {e}: dropped", flush=True)
+            del variants[name]
+            continue
         out = out if isinstance(out, torch.Tensor) else out_buf
         err = error(out)
         if not err <= limit:

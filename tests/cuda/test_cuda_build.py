@@ -409,6 +409,35 @@ def test_softmax_config_ok_mirror_refuses_bad_shapes():
     assert softmax_config_ok([1024, 4, 3, 1], 100, 2, False) is not None
 
 
+def test_softmax_cluster_table(monkeypatch):
+    """Every launch shape in heuristics.SOFTMAX_CLUSTER passes softmax.cu's
+    softmax_cluster_config_error (mirrored here: cluster_rows_shape_error with a float a thread beside
+    each staged row, and the register rule at 1,024 threads an SM), and the route asks for the table
+    only where it applies: the named device, a row length in the table, at least one row an SM, not
+    interpreting."""
+    from warpforge.runtime import heuristics as H
+
+    shared_static, reserved = 6528, 1024          # ClusterRowShared (ptxas: 6528 bytes smem), the runtime's 1 KB
+    for table in H.SOFTMAX_CLUSTER.values():
+        for n, (c, t, v, rows, stages, *more) in table.items():
+            per_sm = more[0] if more else 1
+            assert per_sm in (1, 2) and t * per_sm <= 1024 and not (t * per_sm == 1024 and v >= 2), (n, t, v, per_sm)
+            assert c in (2, 4, 8, 16) and t in (128, 256, 512, 1024) and v in (1, 2, 4, 8), (n, c, t, v)
+            assert c * t * v * 8 == n, (n, c, t, v)
+            assert 1 <= rows <= min(8, t // 32) and rows * c <= 32 and 2 <= stages <= 8, (n, rows, stages)
+            block = stages * rows * ((n // c) * 2 + 4 * t) + shared_static + reserved
+            assert per_sm * block <= 228 * 1024, (n, stages, rows, per_sm)
+    monkeypatch.setattr(H, "interpreting", lambda: False)
+    monkeypatch.setattr(H, "sm_count", lambda *a: 132)
+    assert H.softmax_cluster_config(262144, 512, "NVIDIA H200") == H.SOFTMAX_CLUSTER["H200"][262144]
+    assert H.softmax_cluster_config(262144, 132, "NVIDIA H200") == H.SOFTMAX_CLUSTER["H200"][262144]
+    assert H.softmax_cluster_config(262144, 131, "NVIDIA H200") is None
+    assert H.softmax_cluster_config(65536, 2048, "NVIDIA H200") is None      # the Triton loop (SOFTMAX_LOOP_CONST)
+    assert H.softmax_cluster_config(262144, 512, "NVIDIA H100 80GB HBM3") is None
+    monkeypatch.setattr(H, "interpreting", lambda: True)
+    assert H.softmax_cluster_config(262144, 512, "NVIDIA H200") is None
+
+
 def test_layer_norm_cluster_table(monkeypatch):
     """Every launch shape in heuristics.NORM_LAYER_CLUSTER passes norm.cu's
     layer_norm_cluster_config_error (mirrored here), and the route asks for the table only where it

@@ -150,6 +150,8 @@ def test_cluster_layer_norm_refuses_bad_calls():
         op(x, None, None, 1e-5, [2, 128, 1, 2, 1], y, mean, rstd)
     with pytest.raises(RuntimeError, match="must be \\[cluster, threads"):
         op(x, None, None, 1e-5, [2, 128, 1, 2], y, mean, rstd)
+    with pytest.raises(RuntimeError, match="one block an SM"):
+        op(x, None, None, 1e-5, [2, 128, 1, 2, 2, 2], y, mean, rstd)
     xf = x.float()
     with pytest.raises(RuntimeError, match="16-bit dtypes only"):
         op(xf, None, None, 1e-5, [2, 128, 1, 2, 2], torch.empty_like(xf), mean, rstd)

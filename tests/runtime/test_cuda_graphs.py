@@ -123,6 +123,8 @@ CASES = {
     "log_softmax": Case(lambda: (_x(32, 4096, scale=3.0),), lambda x: wf.log_softmax(x, -1), fast=True),
     # 64K rows: the split exchange (heuristics.softmax_config; a workspace per call, _rows.split_launch)
     "softmax_65536": Case(lambda: (_x(32, 65536, scale=3.0),), lambda x: wf.softmax(x, -1)),
+    # one row an SM at 262K: on the H200 the CUDA backend's staged cluster forward (SOFTMAX_CLUSTER)
+    "softmax_262144": Case(lambda: (_x(132, 262144, scale=3.0),), lambda x: wf.softmax(x, -1)),
     "layer_norm": Case(lambda: (_x(32, 4096, scale=2.0), _w(4096), _x(4096)),
                        lambda x, w, b: wf.layer_norm(x, (4096,), w, b), fast=True),
     "rms_norm": Case(lambda: (_x(32, 4096, scale=2.0), _w(4096)), lambda x, w: wf.rms_norm(x, (4096,), w, 1e-6),

@@ -112,6 +112,12 @@ def _norm_bwd_fake(input, grad_output, weight, mean, rstd, offset, rms, config, 
     return None
 
 
+# ---- softmax forward over long rows (a cluster a row, staged groups): writes its out (no autograd
+# here: ops/softmax.py's operator owns it) ----------------------------------------------------------
+def _softmax_fwd_cluster_fake(input, log, config, out):
+    return None
+
+
 def register() -> None:
     global _done
     if _done:
@@ -119,7 +125,8 @@ def register() -> None:
     lib = "warpforge_cuda::"
     for name, fake in (("add", _add_fake), ("sum", _sum_fake), ("amax", _amax_fake), ("softmax", _softmax_fake),
                        ("softmax_backward", _softmax_bwd_fake), ("matmul", _matmul_fake),
-                       ("layer_norm_fwd", _layer_norm_fwd_fake), ("norm_bwd", _norm_bwd_fake)):
+                       ("layer_norm_fwd", _layer_norm_fwd_fake), ("norm_bwd", _norm_bwd_fake),
+                       ("softmax_fwd_cluster", _softmax_fwd_cluster_fake)):
         torch.library.register_fake(lib + name, fake)
     for name, backward, setup in (("add", _add_backward, _add_setup), ("sum", _sum_backward, _sum_setup),
                                   ("amax", _amax_backward, _amax_setup),

@@ -82,10 +82,7 @@ Why the kernels look the way they do:
 """
 from __future__ import annotations
 
-import functools
 import math
-import os
-import warnings
 from typing import Optional
 
 import torch
@@ -99,6 +96,7 @@ from ..runtime.heuristics import (NORM_LOOP_ROWS_PER_SM, grad_grid, grad_sum_con
 from ..runtime.device import device_name
 from ..runtime.registry import Op
 from ..runtime.launch import run
+from ._cluster_rows import cluster_route
 from ._rows import as_rows, gather_row_stats, load_cols, publish_row_stats, split_launch, store_cols
 
 CASTING_MODES = ("gemma", "llama")
@@ -804,36 +802,10 @@ def _grad_sum_kernel(dw_part_ptr, db_part_ptr,   # (G, N) fp32 partial sums (HAS
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
-@functools.cache
-def _cuda_backend_ready() -> bool:
-    """Whether the CUDA backend is built and loaded here (building it on first use); False, with one
-    warning naming the reason, where it cannot be, and without trying under WARPFORGE_NORM_CUDA=0."""
-    if os.environ.get("WARPFORGE_NORM_CUDA", "1") == "0":
-        return False
-    from .. import cuda as wcuda
-
-    try:
-        wcuda.load()
-    except wcuda.CudaBackendUnavailable as e:
-        warnings.warn(f"warpforge: LayerNorm and RMSNorm keep their Triton kernels for long rows: {e}",
-                      RuntimeWarning, stacklevel=3)
-        return False
-    return True
-
-
 def _cluster_route(x2, same_dtype, rows, shape):
-    """``shape()`` (a launch shape from heuristics' cluster tables, or None) where the CUDA cluster
-    kernels can take this call, else None: x2 16-bit on the GPU, every tensor of ``same_dtype``
-    (None skipped) of x2's dtype, every one of ``rows`` (None skipped) 16-byte aligned with aligned
-    rows, and the backend built. The table is read only once the cheap checks pass."""
-    if x2.dtype not in (torch.bfloat16, torch.float16) or not x2.is_cuda:
-        return None
-    if any(t is not None and t.dtype != x2.dtype for t in same_dtype):
-        return None
-    cfg = shape()
-    if cfg is None or not _aligned_rows(*rows):
-        return None
-    return cfg if _cuda_backend_ready() else None
+    """The CUDA cluster kernels' launch shape for this call, or None (``_cluster_rows.cluster_route``;
+    WARPFORGE_NORM_CUDA=0 keeps the Triton kernels)."""
+    return cluster_route(x2, same_dtype, rows, shape, "WARPFORGE_NORM_CUDA", "LayerNorm and RMSNorm")
 
 
 def _layer_norm_cluster(x2, y, weight, bias, m: int, n: int):
@@ -841,12 +813,6 @@ def _layer_norm_cluster(x2, y, weight, bias, m: int, n: int):
     kernels keep it (heuristics.layer_norm_cluster_config; parameters of the input's dtype)."""
     return _cluster_route(x2, (weight, bias), (x2, y, weight, bias),
                           lambda: layer_norm_cluster_config(n, m, device_name(x2)))
-
-
-def _aligned_rows(*ts) -> bool:
-    """Every tensor (None skipped) starts on a 16-byte boundary, and so do its rows."""
-    return all(t is None or (t.data_ptr() % 16 == 0 and (t.dim() < 2 or t.stride(0) * t.element_size() % 16 == 0))
-               for t in ts)
 
 
 def _norm_bwd_cluster(x2, dy2, dx, weight, m: int, n: int, rms: bool):

@@ -29,9 +29,10 @@ import triton.language as tl
 from ..runtime import fastpath, new_empty
 from ..runtime.checks import check_backend, check_tensor, normalize_dim
 from ..runtime.device import device_name, sm_count
-from ..runtime.heuristics import NORM_LOOP_ROWS_PER_SM, softmax_config
+from ..runtime.heuristics import NORM_LOOP_ROWS_PER_SM, softmax_cluster_config, softmax_config
 from ..runtime.registry import Op
 from ..runtime.launch import run
+from ._cluster_rows import cluster_route
 from ._rows import (LOG2E, as_rows, exp_minus, gather_row_stats, load_cols, online_finish, publish_row_stats,
                     split_launch, store_cols)
 
@@ -325,12 +326,25 @@ def _softmax_bwd_loop_kernel(
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
+def _softmax_cluster(x2, y, m: int, n: int):
+    """The CUDA staged cluster forward's launch shape for this call, or None where the Triton kernels
+    keep it (heuristics.softmax_cluster_config; WARPFORGE_SOFTMAX_CUDA=0 keeps them)."""
+    return cluster_route(x2, (), (x2, y), lambda: softmax_cluster_config(n, m, device_name(x2)),
+                         "WARPFORGE_SOFTMAX_CUDA", "softmax and log-softmax")
+
+
 def _softmax_fwd(x: torch.Tensor, log: bool) -> torch.Tensor:
     """Softmax over the last dim of x (any leading shape)."""
     x2 = as_rows(x)
     m, n = x2.shape
     y = new_empty((m, n), device=x.device, dtype=x.dtype)
     if m == 0:
+        return y.view(x.shape)
+    cluster = _softmax_cluster(x2, y, m, n)
+    if cluster is not None:
+        from .. import cuda as wcuda
+
+        wcuda.ops().softmax_fwd_cluster(x2, log, list(cluster), y)
         return y.view(x.shape)
     cfg = softmax_config(n, backward=False, many=m >= NORM_LOOP_ROWS_PER_SM * sm_count(),
                          device_name=device_name(x))

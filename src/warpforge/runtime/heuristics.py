@@ -219,6 +219,25 @@ def norm_bwd_cluster_config(n: int, m: int, layer: bool, device_name: str) -> tu
     return _cluster_shape(NORM_BWD_CLUSTER, (layer, n), m, device_name)
 
 
+# The softmax forward over long rows through the CUDA backend's staged cluster kernel
+# (cuda/csrc/softmax.cu softmax_fwd_cluster_kernel: the LayerNorm forward's skeleton, NORM_LAYER_CLUSTER,
+# with (max, sum of exp) pairs exchanged and softmax's exps kept in the stage), 16-bit dtypes, at least
+# one row an SM. H200, bf16, 512 x 262,144 (NOTES item 114, probe_softmax_shapes): 16 blocks x 256
+# threads x 8 vectors, a row a group, 3 stages (99 KB: two blocks share an SM) 160.1 us softmax and
+# 152.8 log-softmax, 79.4 / 83.1% of copy, against the Triton pipe's 172.3 / 161.4; 2 rows a group
+# 172.0 / 164.5, 4-6 stages (one block an SM) 196-206, LayerNorm's 16 x 512 x 4 185-224. At 65,536
+# the Triton loop with N compiled in keeps it (146.1 / 143.7 us; the best cluster shape, 2 x 512 x 8,
+# 146.7 / 143.6).
+SOFTMAX_CLUSTER: dict = {"H200": {262144: (16, 256, 8, 1, 3)}}
+# device: {N: (cluster, threads, vectors a thread, rows a group, stages[, blocks an SM])}
+
+
+def softmax_cluster_config(n: int, m: int, device_name: str) -> tuple[int, int, int, int, int] | None:
+    """The staged cluster kernel's launch shape for softmax forwards of ``m`` rows of ``n`` on this
+    device, or None where the Triton kernels keep the call (SOFTMAX_CLUSTER; at least one row an SM)."""
+    return _cluster_shape(SOFTMAX_CLUSTER, n, m, device_name)
+
+
 def layer_norm_cluster_config(n: int, m: int, device_name: str) -> tuple[int, int, int, int, int] | None:
     """The cluster kernel's launch shape for LayerNorm rows of ``n`` (``m`` rows) on this device, or
     None where the Triton kernels keep the call (NORM_LAYER_CLUSTER; at least one row an SM)."""

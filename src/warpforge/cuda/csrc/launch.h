@@ -103,6 +103,7 @@ bool mma_tma_available();
 // mean and rstd: fp32, one a row.
 struct NormClusterConfig {
   int cluster, threads, vpt, rows, stages;
+  int per_sm = 1;   // blocks resident on an SM (the softmax forward: 1 or 2; the norm kernels: 1)
 };
 // nullptr when `cfg` can run rows of n elements of dt, else why not.
 const char* layer_norm_cluster_config_error(DType dt, int64_t n, NormClusterConfig cfg);
@@ -120,5 +121,11 @@ cudaError_t norm_bwd_cluster(DType dt, bool rms, const void* x, const void* dy, 
                              const float* mean, const float* rstd, float* dw_part, float* db_part, int64_t parts,
                              int64_t m, int64_t n, int64_t sx, int64_t sdy, int64_t sdx, float offset,
                              NormClusterConfig cfg, cudaStream_t stream);
+// The softmax (log: log-softmax) forward over long rows in the same layout (softmax.cu): a row over
+// a cluster, groups of rows staged in shared memory by bulk copies, the slices' (max, sum of exp)
+// pairs exchanged by st.async. 16-bit dtypes; x and y 16-byte aligned with row strides sx, sy.
+const char* softmax_cluster_config_error(DType dt, int64_t n, NormClusterConfig cfg);
+cudaError_t softmax_fwd_cluster(DType dt, const void* x, void* y, int64_t m, int64_t n, int64_t sx, int64_t sy,
+                                bool log, NormClusterConfig cfg, cudaStream_t stream);
 
 }  // namespace wf

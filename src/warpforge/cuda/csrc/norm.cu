@@ -31,26 +31,13 @@
 // loops lean.
 #include <cooperative_groups.h>
 
-#include "cluster.cuh"
+#include "cluster_rows.cuh"
 #include "common.cuh"
 
 namespace cg = cooperative_groups;
 
 namespace wf {
 namespace {
-
-constexpr int kMaxRows = 8;      // rows a group
-constexpr int kMaxStages = 8;
-constexpr int kMaxCluster = 16;
-constexpr int kSlots = 4;        // exchange buffers (see the kernel's comment on the pipeline)
-
-struct NormShared {
-  uint64_t full[kMaxStages];                     // stage s holds a group's rows
-  uint64_t xbar[kSlots];                         // group g's partner statistics landed (slot g % 4)
-  float2 slots[kSlots][kMaxCluster][kMaxRows];   // [g % 4][source rank][row]: (mean, M2) of its slice
-  float2 warp_stats[kMaxRows][32];               // [row][warp]: (mean, M2) of the warp's values
-  float2 row_stats[kSlots][kMaxRows];            // backward: group g's saved (mean, rstd), slot g % 4
-};
 
 // Two equal-count groups of c values each, merged (Chan et al.): the mean of the means, and
 // M2 = M2a + M2b + (mean_b - mean_a)^2 c / 2.
@@ -127,60 +114,6 @@ struct Param<T, VPT, false, FILL, OFFSET> {
   }
 };
 
-// The groups of rows cluster `cid` of `clusters` walks: groups cid, cid + clusters, ... of `rows`
-// rows each (the last may be partial), `mine` of them.
-struct Groups {
-  int64_t m, cid, clusters, mine;
-  int rows;
-  __device__ Groups(int64_t m_, int rows_, unsigned csize) : m(m_), rows(rows_) {
-    cid = blockIdx.x / csize;
-    clusters = gridDim.x / csize;
-    const int64_t groups = (m + rows - 1) / rows;
-    mine = cid < groups ? (groups - cid + clusters - 1) / clusters : 0;
-  }
-  // the it-th group's first row, and how many rows it has
-  __device__ int at(int64_t it, int64_t& row0) const {
-    row0 = (cid + it * clusters) * rows;
-    return static_cast<int>(m - row0 < rows ? m - row0 : rows);
-  }
-};
-
-// Thread 0 initialises the stage and exchange barriers; the cluster barrier then makes them
-// visible to the partners before the first st.async into them.
-__device__ __forceinline__ void init_barriers(NormShared& sh, int stages, cg::cluster_group& cluster) {
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) mbar_init(smem_u32(&sh.full[s]), 1);
-    for (int s = 0; s < kSlots; ++s) mbar_init(smem_u32(&sh.xbar[s]), 1);
-    mbar_init_fence();
-  }
-  cluster.sync();
-}
-
-// The loop both kernels run, software-pipelined by one group: first(it) -- wait for group it's
-// tiles, reduce, send the partial sums to every partner -- runs a group ahead of second(it, stage,
-// slot, row0, rows), which starts once the partners' sums for group it have landed. Once every
-// thread is done with a stage, thread 0 refills it with group it + stages (issue(group, stage)).
-template <typename Issue, typename First, typename Second>
-__device__ __forceinline__ void run_groups(NormShared& sh, const Groups& g, int stages, Issue issue, First first,
-                                           Second second) {
-  if (threadIdx.x == 0)
-    for (int64_t it = 0; it < g.mine && it < stages; ++it) issue(it, static_cast<int>(it));
-  if (g.mine > 0) first(0);
-  for (int64_t it = 0; it < g.mine; ++it) {
-    if (it + 1 < g.mine) first(it + 1);
-    const int s = static_cast<int>(it % stages), slot = static_cast<int>(it % kSlots);
-    int64_t row0;
-    const int nr = g.at(it, row0);
-    mbar_wait(smem_u32(&sh.xbar[slot]), static_cast<uint32_t>((it / kSlots) & 1));
-    second(it, s, slot, row0, nr);
-    __syncthreads();   // every thread is done with stage s
-    if (threadIdx.x == 0 && it + stages < g.mine) {
-      fence_proxy_async_smem();
-      issue(it + stages, s);
-    }
-  }
-}
-
 // Block b of a cluster of csize owns columns [b * slice, (b + 1) * slice) of every row, exactly
 // THREADS x VPT 16-byte vectors: thread t owns vectors t + k * THREADS. A group is `rows`
 // consecutive rows; cluster c takes groups c, c + clusters, ...
@@ -200,7 +133,7 @@ __global__ void __launch_bounds__(THREADS, 1) layer_norm_fwd_cluster_kernel(
   constexpr float kThreadCount = VPT * N;              // values a thread holds of a row
   constexpr bool kF32 = VPT * 16 <= 65536 / THREADS - 48;
   extern __shared__ __align__(128) unsigned char stage_mem[];   // [stages][rows][slice] of T
-  __shared__ NormShared sh;
+  __shared__ ClusterRowShared sh;
   cg::cluster_group cluster = cg::this_cluster();
   const unsigned csize = cluster.num_blocks(), crank = cluster.block_rank();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -349,7 +282,7 @@ __global__ void __launch_bounds__(THREADS, 1) norm_bwd_cluster_kernel(
   // dw and db accumulators take 16 registers a vector; w goes fp32 only if 8 more a vector fit
   constexpr bool kF32 = VPT * 24 <= 65536 / THREADS - 40;
   extern __shared__ __align__(128) unsigned char stage_mem[];   // [stages][rows][x, dy][slice] of T
-  __shared__ NormShared sh;
+  __shared__ ClusterRowShared sh;
   cg::cluster_group cluster = cg::this_cluster();
   const unsigned csize = cluster.num_blocks(), crank = cluster.block_rank();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -510,56 +443,25 @@ __global__ void __launch_bounds__(THREADS, 1) norm_bwd_cluster_kernel(
   cluster.sync();
 }
 
-// Launch `kernel` over clusters of c.cluster blocks: min(groups of rows, clusters resident at once,
-// cap if positive) clusters, a persistent grid.
-template <typename Kernel, typename... Args>
-cudaError_t launch(Kernel kernel, const NormClusterConfig& c, int64_t m, size_t smem, int64_t cap,
-                   cudaStream_t stream, Args... args) {
-  cudaLaunchConfig_t lc;
-  cudaLaunchAttribute attr;
-  cudaError_t err = cluster_launch_config(kernel, static_cast<unsigned>(c.cluster), static_cast<unsigned>(c.threads),
-                                          smem, stream, lc, attr);
-  if (err != cudaSuccess) return err;
-  const int fit = resident_clusters(reinterpret_cast<const void*>(kernel), lc);
-  if (fit <= 0) return cudaErrorInvalidConfiguration;   // this cluster shape cannot be placed on the device
-  const int64_t groups = (m + c.rows - 1) / c.rows;
-  int64_t clusters = groups < fit ? groups : fit;
-  if (cap > 0 && clusters > cap) clusters = cap;
-  lc.gridDim = dim3(static_cast<unsigned>(clusters * c.cluster), 1, 1);
-  err = cudaLaunchKernelEx(&lc, kernel, args...);
-  return err != cudaSuccess ? err : cudaGetLastError();
-}
-
 // The backward's registers (w, dw and db held a thread) fit these block shapes only; the dispatch
 // instantiates no others.
 constexpr bool backward_fits(int threads, int vpt) { return threads <= 256 || (threads == 512 && vpt <= 2); }
 
-const char* config_error(DType dt, int64_t n, NormClusterConfig c, bool backward) {
-  if (dt == DType::f32) return "16-bit dtypes only (float16, bfloat16)";
-  if (c.cluster != 2 && c.cluster != 4 && c.cluster != 8 && c.cluster != 16) return "cluster must be 2, 4, 8 or 16";
-  if (c.threads != 128 && c.threads != 256 && c.threads != 512 && c.threads != 1024)
-    return "threads must be 128, 256, 512 or 1024";
-  if (c.vpt != 1 && c.vpt != 2 && c.vpt != 4 && c.vpt != 8) return "vectors per thread must be 1, 2, 4 or 8";
-  if (c.threads == 1024 && c.vpt == 8) return "1024 threads hold at most 4 vectors a thread (registers)";
-  if (backward && !backward_fits(c.threads, c.vpt))
-    return "the backward runs 128 or 256 threads, or 512 at up to 2 vectors a thread (registers for dw and db)";
-  if (c.rows < 1 || c.rows > kMaxRows) return "rows a group must be 1 to 8";
-  if (c.rows > c.threads / 32) return "rows a group must not exceed the block's warps";
-  if (c.rows * c.cluster > 32) return "rows a group x cluster must be at most 32";
-  // the loop reduces group i + 1 while group i still occupies its stage: one stage would wait on itself
-  if (c.stages < 2 || c.stages > kMaxStages) return "stages must be 2 to 8";
-  const int64_t slice = static_cast<int64_t>(c.threads) * c.vpt * 8;
-  if (slice * c.cluster != n) return "the row length must be exactly cluster x threads x vectors per thread x 8";
-  if (static_cast<int64_t>(c.stages) * c.rows * slice * 2 * (backward ? 2 : 1) > 220 * 1024)
-    return "stages x rows x slice exceeds shared memory";
-  return nullptr;
+const char* one_block_an_sm(const NormClusterConfig& c) {
+  return c.per_sm == 1 ? nullptr : "the norm kernels run one block an SM (blocks an SM must be 1)";
 }
 
-#define WF_NORM_SHAPES(CASE)                                                   \
-  CASE(128, 1) CASE(128, 2) CASE(128, 4) CASE(128, 8)                          \
-  CASE(256, 1) CASE(256, 2) CASE(256, 4) CASE(256, 8)                          \
-  CASE(512, 1) CASE(512, 2) CASE(512, 4) CASE(512, 8)                          \
-  CASE(1024, 1) CASE(1024, 2) CASE(1024, 4)
+const char* backward_fit_error(const NormClusterConfig& c) {
+  if (const char* why = one_block_an_sm(c)) return why;
+  return backward_fits(c.threads, c.vpt)
+             ? nullptr
+             : "the backward runs 128 or 256 threads, or 512 at up to 2 vectors a thread (registers for dw and db)";
+}
+
+const char* config_error(DType dt, int64_t n, NormClusterConfig c, bool backward) {
+  return cluster_rows_shape_error(dt, n, c, backward ? 2 : 1, backward ? backward_fit_error : one_block_an_sm);
+}
+
 
 }  // namespace
 
@@ -587,9 +489,9 @@ cudaError_t layer_norm_fwd_cluster(DType dt, const void* x, void* y, const void*
       const T* bp = static_cast<const T*>(b);
 #define WF_CASE(TH, V)                                                                                   \
       if (c.threads == TH && c.vpt == V)                                                                 \
-        return launch(layer_norm_fwd_cluster_kernel<T, TH, V>, c, m, smem, 0, stream, xp, yp, wp, bp, mean, \
+        return launch_cluster_rows(layer_norm_fwd_cluster_kernel<T, TH, V>, c, m, smem, 0, stream, xp, yp, wp, bp, mean, \
                       rstd, m, n, sx, sy, eps, c.rows, c.stages);
-      WF_NORM_SHAPES(WF_CASE)
+      WF_CLUSTER_ROW_SHAPES(WF_CASE)
 #undef WF_CASE
       return cudaErrorInvalidValue;
     }
@@ -614,14 +516,14 @@ cudaError_t norm_bwd_cluster(DType dt, bool rms, const void* x, const void* dy, 
 #define WF_CASE(TH, V)                                                                            \
       if constexpr (backward_fits(TH, V)) {                                                      \
         if (c.threads == TH && c.vpt == V)                                                       \
-          return rms ? launch(norm_bwd_cluster_kernel<T, TH, V, true>, c, m, smem, parts, stream, \
+          return rms ? launch_cluster_rows(norm_bwd_cluster_kernel<T, TH, V, true>, c, m, smem, parts, stream, \
                               xp, dyp, dxp, wp, mean, rstd, dw_part, db_part, parts, m, n, sx,    \
                               sdy, sdx, offset, c.rows, c.stages)                                 \
-                     : launch(norm_bwd_cluster_kernel<T, TH, V, false>, c, m, smem, parts, stream, \
+                     : launch_cluster_rows(norm_bwd_cluster_kernel<T, TH, V, false>, c, m, smem, parts, stream, \
                               xp, dyp, dxp, wp, mean, rstd, dw_part, db_part, parts, m, n, sx,    \
                               sdy, sdx, offset, c.rows, c.stages);                                \
       }
-      WF_NORM_SHAPES(WF_CASE)
+      WF_CLUSTER_ROW_SHAPES(WF_CASE)
 #undef WF_CASE
       return cudaErrorInvalidValue;
     }

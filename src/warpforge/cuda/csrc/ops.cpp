@@ -262,17 +262,18 @@ void check_row_stats(const Tensor& t, const Tensor& input, int64_t m, const char
 }
 
 wf::NormClusterConfig norm_cluster_config(c10::IntArrayRef config, const char* op) {
-  TORCH_CHECK(config.size() == 5, "warpforge_cuda::", op,
-              ": 'config' must be [cluster, threads, vectors per thread, rows a group, stages]; got ",
-              num(config.size()), " values");
+  TORCH_CHECK(config.size() == 5 || config.size() == 6, "warpforge_cuda::", op,
+              ": 'config' must be [cluster, threads, vectors per thread, rows a group, stages] and optionally "
+              "blocks an SM; got ", num(config.size()), " values");
   return {static_cast<int>(config[0]), static_cast<int>(config[1]), static_cast<int>(config[2]),
-          static_cast<int>(config[3]), static_cast<int>(config[4])};
+          static_cast<int>(config[3]), static_cast<int>(config[4]), config.size() == 6 ? static_cast<int>(config[5]) : 1};
 }
 
 void check_launch_shape(const char* why, const wf::NormClusterConfig& cfg, int64_t n, const char* op) {
   TORCH_CHECK(why == nullptr, "warpforge_cuda::", op, ": launch shape 'config' [", num(cfg.cluster), ", ",
               num(cfg.threads), ", ", num(cfg.vpt), ", ", num(cfg.rows), ", ", num(cfg.stages),
-              "] cannot run rows of ", num(n), " elements: ", why ? why : "");
+              cfg.per_sm != 1 ? ", " + std::to_string(cfg.per_sm) : std::string(), "] cannot run rows of ", num(n),
+              " elements: ", why ? why : "");
 }
 
 // A 2-D tensor of the input's dtype and shape (out, grad_output, dx) on its device, rows dense.
@@ -338,6 +339,27 @@ void layer_norm_fwd(const Tensor& input, const c10::optional<Tensor>& weight, co
                                             rstd.data_ptr<float>(), m, n, input.stride(0), out.stride(0),
                                             static_cast<float>(eps), cfg, c10::cuda::getCurrentCUDAStream()));
 }
+// ---- softmax forward over long rows, a row over a cluster with staged groups ----------------------
+// Writes out, which the caller allocates (warpforge.ops.softmax: its allocations follow
+// WARPFORGE_POISON); config [cluster, threads, vectors a thread, rows a group, stages] (csrc/softmax.cu).
+void softmax_fwd_cluster(const Tensor& input, bool log, c10::IntArrayRef config, const Tensor& out) {
+  const char* op = "softmax_fwd_cluster";
+  check_cuda(input, op, "input");
+  check_rows(input, op, "input");
+  const wf::DType dt = dtype_of(input.scalar_type(), op, "input");
+  const int64_t m = input.size(0), n = input.size(1);
+  check_like_input(out, input, op, "out");
+  const wf::NormClusterConfig cfg = norm_cluster_config(config, op);
+  if (m == 0) return;
+  check_launch_shape(wf::softmax_cluster_config_error(dt, n, cfg), cfg, n, op);
+  TORCH_CHECK(rows_aligned(input, input.stride(0)) && rows_aligned(out, out.stride(0)), "warpforge_cuda::", op,
+              ": 'input' and 'out' rows must start on 16-byte boundaries (aligned base, row stride a multiple "
+              "of 16 bytes)");
+  const c10::cuda::CUDAGuard guard(input.device());
+  C10_CUDA_CHECK(wf::softmax_fwd_cluster(dt, input.data_ptr(), out.data_ptr(), m, n, input.stride(0), out.stride(0),
+                                         log, cfg, c10::cuda::getCurrentCUDAStream()));
+}
+
 // ---- LayerNorm / RMSNorm backward over long rows ---------------------------------------------------
 // Writes dx and the (parts, N) fp32 partial sums of dw and db (either may be absent), all allocated
 // by the caller (warpforge.ops.norms, which sums the partial rows); mean is read for LayerNorm only.
@@ -400,6 +422,7 @@ TORCH_LIBRARY(warpforge_cuda, m) {
         "Tensor(b!) mean, Tensor(c!) rstd) -> ()");
   m.def("norm_bwd(Tensor input, Tensor grad_output, Tensor? weight, Tensor? mean, Tensor rstd, float offset, "
         "bool rms, int[] config, Tensor(a!) dx, Tensor(b!)? dw_part, Tensor(c!)? db_part) -> ()");
+  m.def("softmax_fwd_cluster(Tensor input, bool log, int[] config, Tensor(a!) out) -> ()");
   m.def("reduce_tuning(int[] config) -> ()", &reduce_tuning);
 }
 
@@ -413,6 +436,7 @@ void register_impls(torch::Library& m) {
   m.impl("matmul", &matmul);
   m.impl("layer_norm_fwd", &layer_norm_fwd);
   m.impl("norm_bwd", &norm_bwd);
+  m.impl("softmax_fwd_cluster", &softmax_fwd_cluster);
 }
 }  // namespace
 

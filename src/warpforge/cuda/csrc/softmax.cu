@@ -38,6 +38,7 @@
 #include <cooperative_groups.h>
 
 #include "cluster.cuh"
+#include "cluster_rows.cuh"
 #include "common.cuh"
 
 namespace cg = cooperative_groups;
@@ -152,23 +153,83 @@ struct RowSpan {
   }
 };
 
-// Thread-local (max, sum exp) of VPT vectors.
-template <typename T, int VPT>
+// Thread-local (max, sum exp) of VPT vectors, in CHAINS independent running maxima and sums (element
+// e of a vector goes to chain e % CHAINS; a tree merges them at the end): more chains let the exps
+// and adds of different positions overlap, where one chain is VPT x N dependent adds (the staged
+// cluster kernel takes N chains; the one-row kernels keep one: more registers spill there). LOG
+// sums exp2((x - m) log2 e), whose x - m is exact near the max (NOTES item 108); softmax the FMA form.
+template <typename T, int VPT, bool LOG = false, int CHAINS = 1>
 __device__ __forceinline__ MaxSum local_stats(const Vec<T> (&v)[VPT]) {
-  float mx = -INFINITY;
+  constexpr int N = Vec<T>::N;
+  static_assert(CHAINS >= 1 && CHAINS <= N && N % CHAINS == 0 && (CHAINS & (CHAINS - 1)) == 0, "chains");
+  float part[CHAINS];
+#pragma unroll
+  for (int c = 0; c < CHAINS; ++c) part[c] = -INFINITY;
 #pragma unroll
   for (int k = 0; k < VPT; ++k)
 #pragma unroll
-    for (int e = 0; e < Vec<T>::N; ++e) mx = fmaxf(mx, v[k].get(e));
-  float s = 0.f;
-  if (mx != -INFINITY) {
-    const float ml = mx * kLog2e;
+    for (int e = 0; e < N; ++e) part[e % CHAINS] = fmaxf(part[e % CHAINS], v[k].get(e));
 #pragma unroll
-    for (int k = 0; k < VPT; ++k)
+  for (int w = CHAINS / 2; w > 0; w >>= 1)
 #pragma unroll
-      for (int e = 0; e < Vec<T>::N; ++e) s += fast_exp2(fmaf(v[k].get(e), kLog2e, -ml));
+    for (int c = 0; c < w; ++c) part[c] = fmaxf(part[c], part[c + w]);
+  const float mx = part[0];
+  if (mx == -INFINITY) return {mx, 0.f};   // an all -inf thread keeps (-inf, 0)
+  const float ml = mx * kLog2e;
+#pragma unroll
+  for (int c = 0; c < CHAINS; ++c) part[c] = 0.f;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k)
+#pragma unroll
+    for (int e = 0; e < N; ++e)
+      part[e % CHAINS] += LOG ? fast_exp2((v[k].get(e) - mx) * kLog2e) : fast_exp2(fmaf(v[k].get(e), kLog2e, -ml));
+#pragma unroll
+  for (int w = CHAINS / 2; w > 0; w >>= 1)
+#pragma unroll
+    for (int c = 0; c < w; ++c) part[c] += part[c + w];
+  return {mx, part[0]};
+}
+
+// Softmax's thread-local statistics that also keep the exps: v becomes e = exp(x - mt) rounded to T
+// (mt the thread's max; all zeros where mt = -inf), and the pair is (mt, sum of the unrounded e).
+// y = e exp(mt - M) / S then needs no second exp; e's rounding to T adds at most half a unit in the
+// last place of T before y's own rounding.
+template <typename T, int VPT>
+__device__ __forceinline__ MaxSum local_exps(Vec<T> (&v)[VPT]) {
+  constexpr int N = Vec<T>::N;
+  float part[N];
+#pragma unroll
+  for (int e = 0; e < N; ++e) part[e] = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k)
+#pragma unroll
+    for (int e = 0; e < N; ++e) part[e] = fmaxf(part[e], v[k].get(e));
+#pragma unroll
+  for (int w = N / 2; w > 0; w >>= 1)
+#pragma unroll
+    for (int e = 0; e < w; ++e) part[e] = fmaxf(part[e], part[e + w]);
+  const float mx = part[0];
+  if (mx == -INFINITY) {
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) v[k].raw = make_uint4(0u, 0u, 0u, 0u);
+    return {mx, 0.f};
   }
-  return {mx, s};
+  const float ml = mx * kLog2e;
+#pragma unroll
+  for (int e = 0; e < N; ++e) part[e] = 0.f;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k)
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      const float ex = fast_exp2(fmaf(v[k].get(e), kLog2e, -ml));
+      part[e] += ex;
+      v[k].set(e, ex);
+    }
+#pragma unroll
+  for (int w = N / 2; w > 0; w >>= 1)
+#pragma unroll
+    for (int e = 0; e < w; ++e) part[e] += part[e + w];
+  return {mx, part[0]};
 }
 
 // y for one vector from the row's (M, S).
@@ -398,6 +459,126 @@ __global__ void __launch_bounds__(1024) softmax_bwd_loop_kernel(
   }
 }
 
+// ---- forward over long rows, staged: the norm forward's skeleton (cluster_rows.cuh) ------------------
+// Block b of a cluster owns a fixed column slice of every row (THREADS x VPT 16-byte vectors); its
+// slice of a group of `rows` rows reaches shared memory by bulk copies `stages` groups ahead, so
+// HBM reads stay in flight while the block reduces, exchanges and writes -- what the one-row-at-a-
+// time cluster kernel above lacks. Per row a thread loads its vectors from shared memory into
+// registers once for its (max, sum of exp) pair; softmax writes its exps e = exp(x - mt) (mt the
+// thread's max), rounded to T, back over x in the stage and mt beside it, so y = e exp(mt - M) / S
+// costs a multiply, not a second exp (NOTES item 114: 170 -> 160 us at 262K on the H200). The block
+// merges the pairs (warp shuffles, one __syncthreads), block b pushes its slice's pair for every
+// row of the group to every partner by st.async (warp r sends row r), and once the partners' pairs
+// have landed each warp merges the slices of the group's rows and the block writes y from shared
+// memory. The loop is pipelined by one group (run_groups). Log-softmax sums exp2((x - m) log2 e):
+// x - m is exact near the max, and y = x - M - log S carries the sum's error whole (the FMA form's
+// rounding of m log2 e would not cancel, NOTES item 108). Blocks an SM (PER_SM, 1 or 2) bound the
+// registers; shared memory decides how many blocks share an SM.
+template <typename T, int THREADS, int VPT, bool LOG, int PER_SM>
+__global__ void __launch_bounds__(THREADS, PER_SM) softmax_fwd_cluster_kernel(
+    const T* __restrict__ x, T* __restrict__ y, int64_t m, int64_t n, int64_t sx, int64_t sy, int rows, int stages) {
+  constexpr int N = Vec<T>::N;
+  constexpr int WARPS = THREADS / 32;
+  // [stages][rows][slice] of T, then [stages][rows][THREADS] floats: each thread's max (softmax)
+  extern __shared__ __align__(128) unsigned char stage_mem[];
+  __shared__ ClusterRowShared sh;
+  cg::cluster_group cluster = cg::this_cluster();
+  const unsigned csize = cluster.num_blocks(), crank = cluster.block_rank();
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t slice = static_cast<int64_t>(THREADS) * VPT * N, col0 = static_cast<int64_t>(crank) * slice;
+  const uint32_t row_bytes = static_cast<uint32_t>(slice * sizeof(T));
+  const Groups groups(m, rows, csize);
+  const uint32_t stage_bytes = static_cast<uint32_t>(rows) * row_bytes;
+  float* const thread_max = reinterpret_cast<float*>(stage_mem + static_cast<size_t>(stages) * stage_bytes);
+
+  init_barriers(sh, stages, cluster);
+
+  auto issue = [&](int64_t it, int s) {
+    int64_t row0;
+    const int nr = groups.at(it, row0);
+    const uint32_t bar = smem_u32(&sh.full[s]);
+    mbar_arrive_expect_tx(bar, static_cast<uint32_t>(nr) * row_bytes);
+    const uint32_t dst = smem_u32(stage_mem) + s * stage_bytes;
+    for (int r = 0; r < nr; ++r) bulk_load(dst + r * row_bytes, x + (row0 + r) * sx + col0, row_bytes, bar);
+  };
+  auto vec_at = [&](int s, int r, int k) {
+    Vec<T> v;
+    v.raw = *reinterpret_cast<const uint4*>(stage_mem + s * stage_bytes + r * row_bytes + (tid + k * THREADS) * 16);
+    return v;
+  };
+  auto stats_and_send = [&](int64_t it) {
+    const int s = static_cast<int>(it % stages), slot = static_cast<int>(it % kSlots);
+    int64_t row0;
+    const int nr = groups.at(it, row0);
+    const uint32_t xbar = smem_u32(&sh.xbar[slot]);
+    if (tid == 0) mbar_arrive_expect_tx(xbar, csize * static_cast<uint32_t>(nr) * 8u);
+    mbar_wait(smem_u32(&sh.full[s]), static_cast<uint32_t>((it / stages) & 1));
+    for (int r = 0; r < nr; ++r) {
+      Vec<T> v[VPT];
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) v[k] = vec_at(s, r, k);
+      MaxSum t;
+      if constexpr (!LOG) {   // the exps replace x in the stage (each thread rewrites only its own vectors)
+        t = local_exps<T, VPT>(v);
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+          *reinterpret_cast<uint4*>(stage_mem + s * stage_bytes + r * row_bytes + (tid + k * THREADS) * 16) = v[k].raw;
+        thread_max[(s * rows + r) * THREADS + tid] = t.m;
+      } else {
+        t = local_stats<T, VPT, LOG, N>(v);
+      }
+      t = warp_allreduce(t);
+      if (lane == 0) sh.warp_stats[r][warp] = t.pack();
+    }
+    __syncthreads();
+    if (warp < nr) {
+      MaxSum t = lane < WARPS ? MaxSum::unpack(sh.warp_stats[warp][lane]) : MaxSum::identity();
+      t = warp_allreduce(t);
+      if (lane < static_cast<int>(csize))
+        st_async_f2(smem_u32(&sh.slots[slot][crank][warp]), xbar, lane, t.m, t.s);
+    }
+  };
+  // group it, once its partners' pairs have landed: lane l of every warp holds row l / csize, slice
+  // l % csize; a butterfly over the csize lanes of a row merges them; then y from shared memory
+  auto write = [&](int64_t, int s, int slot, int64_t row0, int nr) {
+    const int lr = lane / static_cast<int>(csize), lc = lane % static_cast<int>(csize);
+    MaxSum t = lr < nr ? MaxSum::unpack(sh.slots[slot][lc][lr]) : MaxSum::identity();
+    for (int o = 1; o < static_cast<int>(csize); o <<= 1) t = MaxSum::combine(t, t.shfl(o));
+    // an all -inf row: M = -inf and S = 0 give NaN, as torch does (exp(-inf - -inf))
+    for (int r = 0; r < nr; ++r) {
+      const float M = __shfl_sync(0xffffffffu, t.m, r * static_cast<int>(csize));
+      const float S = __shfl_sync(0xffffffffu, t.s, r * static_cast<int>(csize));
+      T* yr = y + (row0 + r) * sy + col0 + tid * N;
+      if constexpr (!LOG) {   // y = e exp(mt - M) / S: an all -inf thread's e are 0 (scale 0); an all -inf row NaN
+        const float mt = thread_max[(s * rows + r) * THREADS + tid];
+        const float scale = fast_exp2(fmaf(mt - M, kLog2e, -__log2f(S)));
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+          const Vec<T> ev = vec_at(s, r, k);
+          Vec<T> o;
+#pragma unroll
+          for (int e = 0; e < N; ++e) o.set(e, ev.get(e) * scale);
+          store_vec(yr + k * THREADS * N, o);
+        }
+        continue;
+      }
+      // softmax: exp2(x log2 e - (M log2 e + log2 S)), the 1 / S folded into the exponent
+      const float lse = M + __logf(S), shift = fmaf(M, kLog2e, __log2f(S));
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        const Vec<T> xv = vec_at(s, r, k);
+        Vec<T> o;
+#pragma unroll
+        for (int e = 0; e < N; ++e)
+          o.set(e, LOG ? xv.get(e) - lse : fast_exp2(fmaf(xv.get(e), kLog2e, -shift)));
+        store_vec(yr + k * THREADS * N, o);
+      }
+    }
+  };
+  run_groups(sh, groups, stages, issue, stats_and_send, write);
+  cluster.sync();   // no block leaves while a partner's st.async may still target it
+}
+
 // ---- launch -----------------------------------------------------------------------------------
 
 // Grid and launch of a block-per-row (cluster) kernel; cluster > 1 goes through cudaLaunchKernelEx.
@@ -517,6 +698,51 @@ cudaError_t softmax_bwd(DType dt, const void* y, const void* dy, void* dx, int64
       case 1: return launch_rows(softmax_bwd_block_kernel<T, 1>, m, cfg, 0, stream, yp, gp, xp, m, n, sy, sdy, sdx, aligned, log);
       case 2: return launch_rows(softmax_bwd_block_kernel<T, 2>, m, cfg, 0, stream, yp, gp, xp, m, n, sy, sdy, sdx, aligned, log);
       default: return launch_rows(softmax_bwd_block_kernel<T, 4>, m, cfg, 0, stream, yp, gp, xp, m, n, sy, sdy, sdx, aligned, log);
+    }
+  });
+}
+
+// The registers a thread gets: 65,536 over the SM's threads (per_sm blocks), at most 255. At 1,024
+// threads an SM (64 registers a thread) only 1 vector a thread fits: 2 spill in the float16 softmax
+// (a row's packed vectors, the exps kept in them, the pair reduction around them); those shapes are
+// not instantiated. (2 blocks an SM: at most 512 threads a block, cluster_rows_shape_error.)
+constexpr bool softmax_cluster_fits(int threads, int vpt, int per_sm) {
+  return !(threads * per_sm == 1024 && vpt >= 2);
+}
+
+const char* softmax_cluster_fit_error(const NormClusterConfig& c) {
+  return softmax_cluster_fits(c.threads, c.vpt, c.per_sm)
+             ? nullptr
+             : "1,024 threads an SM (threads x blocks an SM) hold 1 vector a thread here (registers)";
+}
+
+const char* softmax_cluster_config_error(DType dt, int64_t n, NormClusterConfig cfg) {
+  return cluster_rows_shape_error(dt, n, cfg, 1, softmax_cluster_fit_error, 4 * cfg.threads);
+}
+
+cudaError_t softmax_fwd_cluster(DType dt, const void* x, void* y, int64_t m, int64_t n, int64_t sx, int64_t sy,
+                                bool log, NormClusterConfig c, cudaStream_t stream) {
+  if (m <= 0 || softmax_cluster_config_error(dt, n, c) != nullptr) return cudaErrorInvalidValue;
+  return dispatch(dt, [&](auto tag) -> cudaError_t {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) == 4) {
+      return cudaErrorInvalidValue;
+    } else {
+      const size_t smem = static_cast<size_t>(c.stages) * c.rows * ((n / c.cluster) * sizeof(T) + c.threads * 4);
+      const T* xp = static_cast<const T*>(x);
+      T* yp = static_cast<T*>(y);
+#define WF_LAUNCH(TH, V, P)                                                                                    \
+      if constexpr (TH * P <= 1024 && softmax_cluster_fits(TH, V, P))                                          \
+      if (c.threads == TH && c.vpt == V && c.per_sm == P)                                                      \
+        return log ? launch_cluster_rows(softmax_fwd_cluster_kernel<T, TH, V, true, P>, c, m, smem, 0, stream,  \
+                                         xp, yp, m, n, sx, sy, c.rows, c.stages)                              \
+                   : launch_cluster_rows(softmax_fwd_cluster_kernel<T, TH, V, false, P>, c, m, smem, 0, stream, \
+                                         xp, yp, m, n, sx, sy, c.rows, c.stages);
+#define WF_CASE(TH, V) WF_LAUNCH(TH, V, 1) WF_LAUNCH(TH, V, 2)
+      WF_CLUSTER_ROW_SHAPES(WF_CASE)
+#undef WF_CASE
+#undef WF_LAUNCH
+      return cudaErrorInvalidValue;
     }
   });
 }
