@@ -291,3 +291,21 @@ def test_softmax_loop_route(monkeypatch):
     monkeypatch.setattr(heuristics, "interpreting", lambda: True)
     assert f(32768, False, True, h200) == f(32768, False)
     assert f(1024, False, True, h200) == heuristics.row_config(1024)
+
+
+def test_softmax_backward_pipe_route(monkeypatch):
+    """SOFTMAX_BWD_PIPE (the H200's log-softmax backward at 262K, NOTES item 114): the named
+    device's log-softmax backward at that N takes the table's pipe shape; the softmax backward, the
+    forward, other N, other devices and the interpreter keep their paths."""
+    from warpforge.runtime.heuristics import RowConfig
+
+    f = heuristics.softmax_config.__wrapped__
+    monkeypatch.setattr(heuristics, "interpreting", lambda: False)
+    h200, h100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
+    assert f(262144, True, False, h200, True) == RowConfig("pipe", 4096, 1, 4, 64)
+    assert f(262144, True, False, h200, False) == f(262144, True) == RowConfig("pipe", 8192, 1, 8, 32)
+    assert f(262144, True, False, h100, True) == f(262144, True)
+    assert f(65536, True, False, h200, True) == f(65536, True)
+    assert f(262144, False, False, h200, True) == f(262144, False)
+    monkeypatch.setattr(heuristics, "interpreting", lambda: True)
+    assert f(262144, True, False, h200, True) == f(262144, True)

@@ -367,7 +367,7 @@ def _softmax_bwd(y: torch.Tensor, dy: torch.Tensor, log: bool) -> torch.Tensor:
     dx = new_empty((m, n), device=y.device, dtype=y.dtype)
     if m == 0:
         return dx.view(y.shape)
-    cfg = softmax_config(n, backward=True)
+    cfg = softmax_config(n, backward=True, device_name=device_name(y), log=log)
     args = (y2, dy2, dx, m, n, y2.stride(0), dy2.stride(0), dx.stride(0))
     if cfg.mode == "block":
         run(_softmax_bwd_block_kernel, (triton.cdiv(m, cfg.rows),), args,

@@ -346,15 +346,27 @@ def softmax_loop_range(device_name: str) -> tuple[int, int]:
     return (min(v[0] for v in shapes), max(v[1] for v in shapes)) if shapes else (0, -1)
 
 
+# The backward's pipe shape by (log-softmax?, N) where a device measured one better than the shared
+# route (8,192 x 8 past 32K). H200, bf16, 512 x 262,144, the backward alone (NOTES item 114,
+# probe_softmax_bwd_shapes): log-softmax, whose dx = dy - exp(y) sum(dy) runs an exp an element,
+# 4,096 x 4 223.5 us (84.7% of copy; 2,048 x 2 222.9) against 8,192 x 8's 262.9 (72.0%) and
+# torch.compile's 270.1; softmax keeps 8,192 x 8 (226.7 us, 83.5%; 4,096 x 4 247.5).
+SOFTMAX_BWD_PIPE = {"H200": {(True, 262144): (4096, 4)}}
+
+
 @functools.lru_cache(maxsize=4096)
-def softmax_config(n: int, backward: bool, many: bool = False, device_name: str = "") -> RowConfig:
+def softmax_config(n: int, backward: bool, many: bool = False, device_name: str = "", log: bool = False) -> RowConfig:
     """The softmax forward's (or backward's) path for rows of ``n``; ``many``: at least
     NORM_LOOP_ROWS_PER_SM rows an SM (the forward's loop with N compiled in, SOFTMAX_LOOP_CONST);
-    the forward's block kernel takes SOFTMAX_BLOCK_SHAPES' shape where the device has one."""
+    the forward's block kernel takes SOFTMAX_BLOCK_SHAPES' shape where the device has one; the
+    backward (``log``: of log-softmax) a SOFTMAX_BWD_PIPE shape where the device has one."""
     const = _const_loop_shape(_by_device(SOFTMAX_LOOP_CONST, device_name), n) \
         if many and not backward and not interpreting() else None
     if const is not None:
         return RowConfig("loop", const[0], 1, const[1], const_n=True)
+    pipe = (_by_device(SOFTMAX_BWD_PIPE, device_name) or {}).get((log, n)) if backward and not interpreting() else None
+    if pipe is not None and n % pipe[0] == 0:
+        return RowConfig("pipe", pipe[0], 1, pipe[1], n // pipe[0])
     wide = _wide_row(n) if backward else _device_block_shape(_wide_row(n), SOFTMAX_BLOCK_SHAPES, device_name)
     if wide is not None:
         return wide
