@@ -409,24 +409,32 @@ def test_softmax_config_ok_mirror_refuses_bad_shapes():
     assert softmax_config_ok([1024, 4, 3, 1], 100, 2, False) is not None
 
 
+def _cluster_rows_shape_ok(n, c, t, v, rows, stages, copies=1, extra=0, per_sm=1):
+    """cluster_rows.cuh's cluster_rows_shape_error, mirrored: the generic rules on a cluster-rows
+    launch shape for rows of n 16-bit elements staging ``copies`` tensors a row, ``extra`` bytes
+    beside each staged row and ``per_sm`` blocks an SM (the kernels' own register rules apart)."""
+    shared_static, reserved = 6528, 1024          # ClusterRowShared (ptxas: 6528 bytes smem), the runtime's 1 KB
+    assert c in (2, 4, 8, 16) and t in (128, 256, 512, 1024) and v in (1, 2, 4, 8), (n, c, t, v)
+    assert not (t == 1024 and v == 8) and per_sm in (1, 2) and per_sm * t <= 1024, (n, t, v, per_sm)
+    assert c * t * v * 8 == n, (n, c, t, v)
+    assert 1 <= rows <= min(8, t // 32) and rows * c <= 32 and 2 <= stages <= 8, (n, rows, stages)
+    block = stages * rows * ((n // c) * 2 * copies + extra) + shared_static + reserved
+    assert per_sm * block <= 228 * 1024, (n, stages, rows, per_sm)
+
+
 def test_softmax_cluster_table(monkeypatch):
     """Every launch shape in heuristics.SOFTMAX_CLUSTER passes softmax.cu's
-    softmax_cluster_config_error (mirrored here: cluster_rows_shape_error with a float a thread beside
-    each staged row, and the register rule at 1,024 threads an SM), and the route asks for the table
+    softmax_cluster_config_error (mirrored here: the generic rules with a float a thread beside each
+    staged row, and the register rule at 1,024 threads an SM), and the route asks for the table
     only where it applies: the named device, a row length in the table, at least one row an SM, not
     interpreting."""
     from warpforge.runtime import heuristics as H
 
-    shared_static, reserved = 6528, 1024          # ClusterRowShared (ptxas: 6528 bytes smem), the runtime's 1 KB
     for table in H.SOFTMAX_CLUSTER.values():
         for n, (c, t, v, rows, stages, *more) in table.items():
             per_sm = more[0] if more else 1
-            assert per_sm in (1, 2) and t * per_sm <= 1024 and not (t * per_sm == 1024 and v >= 2), (n, t, v, per_sm)
-            assert c in (2, 4, 8, 16) and t in (128, 256, 512, 1024) and v in (1, 2, 4, 8), (n, c, t, v)
-            assert c * t * v * 8 == n, (n, c, t, v)
-            assert 1 <= rows <= min(8, t // 32) and rows * c <= 32 and 2 <= stages <= 8, (n, rows, stages)
-            block = stages * rows * ((n // c) * 2 + 4 * t) + shared_static + reserved
-            assert per_sm * block <= 228 * 1024, (n, stages, rows, per_sm)
+            assert per_sm in (1, 2) and not (t * per_sm == 1024 and v >= 2), (n, t, v, per_sm)
+            _cluster_rows_shape_ok(n, c, t, v, rows, stages, extra=4 * t, per_sm=per_sm)
     monkeypatch.setattr(H, "interpreting", lambda: False)
     monkeypatch.setattr(H, "sm_count", lambda *a: 132)
     assert H.softmax_cluster_config(262144, 512, "NVIDIA H200") == H.SOFTMAX_CLUSTER["H200"][262144]
@@ -445,17 +453,12 @@ def test_layer_norm_cluster_table(monkeypatch):
     from warpforge.runtime import heuristics as H
 
     for table in H.NORM_LAYER_CLUSTER.values():
-        for n, (c, t, v, rows, stages) in table.items():
-            assert c in (2, 4, 8, 16) and t in (128, 256, 512, 1024) and v in (1, 2, 4, 8), (n, c, t, v)
-            assert not (t == 1024 and v == 8) and c * t * v * 8 == n, (n, c, t, v)
-            assert 1 <= rows <= min(8, t // 32) and rows * c <= 32 and 2 <= stages <= 8, (n, rows, stages)
-            assert stages * rows * (n // c) * 2 <= 220 * 1024, (n, stages, rows)
+        for n, shape in table.items():
+            _cluster_rows_shape_ok(n, *shape)
     for table in H.NORM_BWD_CLUSTER.values():   # the backward: x and dy staged, registers for dw and db
         for (layer, n), (c, t, v, rows, stages) in table.items():
-            assert isinstance(layer, bool) and c in (2, 4, 8, 16) and c * t * v * 8 == n, (layer, n, c, t, v)
-            assert t in (128, 256) or (t == 512 and v <= 2), (layer, n, t, v)
-            assert 1 <= rows <= min(8, t // 32) and rows * c <= 32 and 2 <= stages <= 8, (n, rows, stages)
-            assert stages * rows * (n // c) * 4 <= 220 * 1024, (n, stages, rows)
+            assert isinstance(layer, bool) and (t in (128, 256) or (t == 512 and v <= 2)), (layer, n, t, v)
+            _cluster_rows_shape_ok(n, c, t, v, rows, stages, copies=2)
     monkeypatch.setattr(H, "interpreting", lambda: False)
     monkeypatch.setattr(H, "sm_count", lambda *a: 132)
     assert H.layer_norm_cluster_config(65536, 2048, "NVIDIA H200") == H.NORM_LAYER_CLUSTER["H200"][65536]

@@ -48,6 +48,29 @@ struct Groups {
   }
 };
 
+// The stages of the one-tensor kernels (the LayerNorm and softmax forwards): stage s holds a group's
+// rows, each this block's slice of `row_bytes`, `stage_bytes` a stage, from `base`.
+struct Stages {
+  unsigned char* base;
+  uint32_t stage_bytes, row_bytes;
+  // the 16-byte vector at index v of the slice (thread tid's k-th: tid + k x threads) of row r, stage s
+  __device__ __forceinline__ uint4* vec(int s, int r, int v) const {
+    return reinterpret_cast<uint4*>(base + s * stage_bytes + r * row_bytes + v * 16);
+  }
+  // the bulk copies of this block's slice (from column col0) of group it's rows of src (row stride
+  // ld) into stage s, completing on the barrier `bar` (which expects their bytes)
+  template <typename T>
+  __device__ __forceinline__ void load_group(const Groups& g, int64_t it, int s, uint64_t* bar, const T* src, int64_t ld,
+                                             int64_t col0) const {
+    int64_t row0;
+    const int nr = g.at(it, row0);
+    const uint32_t b = smem_u32(bar);
+    mbar_arrive_expect_tx(b, static_cast<uint32_t>(nr) * row_bytes);
+    const uint32_t dst = smem_u32(base) + s * stage_bytes;
+    for (int r = 0; r < nr; ++r) bulk_load(dst + r * row_bytes, src + (row0 + r) * ld + col0, row_bytes, b);
+  }
+};
+
 // Thread 0 initialises the stage and exchange barriers; the cluster barrier then makes them
 // visible to the partners before the first st.async into them.
 __device__ __forceinline__ void init_barriers(ClusterRowShared& sh, int stages, cg::cluster_group& cluster) {

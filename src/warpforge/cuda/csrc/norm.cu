@@ -153,19 +153,11 @@ __global__ void __launch_bounds__(THREADS, 1) layer_norm_fwd_cluster_kernel(
 
   init_barriers(sh, stages, cluster);
 
+  const Stages st{stage_mem, stage_bytes, row_bytes};
   // the bulk copies of this block's slice of the it-th group's rows into stage `s`
-  auto issue = [&](int64_t it, int s) {
-    int64_t row0;
-    const int nr = groups.at(it, row0);
-    const uint32_t bar = smem_u32(&sh.full[s]);
-    mbar_arrive_expect_tx(bar, static_cast<uint32_t>(nr) * row_bytes);
-    const uint32_t dst = smem_u32(stage_mem) + s * stage_bytes;
-    for (int r = 0; r < nr; ++r) bulk_load(dst + r * row_bytes, x + (row0 + r) * sx + col0, row_bytes, bar);
-  };
+  auto issue = [&](int64_t it, int s) { st.load_group(groups, it, s, &sh.full[s], x, sx, col0); };
   // this thread's k-th vector of row r of stage s
-  auto vec_at = [&](int s, int r, int k) {
-    return *reinterpret_cast<const uint4*>(stage_mem + s * stage_bytes + r * row_bytes + (tid + k * THREADS) * 16);
-  };
+  auto vec_at = [&](int s, int r, int k) { return *st.vec(s, r, tid + k * THREADS); };
   // group it's statistics: per thread (pivot: its first value, so the sum of squares about it is at
   // most VPT x 8 times M2 -- bounded cancellation), merged over the block by equal-count Chan
   // steps, then pushed to every partner (warp r sends row r)

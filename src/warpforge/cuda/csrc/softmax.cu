@@ -153,13 +153,19 @@ struct RowSpan {
   }
 };
 
-// Thread-local (max, sum exp) of VPT vectors, in CHAINS independent running maxima and sums (element
-// e of a vector goes to chain e % CHAINS; a tree merges them at the end): more chains let the exps
-// and adds of different positions overlap, where one chain is VPT x N dependent adds (the staged
-// cluster kernel takes N chains; the one-row kernels keep one: more registers spill there). LOG
-// sums exp2((x - m) log2 e), whose x - m is exact near the max (NOTES item 108); softmax the FMA form.
-template <typename T, int VPT, bool LOG = false, int CHAINS = 1>
-__device__ __forceinline__ MaxSum local_stats(const Vec<T> (&v)[VPT]) {
+// A tree over CHAINS partial values (op: max or +), and a thread's max over VPT vectors in CHAINS
+// running maxima (element e of a vector in chain e % CHAINS).
+template <int CHAINS, typename Op>
+__device__ __forceinline__ float chain_tree(float (&part)[CHAINS], Op op) {
+#pragma unroll
+  for (int w = CHAINS / 2; w > 0; w >>= 1)
+#pragma unroll
+    for (int c = 0; c < w; ++c) part[c] = op(part[c], part[c + w]);
+  return part[0];
+}
+
+template <int CHAINS, typename T, int VPT>
+__device__ __forceinline__ float chained_max(const Vec<T> (&v)[VPT]) {
   constexpr int N = Vec<T>::N;
   static_assert(CHAINS >= 1 && CHAINS <= N && N % CHAINS == 0 && (CHAINS & (CHAINS - 1)) == 0, "chains");
   float part[CHAINS];
@@ -169,13 +175,21 @@ __device__ __forceinline__ MaxSum local_stats(const Vec<T> (&v)[VPT]) {
   for (int k = 0; k < VPT; ++k)
 #pragma unroll
     for (int e = 0; e < N; ++e) part[e % CHAINS] = fmaxf(part[e % CHAINS], v[k].get(e));
-#pragma unroll
-  for (int w = CHAINS / 2; w > 0; w >>= 1)
-#pragma unroll
-    for (int c = 0; c < w; ++c) part[c] = fmaxf(part[c], part[c + w]);
-  const float mx = part[0];
+  return chain_tree(part, [](float a, float b) { return fmaxf(a, b); });
+}
+
+// Thread-local (max, sum exp) of VPT vectors, in CHAINS independent running maxima and sums (element
+// e of a vector goes to chain e % CHAINS; a tree merges them at the end): more chains let the exps
+// and adds of different positions overlap, where one chain is VPT x N dependent adds (the staged
+// cluster kernel takes N chains; the one-row kernels keep one: more registers spill there). LOG
+// sums exp2((x - m) log2 e), whose x - m is exact near the max (NOTES item 108); softmax the FMA form.
+template <typename T, int VPT, bool LOG = false, int CHAINS = 1>
+__device__ __forceinline__ MaxSum local_stats(const Vec<T> (&v)[VPT]) {
+  constexpr int N = Vec<T>::N;
+  const float mx = chained_max<CHAINS>(v);
   if (mx == -INFINITY) return {mx, 0.f};   // an all -inf thread keeps (-inf, 0)
   const float ml = mx * kLog2e;
+  float part[CHAINS];
 #pragma unroll
   for (int c = 0; c < CHAINS; ++c) part[c] = 0.f;
 #pragma unroll
@@ -183,11 +197,7 @@ __device__ __forceinline__ MaxSum local_stats(const Vec<T> (&v)[VPT]) {
 #pragma unroll
     for (int e = 0; e < N; ++e)
       part[e % CHAINS] += LOG ? fast_exp2((v[k].get(e) - mx) * kLog2e) : fast_exp2(fmaf(v[k].get(e), kLog2e, -ml));
-#pragma unroll
-  for (int w = CHAINS / 2; w > 0; w >>= 1)
-#pragma unroll
-    for (int c = 0; c < w; ++c) part[c] += part[c + w];
-  return {mx, part[0]};
+  return {mx, chain_tree(part, [](float a, float b) { return a + b; })};
 }
 
 // Softmax's thread-local statistics that also keep the exps: v becomes e = exp(x - mt) rounded to T
@@ -197,24 +207,14 @@ __device__ __forceinline__ MaxSum local_stats(const Vec<T> (&v)[VPT]) {
 template <typename T, int VPT>
 __device__ __forceinline__ MaxSum local_exps(Vec<T> (&v)[VPT]) {
   constexpr int N = Vec<T>::N;
-  float part[N];
-#pragma unroll
-  for (int e = 0; e < N; ++e) part[e] = -INFINITY;
-#pragma unroll
-  for (int k = 0; k < VPT; ++k)
-#pragma unroll
-    for (int e = 0; e < N; ++e) part[e] = fmaxf(part[e], v[k].get(e));
-#pragma unroll
-  for (int w = N / 2; w > 0; w >>= 1)
-#pragma unroll
-    for (int e = 0; e < w; ++e) part[e] = fmaxf(part[e], part[e + w]);
-  const float mx = part[0];
+  const float mx = chained_max<N>(v);
   if (mx == -INFINITY) {
 #pragma unroll
     for (int k = 0; k < VPT; ++k) v[k].raw = make_uint4(0u, 0u, 0u, 0u);
     return {mx, 0.f};
   }
   const float ml = mx * kLog2e;
+  float part[N];
 #pragma unroll
   for (int e = 0; e < N; ++e) part[e] = 0.f;
 #pragma unroll
@@ -225,11 +225,7 @@ __device__ __forceinline__ MaxSum local_exps(Vec<T> (&v)[VPT]) {
       part[e] += ex;
       v[k].set(e, ex);
     }
-#pragma unroll
-  for (int w = N / 2; w > 0; w >>= 1)
-#pragma unroll
-    for (int e = 0; e < w; ++e) part[e] += part[e + w];
-  return {mx, part[0]};
+  return {mx, chain_tree(part, [](float a, float b) { return a + b; })};
 }
 
 // y for one vector from the row's (M, S).
@@ -493,17 +489,11 @@ __global__ void __launch_bounds__(THREADS, PER_SM) softmax_fwd_cluster_kernel(
 
   init_barriers(sh, stages, cluster);
 
-  auto issue = [&](int64_t it, int s) {
-    int64_t row0;
-    const int nr = groups.at(it, row0);
-    const uint32_t bar = smem_u32(&sh.full[s]);
-    mbar_arrive_expect_tx(bar, static_cast<uint32_t>(nr) * row_bytes);
-    const uint32_t dst = smem_u32(stage_mem) + s * stage_bytes;
-    for (int r = 0; r < nr; ++r) bulk_load(dst + r * row_bytes, x + (row0 + r) * sx + col0, row_bytes, bar);
-  };
+  const Stages st{stage_mem, stage_bytes, row_bytes};
+  auto issue = [&](int64_t it, int s) { st.load_group(groups, it, s, &sh.full[s], x, sx, col0); };
   auto vec_at = [&](int s, int r, int k) {
     Vec<T> v;
-    v.raw = *reinterpret_cast<const uint4*>(stage_mem + s * stage_bytes + r * row_bytes + (tid + k * THREADS) * 16);
+    v.raw = *st.vec(s, r, tid + k * THREADS);
     return v;
   };
   auto stats_and_send = [&](int64_t it) {
@@ -522,7 +512,7 @@ __global__ void __launch_bounds__(THREADS, PER_SM) softmax_fwd_cluster_kernel(
         t = local_exps<T, VPT>(v);
 #pragma unroll
         for (int k = 0; k < VPT; ++k)
-          *reinterpret_cast<uint4*>(stage_mem + s * stage_bytes + r * row_bytes + (tid + k * THREADS) * 16) = v[k].raw;
+          *st.vec(s, r, tid + k * THREADS) = v[k].raw;
         thread_max[(s * rows + r) * THREADS + tid] = t.m;
       } else {
         t = local_stats<T, VPT, LOG, N>(v);
