@@ -202,9 +202,9 @@ NORM_BWD_CLUSTER = {"H200": {(True, 32768): (4, 256, 4, 2, 3), (True, 65536): (4
                              (False, 65536): (8, 256, 4, 2, 3), (False, 262144): (16, 256, 8, 1, 3)}}
 
 
-def _cluster_shape(tables: dict, key, m: int, device_name: str) -> tuple[int, int, int, int, int] | None:
-    """``key``'s launch shape in this device's cluster table (NORM_LAYER_CLUSTER, NORM_BWD_CLUSTER), or
-    None: not interpreting, and at least one row an SM."""
+def _cluster_shape(tables: dict, key, m: int, device_name: str) -> tuple[int, ...] | None:
+    """``key``'s launch shape in this device's cluster table (NORM_LAYER_CLUSTER, NORM_BWD_CLUSTER,
+    SOFTMAX_CLUSTER), or None: not interpreting, and at least one row an SM."""
     if interpreting():
         return None
     table = _by_device(tables, device_name)
@@ -232,7 +232,7 @@ SOFTMAX_CLUSTER: dict = {"H200": {262144: (16, 256, 8, 1, 3)}}
 # device: {N: (cluster, threads, vectors a thread, rows a group, stages[, blocks an SM])}
 
 
-def softmax_cluster_config(n: int, m: int, device_name: str) -> tuple[int, int, int, int, int] | None:
+def softmax_cluster_config(n: int, m: int, device_name: str) -> tuple[int, ...] | None:
     """The staged cluster kernel's launch shape for softmax forwards of ``m`` rows of ``n`` on this
     device, or None where the Triton kernels keep the call (SOFTMAX_CLUSTER; at least one row an SM)."""
     return _cluster_shape(SOFTMAX_CLUSTER, n, m, device_name)

@@ -272,7 +272,7 @@ wf::NormClusterConfig norm_cluster_config(c10::IntArrayRef config, const char* o
 void check_launch_shape(const char* why, const wf::NormClusterConfig& cfg, int64_t n, const char* op) {
   TORCH_CHECK(why == nullptr, "warpforge_cuda::", op, ": launch shape 'config' [", num(cfg.cluster), ", ",
               num(cfg.threads), ", ", num(cfg.vpt), ", ", num(cfg.rows), ", ", num(cfg.stages),
-              cfg.per_sm != 1 ? ", " + std::to_string(cfg.per_sm) : std::string(), "] cannot run rows of ", num(n),
+              cfg.per_sm != 1 ? ", " + num(cfg.per_sm) : std::string(), "] cannot run rows of ", num(n),
               " elements: ", why ? why : "");
 }
 
@@ -305,6 +305,14 @@ bool rows_aligned(const Tensor& t, int64_t stride) {
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && (stride * t.element_size()) % 16 == 0;
 }
 
+// 'input' and 'out' of a cluster-rows kernel (bulk copies in, 16-byte stores out): base and rows
+// on 16-byte boundaries
+void check_rows_aligned(const Tensor& input, const Tensor& out, const char* op) {
+  TORCH_CHECK(rows_aligned(input, input.stride(0)) && rows_aligned(out, out.stride(0)), "warpforge_cuda::", op,
+              ": 'input' and 'out' rows must start on 16-byte boundaries (aligned base, row stride a multiple "
+              "of 16 bytes)");
+}
+
 // ---- LayerNorm forward over long rows -----------------------------------------------------------
 // Writes out (the normalised rows), mean and rstd, which the caller allocates (warpforge.ops.norms:
 // its allocations follow WARPFORGE_POISON); config [cluster, threads, vectors a thread, rows a
@@ -326,9 +334,7 @@ void layer_norm_fwd(const Tensor& input, const c10::optional<Tensor>& weight, co
   const wf::NormClusterConfig cfg = norm_cluster_config(config, op);
   if (m == 0) return;
   check_launch_shape(wf::layer_norm_cluster_config_error(dt, n, cfg), cfg, n, op);
-  TORCH_CHECK(rows_aligned(input, input.stride(0)) && rows_aligned(out, out.stride(0)), "warpforge_cuda::", op,
-              ": 'input' and 'out' rows must start on 16-byte boundaries (aligned base, row stride a multiple "
-              "of 16 bytes)");
+  check_rows_aligned(input, out, op);
   for (int i = 0; i < 2; ++i)
     TORCH_CHECK(!params[i] || rows_aligned(*params[i], 0), "warpforge_cuda::", op, ": '", names[i],
                 "' must start on a 16-byte boundary");
@@ -341,7 +347,8 @@ void layer_norm_fwd(const Tensor& input, const c10::optional<Tensor>& weight, co
 }
 // ---- softmax forward over long rows, a row over a cluster with staged groups ----------------------
 // Writes out, which the caller allocates (warpforge.ops.softmax: its allocations follow
-// WARPFORGE_POISON); config [cluster, threads, vectors a thread, rows a group, stages] (csrc/softmax.cu).
+// WARPFORGE_POISON); config [cluster, threads, vectors a thread, rows a group, stages] and optionally
+// blocks an SM (csrc/softmax.cu).
 void softmax_fwd_cluster(const Tensor& input, bool log, c10::IntArrayRef config, const Tensor& out) {
   const char* op = "softmax_fwd_cluster";
   check_cuda(input, op, "input");
@@ -352,9 +359,7 @@ void softmax_fwd_cluster(const Tensor& input, bool log, c10::IntArrayRef config,
   const wf::NormClusterConfig cfg = norm_cluster_config(config, op);
   if (m == 0) return;
   check_launch_shape(wf::softmax_cluster_config_error(dt, n, cfg), cfg, n, op);
-  TORCH_CHECK(rows_aligned(input, input.stride(0)) && rows_aligned(out, out.stride(0)), "warpforge_cuda::", op,
-              ": 'input' and 'out' rows must start on 16-byte boundaries (aligned base, row stride a multiple "
-              "of 16 bytes)");
+  check_rows_aligned(input, out, op);
   const c10::cuda::CUDAGuard guard(input.device());
   C10_CUDA_CHECK(wf::softmax_fwd_cluster(dt, input.data_ptr(), out.data_ptr(), m, n, input.stride(0), out.stride(0),
                                          log, cfg, c10::cuda::getCurrentCUDAStream()));

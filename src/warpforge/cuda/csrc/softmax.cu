@@ -539,28 +539,17 @@ __global__ void __launch_bounds__(THREADS, PER_SM) softmax_fwd_cluster_kernel(
       const float M = __shfl_sync(0xffffffffu, t.m, r * static_cast<int>(csize));
       const float S = __shfl_sync(0xffffffffu, t.s, r * static_cast<int>(csize));
       T* yr = y + (row0 + r) * sy + col0 + tid * N;
-      if constexpr (!LOG) {   // y = e exp(mt - M) / S: an all -inf thread's e are 0 (scale 0); an all -inf row NaN
-        const float mt = thread_max[(s * rows + r) * THREADS + tid];
-        const float scale = fast_exp2(fmaf(mt - M, kLog2e, -__log2f(S)));
-#pragma unroll
-        for (int k = 0; k < VPT; ++k) {
-          const Vec<T> ev = vec_at(s, r, k);
-          Vec<T> o;
-#pragma unroll
-          for (int e = 0; e < N; ++e) o.set(e, ev.get(e) * scale);
-          store_vec(yr + k * THREADS * N, o);
-        }
-        continue;
-      }
-      // softmax: exp2(x log2 e - (M log2 e + log2 S)), the 1 / S folded into the exponent
-      const float lse = M + __logf(S), shift = fmaf(M, kLog2e, __log2f(S));
+      // softmax: y = e exp(mt - M) / S from the stage's exps (an all -inf thread's e are 0, scale 0;
+      // an all -inf row NaN); log-softmax: y = x - (M + log S) from the stage's x
+      float scale = 0.f, lse = 0.f;
+      if constexpr (LOG) lse = M + __logf(S);
+      else scale = fast_exp2(fmaf(thread_max[(s * rows + r) * THREADS + tid] - M, kLog2e, -__log2f(S)));
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
-        const Vec<T> xv = vec_at(s, r, k);
+        const Vec<T> v = vec_at(s, r, k);
         Vec<T> o;
 #pragma unroll
-        for (int e = 0; e < N; ++e)
-          o.set(e, LOG ? xv.get(e) - lse : fast_exp2(fmaf(xv.get(e), kLog2e, -shift)));
+        for (int e = 0; e < N; ++e) o.set(e, LOG ? v.get(e) - lse : v.get(e) * scale);
         store_vec(yr + k * THREADS * N, o);
       }
     }
