@@ -3,7 +3,7 @@
 patched; the eager fast path off, so no call replays another shape's kernel), against the op's own
 route, torch.compile and Liger where importable. The H200's short cells after item 108: 1K (the
 block kernel 0.93-0.96x torch.compile) and 262K (the pipe, 73-78% of copy; the bar is 85%), where
-items 113-114 add the CUDA backend's staged cluster forward (``cluster`` rows; a sixth value is
+items 113-115 add the CUDA backend's staged cluster forward (``cluster`` rows; a sixth value is
 blocks an SM). The ``default`` row is the op's own route: at 262K on the H200 that is now the
 cluster kernel (heuristics.SOFTMAX_CLUSTER); ``pipe 8192x4`` is the Triton route it replaced.
 bf16, M*N = 2^27; each variant checked against a float64 reference, then timed in ``--rounds``
@@ -43,11 +43,12 @@ def shapes(n: int) -> dict:
 
 
 # (cluster, threads, vectors a thread, rows a group, stages[, blocks an SM]) of the CUDA backend's
-# staged cluster forward (NOTES items 113-114; LayerNorm's H200 shapes first, NORM_LAYER_CLUSTER)
-CLUSTER_SHAPES = {65536: ((8, 256, 4, 2, 3), (4, 512, 4, 2, 3), (8, 256, 4, 2, 3, 2), (4, 256, 8, 1, 3, 2),
-                          (2, 512, 8, 1, 3), (2, 512, 8, 1, 2)),
-                  262144: ((16, 256, 8, 2, 3), (16, 256, 8, 1, 3), (16, 256, 8, 1, 4), (16, 256, 8, 1, 5),
-                           (16, 256, 8, 1, 6), (16, 256, 8, 2, 2), (16, 256, 8, 1, 3, 2), (8, 512, 8, 1, 3))}
+# staged cluster forward (NOTES items 113-115; LayerNorm's H200 shapes first, NORM_LAYER_CLUSTER;
+# item 115's instruction diet lets 1,024 threads an SM hold 2 vectors a thread)
+CLUSTER_SHAPES = {65536: ((8, 256, 4, 2, 3), (8, 256, 4, 2, 3, 2), (4, 256, 8, 1, 3, 2), (2, 512, 8, 1, 3),
+                          (8, 512, 2, 1, 3, 2), (8, 512, 2, 2, 2, 2), (4, 1024, 2, 1, 3), (4, 1024, 2, 2, 3)),
+                  262144: ((16, 256, 8, 1, 3), (16, 256, 8, 2, 3), (16, 512, 4, 1, 3), (16, 1024, 2, 1, 3),
+                           (16, 1024, 2, 2, 2), (16, 1024, 2, 1, 4))}
 
 
 def main():

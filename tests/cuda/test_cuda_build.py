@@ -433,7 +433,7 @@ def test_softmax_cluster_table(monkeypatch):
     for table in H.SOFTMAX_CLUSTER.values():
         for n, (c, t, v, rows, stages, *more) in table.items():
             per_sm = more[0] if more else 1
-            assert per_sm in (1, 2) and not (t * per_sm == 1024 and v >= 2), (n, t, v, per_sm)
+            assert per_sm in (1, 2) and not (t * per_sm == 1024 and v >= 4), (n, t, v, per_sm)
             _cluster_rows_shape_ok(n, c, t, v, rows, stages, extra=4 * t, per_sm=per_sm)
     monkeypatch.setattr(H, "interpreting", lambda: False)
     monkeypatch.setattr(H, "sm_count", lambda *a: 132)

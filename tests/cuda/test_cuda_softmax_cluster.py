@@ -89,6 +89,8 @@ SHAPES = [
     (4, 128, 2, 4, 3, 2),     # 8,192, two blocks an SM
     (8, 256, 4, 2, 3, 2),     # 65,536, two blocks an SM
     (16, 256, 8, 1, 3, 2),    # 262,144, two blocks an SM
+    (8, 512, 2, 1, 3, 2),     # 65,536, 1,024 threads an SM in two blocks (2 vectors: the most that fit)
+    (16, 1024, 2, 1, 3),      # 262,144, 1,024 threads an SM in one block
 ]
 
 
@@ -131,8 +133,11 @@ def test_cluster_softmax_refuses_bad_calls():
            torch.empty(4, 32768, device=DEV, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="must be \\[cluster, threads"):
         op(x, False, [2, 128, 1, 2], y)
-    with pytest.raises(RuntimeError, match="1,024 threads an SM .* hold 1 vector"):
-        op(torch.randn(4, 32768, device=DEV).to(torch.bfloat16), False, [2, 1024, 2, 1, 2],
+    with pytest.raises(RuntimeError, match="1,024 threads an SM .* hold at most 2 vectors"):
+        op(torch.randn(4, 65536, device=DEV).to(torch.bfloat16), False, [2, 1024, 4, 1, 2],
+           torch.empty(4, 65536, device=DEV, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="1,024 threads an SM .* hold at most 2 vectors"):
+        op(torch.randn(4, 32768, device=DEV).to(torch.bfloat16), False, [2, 512, 4, 1, 2, 2],
            torch.empty(4, 32768, device=DEV, dtype=torch.bfloat16))
     xf = x.float()
     with pytest.raises(RuntimeError, match="16-bit dtypes only"):

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "launch.h"
 
@@ -38,8 +39,29 @@ template <typename T>
 struct Vec {
   static constexpr int N = 16 / sizeof(T);
   uint4 raw;
-  __device__ __forceinline__ float get(int i) const { return to_f32(reinterpret_cast<const T*>(&raw)[i]); }
+  // bf16 -> fp32 is the 16 bits moved up: one shift or mask of the packed word (the generic
+  // conversion of an upper half costs a byte permute and a multiply, NOTES item 115)
+  __device__ __forceinline__ float get(int i) const {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      const uint32_t w = reinterpret_cast<const uint32_t*>(&raw)[i >> 1];
+      return __uint_as_float((i & 1) ? (w & 0xffff0000u) : (w << 16));
+    } else {
+      return to_f32(reinterpret_cast<const T*>(&raw)[i]);
+    }
+  }
   __device__ __forceinline__ void set(int i, float v) { reinterpret_cast<T*>(&raw)[i] = from_f32<T>(v); }
+  // elements i and i + 1 (i even) at once: a 16-bit pair is one packing conversion, where two set()
+  // calls convert and then merge each half
+  __device__ __forceinline__ void set2(int i, float a, float b) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      reinterpret_cast<__nv_bfloat162*>(&raw)[i >> 1] = __floats2bfloat162_rn(a, b);
+    } else if constexpr (std::is_same_v<T, __half>) {
+      reinterpret_cast<__half2*>(&raw)[i >> 1] = __floats2half2_rn(a, b);
+    } else {
+      set(i, a);
+      set(i + 1, b);
+    }
+  }
 };
 
 template <typename T>

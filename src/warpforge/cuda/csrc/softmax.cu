@@ -164,18 +164,44 @@ __device__ __forceinline__ float chain_tree(float (&part)[CHAINS], Op op) {
   return part[0];
 }
 
+// The max of two packed pairs of 16-bit values (exact; a NaN operand yields the other, as fmaxf).
+// (__hmax2: max.bf16x2 / max.f16x2 from sm_80, emulated before.)
+template <typename T>
+__device__ __forceinline__ uint32_t max_pair(uint32_t a, uint32_t b) {
+  using T2 = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>;
+  const T2 r = __hmax2(*reinterpret_cast<const T2*>(&a), *reinterpret_cast<const T2*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// A thread's max over VPT vectors. 16-bit types compare packed pairs (one instruction for two
+// elements, no conversion: NOTES item 115), one running max for each of a vector's 4 words, and
+// convert the last pair; fp32 keeps CHAINS running maxima (element e of a vector in chain e % CHAINS).
 template <int CHAINS, typename T, int VPT>
 __device__ __forceinline__ float chained_max(const Vec<T> (&v)[VPT]) {
   constexpr int N = Vec<T>::N;
   static_assert(CHAINS >= 1 && CHAINS <= N && N % CHAINS == 0 && (CHAINS & (CHAINS - 1)) == 0, "chains");
-  float part[CHAINS];
+  if constexpr (sizeof(T) == 2) {
+    uint32_t w[4] = {v[0].raw.x, v[0].raw.y, v[0].raw.z, v[0].raw.w};
 #pragma unroll
-  for (int c = 0; c < CHAINS; ++c) part[c] = -INFINITY;
+    for (int k = 1; k < VPT; ++k) {
+      w[0] = max_pair<T>(w[0], v[k].raw.x);
+      w[1] = max_pair<T>(w[1], v[k].raw.y);
+      w[2] = max_pair<T>(w[2], v[k].raw.z);
+      w[3] = max_pair<T>(w[3], v[k].raw.w);
+    }
+    Vec<T> last;
+    last.raw.x = max_pair<T>(max_pair<T>(w[0], w[1]), max_pair<T>(w[2], w[3]));
+    return fmaxf(last.get(0), last.get(1));
+  } else {
+    float part[CHAINS];
 #pragma unroll
-  for (int k = 0; k < VPT; ++k)
+    for (int c = 0; c < CHAINS; ++c) part[c] = -INFINITY;
 #pragma unroll
-    for (int e = 0; e < N; ++e) part[e % CHAINS] = fmaxf(part[e % CHAINS], v[k].get(e));
-  return chain_tree(part, [](float a, float b) { return fmaxf(a, b); });
+    for (int k = 0; k < VPT; ++k)
+#pragma unroll
+      for (int e = 0; e < N; ++e) part[e % CHAINS] = fmaxf(part[e % CHAINS], v[k].get(e));
+    return chain_tree(part, [](float a, float b) { return fmaxf(a, b); });
+  }
 }
 
 // Thread-local (max, sum exp) of VPT vectors, in CHAINS independent running maxima and sums (element
@@ -220,10 +246,11 @@ __device__ __forceinline__ MaxSum local_exps(Vec<T> (&v)[VPT]) {
 #pragma unroll
   for (int k = 0; k < VPT; ++k)
 #pragma unroll
-    for (int e = 0; e < N; ++e) {
-      const float ex = fast_exp2(fmaf(v[k].get(e), kLog2e, -ml));
-      part[e] += ex;
-      v[k].set(e, ex);
+    for (int e = 0; e < N; e += 2) {
+      const float e0 = fast_exp2(fmaf(v[k].get(e), kLog2e, -ml)), e1 = fast_exp2(fmaf(v[k].get(e + 1), kLog2e, -ml));
+      part[e] += e0;
+      part[e + 1] += e1;
+      v[k].set2(e, e0, e1);
     }
   return {mx, chain_tree(part, [](float a, float b) { return a + b; })};
 }
@@ -549,7 +576,8 @@ __global__ void __launch_bounds__(THREADS, PER_SM) softmax_fwd_cluster_kernel(
         const Vec<T> v = vec_at(s, r, k);
         Vec<T> o;
 #pragma unroll
-        for (int e = 0; e < N; ++e) o.set(e, LOG ? v.get(e) - lse : v.get(e) * scale);
+        for (int e = 0; e < N; e += 2)
+          o.set2(e, LOG ? v.get(e) - lse : v.get(e) * scale, LOG ? v.get(e + 1) - lse : v.get(e + 1) * scale);
         store_vec(yr + k * THREADS * N, o);
       }
     }
@@ -682,17 +710,17 @@ cudaError_t softmax_bwd(DType dt, const void* y, const void* dy, void* dx, int64
 }
 
 // The registers a thread gets: 65,536 over the SM's threads (per_sm blocks), at most 255. At 1,024
-// threads an SM (64 registers a thread) only 1 vector a thread fits: 2 spill in the float16 softmax
-// (a row's packed vectors, the exps kept in them, the pair reduction around them); those shapes are
-// not instantiated. (2 blocks an SM: at most 512 threads a block, cluster_rows_shape_error.)
+// threads an SM (64 registers a thread) up to 2 vectors a thread fit; 4 spill (4-52 bytes: a row's
+// packed vectors, the exps kept in them, the pair reduction around them), and those shapes are not
+// instantiated. (2 blocks an SM: at most 512 threads a block, cluster_rows_shape_error.)
 constexpr bool softmax_cluster_fits(int threads, int vpt, int per_sm) {
-  return !(threads * per_sm == 1024 && vpt >= 2);
+  return !(threads * per_sm == 1024 && vpt >= 4);
 }
 
 const char* softmax_cluster_fit_error(const NormClusterConfig& c) {
   return softmax_cluster_fits(c.threads, c.vpt, c.per_sm)
              ? nullptr
-             : "1,024 threads an SM (threads x blocks an SM) hold 1 vector a thread here (registers)";
+             : "1,024 threads an SM (threads x blocks an SM) hold at most 2 vectors a thread here (registers)";
 }
 
 const char* softmax_cluster_config_error(DType dt, int64_t n, NormClusterConfig cfg) {
