@@ -67,8 +67,9 @@ def main():
             def call():
                 if isinstance(cfg, tuple):      # a cluster shape: the CUDA staged cluster forward
                     S.softmax_cluster_config = lambda *_a: cfg
-                elif cfg is not None:
+                elif cfg is not None:           # a Triton shape, also where the cluster route would take N
                     S.softmax_config = lambda *_a, **_k: cfg
+                    S.softmax_cluster_config = lambda *_a: None
                 try:
                     return S._softmax_fwd(x, log)
                 finally:
