@@ -152,7 +152,7 @@ inline const char* cluster_rows_shape_error(DType dt, int64_t n, const NormClust
     return "threads must be 128, 256, 512 or 1024";
   if (c.vpt != 1 && c.vpt != 2 && c.vpt != 4 && c.vpt != 8) return "vectors per thread must be 1, 2, 4 or 8";
   if (c.threads == 1024 && c.vpt == 8) return "1024 threads hold at most 4 vectors a thread (registers)";
-  if (c.per_sm < 1 || c.per_sm > 3) return "blocks an SM must be 1, 2 or 3";
+  if (c.per_sm != 1 && c.per_sm != 2) return "blocks an SM must be 1 or 2";
   if (c.per_sm * c.threads > 1024) return "blocks an SM x threads must be at most 1,024";
   if (fits != nullptr)
     if (const char* why = fits(c)) return why;

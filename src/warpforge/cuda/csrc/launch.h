@@ -103,7 +103,7 @@ bool mma_tma_available();
 // mean and rstd: fp32, one a row.
 struct NormClusterConfig {
   int cluster, threads, vpt, rows, stages;
-  int per_sm = 1;   // blocks resident on an SM (the softmax forward: 1 to 3; the norm kernels: 1)
+  int per_sm = 1;   // blocks resident on an SM (the softmax forward: 1 or 2; the norm kernels: 1)
 };
 // nullptr when `cfg` can run rows of n elements of dt, else why not.
 const char* layer_norm_cluster_config_error(DType dt, int64_t n, NormClusterConfig cfg);

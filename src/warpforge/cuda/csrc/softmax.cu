@@ -230,10 +230,9 @@ __device__ __forceinline__ MaxSum local_stats(const Vec<T> (&v)[VPT]) {
 // (mt the thread's max; all zeros where mt = -inf), and the pair is (mt, sum of the unrounded e).
 // y = e exp(mt - M) / S then needs no second exp; e's rounding to T adds at most half a unit in the
 // last place of T before y's own rounding.
-template <typename T, int VPT, int CHAINS = Vec<T>::N>
+template <typename T, int VPT>
 __device__ __forceinline__ MaxSum local_exps(Vec<T> (&v)[VPT]) {
   constexpr int N = Vec<T>::N;
-  static_assert(CHAINS >= 2 && N % CHAINS == 0, "chains");
   const float mx = chained_max<N>(v);
   if (mx == -INFINITY) {
 #pragma unroll
@@ -241,16 +240,16 @@ __device__ __forceinline__ MaxSum local_exps(Vec<T> (&v)[VPT]) {
     return {mx, 0.f};
   }
   const float ml = mx * kLog2e;
-  float part[CHAINS];
+  float part[N];
 #pragma unroll
-  for (int c = 0; c < CHAINS; ++c) part[c] = 0.f;
+  for (int e = 0; e < N; ++e) part[e] = 0.f;
 #pragma unroll
   for (int k = 0; k < VPT; ++k)
 #pragma unroll
     for (int e = 0; e < N; e += 2) {
       const float e0 = fast_exp2(fmaf(v[k].get(e), kLog2e, -ml)), e1 = fast_exp2(fmaf(v[k].get(e + 1), kLog2e, -ml));
-      part[e % CHAINS] += e0;
-      part[(e + 1) % CHAINS] += e1;
+      part[e] += e0;
+      part[e + 1] += e1;
       v[k].set2(e, e0, e1);
     }
   return {mx, chain_tree(part, [](float a, float b) { return a + b; })};
@@ -715,14 +714,13 @@ cudaError_t softmax_bwd(DType dt, const void* y, const void* dy, void* dx, int64
 // packed vectors, the exps kept in them, the pair reduction around them), and those shapes are not
 // instantiated. (2 blocks an SM: at most 512 threads a block, cluster_rows_shape_error.)
 constexpr bool softmax_cluster_fits(int threads, int vpt, int per_sm) {
-  return per_sm == 3 ? threads == 256 && vpt == 8 : !(threads * per_sm == 1024 && vpt >= 4);
+  return !(threads * per_sm == 1024 && vpt >= 4);
 }
 
 const char* softmax_cluster_fit_error(const NormClusterConfig& c) {
   return softmax_cluster_fits(c.threads, c.vpt, c.per_sm)
              ? nullptr
-             : c.per_sm == 3 ? "3 blocks an SM run 256 threads x 8 vectors only"
-                             : "1,024 threads an SM (threads x blocks an SM) hold at most 2 vectors a thread here (registers)";
+             : "1,024 threads an SM (threads x blocks an SM) hold at most 2 vectors a thread here (registers)";
 }
 
 const char* softmax_cluster_config_error(DType dt, int64_t n, NormClusterConfig cfg) {
@@ -747,7 +745,7 @@ cudaError_t softmax_fwd_cluster(DType dt, const void* x, void* y, int64_t m, int
                                          xp, yp, m, n, sx, sy, c.rows, c.stages)                              \
                    : launch_cluster_rows(softmax_fwd_cluster_kernel<T, TH, V, false, P>, c, m, smem, 0, stream, \
                                          xp, yp, m, n, sx, sy, c.rows, c.stages);
-#define WF_CASE(TH, V) WF_LAUNCH(TH, V, 1) WF_LAUNCH(TH, V, 2) WF_LAUNCH(TH, V, 3)
+#define WF_CASE(TH, V) WF_LAUNCH(TH, V, 1) WF_LAUNCH(TH, V, 2)
       WF_CLUSTER_ROW_SHAPES(WF_CASE)
 #undef WF_CASE
 #undef WF_LAUNCH
