@@ -35,14 +35,14 @@ def liger_softmax():
     return LigerSoftmaxFunction.apply
 
 
-def softmax_cases(ns, ops):
+def softmax_cases(ns, ops, scale: float = 3.0):
     """For each N and op: (x, log, label, bytes moved, the peers' variants, the error of an
-    output's first 64 rows against float64). x: bf16 rows of N scaled by 3, M*N = 2^27; the peers:
+    output's first 64 rows against float64). x: bf16 rows of N scaled by ``scale``, M*N = 2^27; the peers:
     torch.compile (warmed up) and Liger's softmax where it applies (rows to 64K)."""
     liger = liger_softmax()
     for n in ns:
         m = 2**27 // n
-        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) * 3
+        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) * scale
         for op in ops:
             log = op == "log_softmax"
             tfn = torch.log_softmax if log else torch.softmax

@@ -9,7 +9,8 @@ cluster kernel (heuristics.SOFTMAX_CLUSTER); ``pipe 8192x4`` is the Triton route
 bf16, M*N = 2^27; each variant checked against a float64 reference, then timed in ``--rounds``
 alternating rounds with the bench's timer.
 
-    python benchmarks/probe_softmax_shapes.py [--ns 1024,65536,262144] [--ops softmax,log_softmax] [--rounds 3] [--match REGEX]
+    python benchmarks/probe_softmax_shapes.py [--ns 1024,65536,262144] [--ops softmax,log_softmax] [--rounds 3] [--scale 3]
+                                              [--match REGEX]
 """
 import argparse
 import re
@@ -56,13 +57,14 @@ def main():
     ap.add_argument("--ns", default="1024,65536,262144")
     ap.add_argument("--ops", default="softmax,log_softmax")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--scale", type=float, default=3.0, help="x ~ N(0, 1) times this (the bench's rows: 1)")
     ap.add_argument("--match", default="", help="only the shapes whose name matches this regex (the peers always)")
     a = ap.parse_args()
     copy = dev.ceilings()["copy_gbps"]
     own_config, own_cluster = S.softmax_config, S.softmax_cluster_config
     fastpath.lib = None
     table = []
-    for x, log, label, nbytes, peers, error in softmax_cases([int(v) for v in a.ns.split(",")], a.ops.split(",")):
+    for x, log, label, nbytes, peers, error in softmax_cases([int(v) for v in a.ns.split(",")], a.ops.split(","), a.scale):
         def forced(cfg, x=x, log=log):
             def call():
                 if isinstance(cfg, tuple):      # a cluster shape: the CUDA staged cluster forward
