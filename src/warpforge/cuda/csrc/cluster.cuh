@@ -53,17 +53,6 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
                ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
-// `bytes` (a multiple of 16; both addresses 16-byte aligned) of this block's shared memory to global
-// memory by the bulk copy engine, in the thread's current bulk group (bulk_commit closes it).
-__device__ __forceinline__ void bulk_store(void* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-// Until this thread's bulk stores have read their shared memory (it may be overwritten), or have
-// completed (their global writes done).
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
-
 // Orders this thread's earlier generic-proxy accesses to shared memory before later async-proxy
 // ones (a bulk copy overwriting a stage that threads just read).
 __device__ __forceinline__ void fence_proxy_async_smem() {

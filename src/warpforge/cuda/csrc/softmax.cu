@@ -37,8 +37,6 @@
 // Statistics are fp32 for every dtype; each output is rounded once, at its store.
 #include <cooperative_groups.h>
 
-#include <cstdlib>
-
 #include "cluster.cuh"
 #include "cluster_rows.cuh"
 #include "common.cuh"
@@ -499,7 +497,7 @@ __global__ void __launch_bounds__(1024) softmax_bwd_loop_kernel(
 // x - m is exact near the max, and y = x - M - log S carries the sum's error whole (the FMA form's
 // rounding of m log2 e would not cancel, NOTES item 108). Blocks an SM (PER_SM, 1 or 2) bound the
 // registers; shared memory decides how many blocks share an SM.
-template <typename T, int THREADS, int VPT, bool LOG, int PER_SM, bool BULK = false>
+template <typename T, int THREADS, int VPT, bool LOG, int PER_SM>
 __global__ void __launch_bounds__(THREADS, PER_SM) softmax_fwd_cluster_kernel(
     const T* __restrict__ x, T* __restrict__ y, int64_t m, int64_t n, int64_t sx, int64_t sy, int rows, int stages) {
   constexpr int N = Vec<T>::N;
@@ -519,10 +517,7 @@ __global__ void __launch_bounds__(THREADS, PER_SM) softmax_fwd_cluster_kernel(
   init_barriers(sh, stages, cluster);
 
   const Stages st{stage_mem, stage_bytes, row_bytes};
-  auto issue = [&](int64_t it, int s) {
-    if constexpr (BULK) bulk_wait_read();   // the stage's last bulk store has read it
-    st.load_group(groups, it, s, &sh.full[s], x, sx, col0);
-  };
+  auto issue = [&](int64_t it, int s) { st.load_group(groups, it, s, &sh.full[s], x, sx, col0); };
   auto vec_at = [&](int s, int r, int k) {
     Vec<T> v;
     v.raw = *st.vec(s, r, tid + k * THREADS);
@@ -583,22 +578,11 @@ __global__ void __launch_bounds__(THREADS, PER_SM) softmax_fwd_cluster_kernel(
 #pragma unroll
         for (int e = 0; e < N; e += 2)
           o.set2(e, LOG ? v.get(e) - lse : v.get(e) * scale, LOG ? v.get(e + 1) - lse : v.get(e + 1) * scale);
-        if constexpr (BULK) *st.vec(s, r, tid + k * THREADS) = o.raw;
-        else store_vec(yr + k * THREADS * N, o);
-      }
-    }
-    if constexpr (BULK) {   // y rows from the stage by bulk stores, once every thread's writes are in
-      fence_proxy_async_smem();
-      __syncthreads();
-      if (tid == 0) {
-        for (int r = 0; r < nr; ++r) bulk_store(y + (row0 + r) * sy + col0, smem_u32(st.vec(s, r, 0)), row_bytes);
-        bulk_commit();
+        store_vec(yr + k * THREADS * N, o);
       }
     }
   };
   run_groups(sh, groups, stages, issue, stats_and_send, write);
-  if constexpr (BULK)
-    if (tid == 0) bulk_wait_all();
   cluster.sync();   // no block leaves while a partner's st.async may still target it
 }
 
@@ -754,14 +738,6 @@ cudaError_t softmax_fwd_cluster(DType dt, const void* x, void* y, int64_t m, int
       const size_t smem = static_cast<size_t>(c.stages) * c.rows * ((n / c.cluster) * sizeof(T) + c.threads * 4);
       const T* xp = static_cast<const T*>(x);
       T* yp = static_cast<T*>(y);
-      static const bool bulk = std::getenv("WARPFORGE_SOFTMAX_BULK_STORE") != nullptr;   // EXPERIMENT
-      if (bulk && c.threads == 256 && c.vpt == 8) {
-        if (c.per_sm == 2)
-          return log ? launch_cluster_rows(softmax_fwd_cluster_kernel<T, 256, 8, true, 2, true>, c, m, smem, 0, stream, xp, yp, m, n, sx, sy, c.rows, c.stages)
-                     : launch_cluster_rows(softmax_fwd_cluster_kernel<T, 256, 8, false, 2, true>, c, m, smem, 0, stream, xp, yp, m, n, sx, sy, c.rows, c.stages);
-        return log ? launch_cluster_rows(softmax_fwd_cluster_kernel<T, 256, 8, true, 1, true>, c, m, smem, 0, stream, xp, yp, m, n, sx, sy, c.rows, c.stages)
-                   : launch_cluster_rows(softmax_fwd_cluster_kernel<T, 256, 8, false, 1, true>, c, m, smem, 0, stream, xp, yp, m, n, sx, sy, c.rows, c.stages);
-      }
 #define WF_LAUNCH(TH, V, P)                                                                                    \
       if constexpr (TH * P <= 1024 && softmax_cluster_fits(TH, V, P))                                          \
       if (c.threads == TH && c.vpt == V && c.per_sm == P)                                                      \
