@@ -222,12 +222,14 @@ def norm_bwd_cluster_config(n: int, m: int, layer: bool, device_name: str) -> tu
 # The softmax forward over long rows through the CUDA backend's staged cluster kernel
 # (cuda/csrc/softmax.cu softmax_fwd_cluster_kernel: the LayerNorm forward's skeleton, NORM_LAYER_CLUSTER,
 # with (max, sum of exp) pairs exchanged and softmax's exps kept in the stage), 16-bit dtypes, at least
-# one row an SM. H200, bf16, 512 x 262,144 (NOTES item 114, probe_softmax_shapes): 16 blocks x 256
-# threads x 8 vectors, a row a group, 3 stages (99 KB: two blocks share an SM) 160.1 us softmax and
-# 152.8 log-softmax, 79.4 / 83.1% of copy, against the Triton pipe's 172.3 / 161.4; 2 rows a group
-# 172.0 / 164.5, 4-6 stages (one block an SM) 196-206, LayerNorm's 16 x 512 x 4 185-224. At 65,536
-# the Triton loop with N compiled in keeps it (146.1 / 143.7 us; the best cluster shape, 2 x 512 x 8,
-# 146.7 / 143.6).
+# one row an SM. H200, bf16, 512 x 262,144 (NOTES items 114-115, probe_softmax_shapes): 16 blocks x 256
+# threads x 8 vectors, a row a group, 3 stages (99 KB: two blocks share an SM) 143.9 us softmax and
+# 143.9 log-softmax after item 115's instruction diet (160.1 / 152.8 before), 88.3% of copy, against
+# the Triton pipe's 172.4 / 161.8 and the loop's 197.5 / 196.8; 2 rows a group 156.2 / 153.2, one
+# block of 512 x 4 201, 1,024 threads x 2 vectors 256-268, 2 stages 184, 3 blocks an SM at 2 stages
+# 166.7 / 150.5, 8 x 512 x 8 147.1 / 144.7. At 65,536 the Triton loop with N compiled in keeps it
+# (145.6 / 145.1 us; the best cluster shapes, 8 x 256 x 4 at 2 rows, one or two blocks an SM, 145.7 /
+# 145.2).
 SOFTMAX_CLUSTER: dict = {"H200": {262144: (16, 256, 8, 1, 3)}}
 # device: {N: (cluster, threads, vectors a thread, rows a group, stages[, blocks an SM])}
 
