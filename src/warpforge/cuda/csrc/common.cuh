@@ -34,17 +34,30 @@ template <> __device__ __forceinline__ float from_f32<float>(float v) { return v
 template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
+// The two 16-bit values packed in `p` as floats. bf16: a shift and a mask, one instruction each
+// (the generic conversion spends a byte permute and a multiply on the high half).
+__device__ __forceinline__ float2 pair_f32(uint32_t p, __nv_bfloat16) {
+  return make_float2(__uint_as_float(p << 16), __uint_as_float(p & 0xffff0000u));
+}
+__device__ __forceinline__ float2 pair_f32(uint32_t p, __half) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&p));
+}
+// Values e and e + 1 (e even) of a 16-byte vector of 16-bit values as floats.
+template <typename T>
+__device__ __forceinline__ float2 pair_at(const uint4& raw, int e) {
+  return pair_f32(reinterpret_cast<const uint32_t*>(&raw)[e / 2], T{});
+}
+
 // 16 bytes: the widest load or store one thread can issue (LDG.128 / STG.128).
 template <typename T>
 struct Vec {
   static constexpr int N = 16 / sizeof(T);
   uint4 raw;
-  // bf16 -> fp32 is the 16 bits moved up: one shift or mask of the packed word (the generic
-  // conversion of an upper half costs a byte permute and a multiply, NOTES item 115)
+  // bf16 through pair_at: one shift or mask an element (NOTES item 115)
   __device__ __forceinline__ float get(int i) const {
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      const uint32_t w = reinterpret_cast<const uint32_t*>(&raw)[i >> 1];
-      return __uint_as_float((i & 1) ? (w & 0xffff0000u) : (w << 16));
+      const float2 p = pair_at<T>(raw, i);
+      return (i & 1) ? p.y : p.x;
     } else {
       return to_f32(reinterpret_cast<const T*>(&raw)[i]);
     }

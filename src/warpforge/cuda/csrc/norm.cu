@@ -51,19 +51,6 @@ __device__ __forceinline__ float elem(const uint4& raw, int e) {
   return to_f32(reinterpret_cast<const T*>(&raw)[e]);
 }
 
-// Values e and e + 1 (e even) of a 16-byte vector of 16-bit values as floats. bf16: a shift and a
-// mask, one instruction each (the generic conversion spends two on the high half).
-__device__ __forceinline__ float2 pair_f32(uint32_t p, __nv_bfloat16) {
-  return make_float2(__uint_as_float(p << 16), __uint_as_float(p & 0xffff0000u));
-}
-__device__ __forceinline__ float2 pair_f32(uint32_t p, __half) {
-  return __half22float2(*reinterpret_cast<const __half2*>(&p));
-}
-template <typename T>
-__device__ __forceinline__ float2 pair_at(const uint4& raw, int e) {
-  return pair_f32(reinterpret_cast<const uint32_t*>(&raw)[e / 2], T{});
-}
-
 // The two 16-bit values of `p` as floats, converted where they are used. For w and b held packed
 // (4 registers a vector): the volatile asm keeps the compiler from hoisting the conversions out of
 // the row loop, which would hold 16 fp32 registers a vector and spill.
