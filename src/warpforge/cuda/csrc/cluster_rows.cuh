@@ -82,6 +82,24 @@ __device__ __forceinline__ void init_barriers(ClusterRowShared& sh, int stages, 
   cluster.sync();
 }
 
+// The exchange of group it's statistics: partners push an 8-byte pair a row (st_async_f2) into slot
+// it % kSlots. arm_exchange (thread 0, in the first half, a group before the wait) raises the slot's
+// barrier to expect csize pairs for each of the group's nr rows and returns its address;
+// wait_exchange waits for them (the k-th use of a slot completes phase k & 1).
+__device__ __forceinline__ uint32_t arm_exchange(ClusterRowShared& sh, int64_t it, int nr, unsigned csize) {
+  const uint32_t xbar = smem_u32(&sh.xbar[it % kSlots]);
+  if (threadIdx.x == 0) mbar_arrive_expect_tx(xbar, csize * static_cast<uint32_t>(nr) * 8u);
+  return xbar;
+}
+__device__ __forceinline__ void wait_exchange(ClusterRowShared& sh, int64_t it) {
+  mbar_wait(smem_u32(&sh.xbar[it % kSlots]), static_cast<uint32_t>((it / kSlots) & 1));
+}
+
+// Until stage it % stages holds group it's rows (the k-th fill of a stage completes phase k & 1).
+__device__ __forceinline__ void wait_stage(ClusterRowShared& sh, int64_t it, int stages) {
+  mbar_wait(smem_u32(&sh.full[it % stages]), static_cast<uint32_t>((it / stages) & 1));
+}
+
 // The loop both kernels run, software-pipelined by one group: first(it) -- wait for group it's
 // tiles, reduce, send the partial sums to every partner -- runs a group ahead of second(it, stage,
 // slot, row0, rows), which starts once the partners' sums for group it have landed. Once every
@@ -97,7 +115,7 @@ __device__ __forceinline__ void run_groups(ClusterRowShared& sh, const Groups& g
     const int s = static_cast<int>(it % stages), slot = static_cast<int>(it % kSlots);
     int64_t row0;
     const int nr = g.at(it, row0);
-    mbar_wait(smem_u32(&sh.xbar[slot]), static_cast<uint32_t>((it / kSlots) & 1));
+    wait_exchange(sh, it);
     second(it, s, slot, row0, nr);
     __syncthreads();   // every thread is done with stage s
     if (threadIdx.x == 0 && it + stages < g.mine) {

@@ -152,9 +152,8 @@ __global__ void __launch_bounds__(THREADS, 1) layer_norm_fwd_cluster_kernel(
     const int s = static_cast<int>(it % stages), slot = static_cast<int>(it % kSlots);
     int64_t row0;
     const int nr = groups.at(it, row0);
-    const uint32_t xbar = smem_u32(&sh.xbar[slot]);
-    if (tid == 0) mbar_arrive_expect_tx(xbar, csize * static_cast<uint32_t>(nr) * 8u);
-    mbar_wait(smem_u32(&sh.full[s]), static_cast<uint32_t>((it / stages) & 1));
+    const uint32_t xbar = arm_exchange(sh, it, nr, csize);
+    wait_stage(sh, it, stages);
     for (int r = 0; r < nr; ++r) {
       float pivot = 0.f, s1 = 0.f, s2 = 0.f;
 #pragma unroll
@@ -310,15 +309,14 @@ __global__ void __launch_bounds__(THREADS, 1) norm_bwd_cluster_kernel(
     const int s = static_cast<int>(it % stages), slot = static_cast<int>(it % kSlots);
     int64_t row0;
     const int nr = groups.at(it, row0);
-    const uint32_t xbar = smem_u32(&sh.xbar[slot]);
-    if (tid == 0) mbar_arrive_expect_tx(xbar, csize * static_cast<uint32_t>(nr) * 8u);
+    const uint32_t xbar = arm_exchange(sh, it, nr, csize);
     // the group's saved statistics (thread r holds row r's) go to shared memory for both passes;
     // the next group's are loaded now, a whole group ahead of their use. Loaded here and used
     // after this group's barrier, their latency (an L2 miss, ~1 us under this load) sat on every
     // group's chain: that cost 10-15 points of copy at 32K-262K (NOTES item 89)
     if (tid < nr) sh.row_stats[slot][tid] = pre;
     if (it + 1 < groups.mine) pre = load_stats(it + 1);
-    mbar_wait(smem_u32(&sh.full[s]), static_cast<uint32_t>((it / stages) & 1));
+    wait_stage(sh, it, stages);
     __syncthreads();
     for (int r = 0; r < nr; ++r) {
       const float2 st = sh.row_stats[slot][r];

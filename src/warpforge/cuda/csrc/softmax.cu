@@ -527,9 +527,8 @@ __global__ void __launch_bounds__(THREADS, PER_SM) softmax_fwd_cluster_kernel(
     const int s = static_cast<int>(it % stages), slot = static_cast<int>(it % kSlots);
     int64_t row0;
     const int nr = groups.at(it, row0);
-    const uint32_t xbar = smem_u32(&sh.xbar[slot]);
-    if (tid == 0) mbar_arrive_expect_tx(xbar, csize * static_cast<uint32_t>(nr) * 8u);
-    mbar_wait(smem_u32(&sh.full[s]), static_cast<uint32_t>((it / stages) & 1));
+    const uint32_t xbar = arm_exchange(sh, it, nr, csize);
+    wait_stage(sh, it, stages);
     for (int r = 0; r < nr; ++r) {
       Vec<T> v[VPT];
 #pragma unroll
