@@ -1,5 +1,6 @@
-"""Helpers shared by tests/cuda (not a test module: pytest collects test_*.py only): finding the
-CUDA tools, and a Python mirror of the launch-shape checks in csrc/softmax.cu."""
+"""Helpers shared by tests/cuda (not a test module: pytest collects test_*.py only): the set-up of
+the modules that run the built backend, finding the CUDA tools, and a Python mirror of the
+launch-shape checks in csrc/softmax.cu."""
 from __future__ import annotations
 
 import os
@@ -7,6 +8,41 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+
+import pytest
+import torch
+
+import warpforge.cuda as wcuda
+
+
+# ----------------------------------------------------------------------------------------------
+# The modules that run the built backend: ``pytestmark = BACKEND_MARKS`` and the two autouse
+# fixtures imported by name (a fixture imported into a test module applies to that module only)
+# ----------------------------------------------------------------------------------------------
+BACKEND_MARKS = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not wcuda.available(),
+                       reason=f"the CUDA C++ backend cannot run here: {wcuda.unavailable_reason()}"),
+]
+DEV = torch.device("cuda")
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+needs_hopper = pytest.mark.skipif(not HOPPER, reason="thread-block clusters and bulk copies need sm_90")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    """Build (or load from the cache) the extension once for the module."""
+    try:
+        wcuda.load()
+    except wcuda.CudaBackendUnavailable as e:
+        pytest.fail(f"warpforge.cuda.available() is True but the backend does not load: {e}", pytrace=False)
+    return wcuda.ops()
+
+
+@pytest.fixture(autouse=True)
+def _synchronize_after_test():
+    yield
+    torch.cuda.synchronize()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -17,30 +17,12 @@ import torch
 import torch.nn.functional as F
 
 import warpforge as wf
-import warpforge.cuda as wcuda
 from warpforge.ops import norms
 from conftest import assert_close
+from cuda_support import (BACKEND_MARKS, DEV, _synchronize_after_test, built,  # noqa: F401 (autouse fixtures)
+                          needs_hopper)
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not wcuda.available(),
-                       reason=f"the CUDA C++ backend cannot run here: {wcuda.unavailable_reason()}"),
-]
-
-DEV = torch.device("cuda")
-HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
-needs_hopper = pytest.mark.skipif(not HOPPER, reason="thread-block clusters and bulk copies need sm_90")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def built():
-    wcuda.load()
-
-
-@pytest.fixture(autouse=True)
-def _synchronize_after_test():
-    yield
-    torch.cuda.synchronize()
+pytestmark = BACKEND_MARKS
 
 
 def cluster_ln(x, w, b, cfg, eps=1e-5):

@@ -32,15 +32,11 @@ import warpforge as wf
 import warpforge.cuda as wcuda
 from warpforge.runtime.heuristics import cuda_softmax_config
 from conftest import DTYPES, assert_close
-from cuda_support import find_compute_sanitizer, softmax_config_ok
+from cuda_support import (BACKEND_MARKS, DEV, _synchronize_after_test, built,  # noqa: F401 (autouse fixtures)
+                          find_compute_sanitizer, softmax_config_ok)
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not wcuda.available(),
-                       reason=f"the CUDA C++ backend cannot run here: {wcuda.unavailable_reason()}"),
-]
+pytestmark = BACKEND_MARKS
 
-DEV = torch.device("cuda")
 REPO = Path(__file__).resolve().parents[2]
 SANITIZE_SCRIPT = Path(__file__).with_name("sanitize_cuda.py")
 # |sum(row) - 1| for softmax (sum(exp(row)) for log_softmax): observed for outputs rounded from the
@@ -50,25 +46,6 @@ ROWSUM_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 
 def _dt(dtype) -> str:
     return str(dtype).replace("torch.", "")
-
-
-# ----------------------------------------------------------------------------------------------
-# set-up
-# ----------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module", autouse=True)
-def built():
-    """Build (or load from the cache) the extension once for the module."""
-    try:
-        wcuda.load()
-    except wcuda.CudaBackendUnavailable as e:
-        pytest.fail(f"warpforge.cuda.available() is True but the backend does not load: {e}", pytrace=False)
-    return wcuda.ops()
-
-
-@pytest.fixture(autouse=True)
-def _synchronize_after_test():
-    yield
-    torch.cuda.synchronize()
 
 
 def ops():
