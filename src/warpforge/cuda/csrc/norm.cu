@@ -46,11 +46,6 @@ __device__ __forceinline__ float2 merge_equal(float2 a, float2 b, float c) {
   return make_float2(0.5f * (a.x + b.x), a.y + b.y + d * d * (0.5f * c));
 }
 
-template <typename T>
-__device__ __forceinline__ float elem(const uint4& raw, int e) {
-  return to_f32(reinterpret_cast<const T*>(&raw)[e]);
-}
-
 // The two 16-bit values of `p` as floats, converted where they are used. For w and b held packed
 // (4 registers a vector): the volatile asm keeps the compiler from hoisting the conversions out of
 // the row loop, which would hold 16 fp32 registers a vector and spill.
@@ -77,9 +72,9 @@ template <typename T, int VPT, int FILL, bool OFFSET>
 struct Param<T, VPT, true, FILL, OFFSET> {
   float v[VPT][8];
   __device__ __forceinline__ void load(const T* p, int64_t off, int k, float add) {
-    const uint4 raw = p ? *reinterpret_cast<const uint4*>(p + off) : uint4{};
+    const Vec<T> raw{p ? *reinterpret_cast<const uint4*>(p + off) : uint4{}};
 #pragma unroll
-    for (int e = 0; e < 8; ++e) v[k][e] = p ? (OFFSET ? elem<T>(raw, e) + add : elem<T>(raw, e)) : float(FILL);
+    for (int e = 0; e < 8; ++e) v[k][e] = p ? (OFFSET ? raw.get(e) + add : raw.get(e)) : float(FILL);
   }
   __device__ __forceinline__ float2 pair(int k, int e) const { return make_float2(v[k][e], v[k][e + 1]); }
 };
@@ -159,7 +154,7 @@ __global__ void __launch_bounds__(THREADS, 1) layer_norm_fwd_cluster_kernel(
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
         const uint4 v = vec_at(s, r, k);
-        if (k == 0) pivot = elem<T>(v, 0);
+        if (k == 0) pivot = Vec<T>{v}.get(0);
 #pragma unroll
         for (int e = 0; e < N; e += 2) {
           const float2 xp = pair_at<T>(v, e);
