@@ -204,9 +204,10 @@ __device__ __forceinline__ float chained_max(const Vec<T> (&v)[VPT]) {
   }
 }
 
-// Thread-local (max, sum exp) of VPT vectors, in CHAINS independent running maxima and sums (element
-// e of a vector goes to chain e % CHAINS; a tree merges them at the end): more chains let the exps
-// and adds of different positions overlap, where one chain is VPT x N dependent adds (the staged
+// Thread-local (max, sum exp) of VPT vectors: the max from chained_max (16-bit types: packed pairs,
+// whatever CHAINS), the sum in CHAINS independent running sums (element e of a vector goes to chain
+// e % CHAINS; a tree merges them at the end): more chains let the exps and adds of different
+// positions overlap, where one chain is VPT x N dependent adds (the staged
 // cluster kernel takes N chains; the one-row kernels keep one: more registers spill there). LOG
 // sums exp2((x - m) log2 e), whose x - m is exact near the max (NOTES item 108); softmax the FMA form.
 template <typename T, int VPT, bool LOG = false, int CHAINS = 1>
