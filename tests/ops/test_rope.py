@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 import triton
@@ -94,6 +96,36 @@ def test_head_walks(shape, split):
     k = randn(b, hk, s, d, requires_grad=True)
     cos, sin = make_table(None, s, d)
     check_fwd_bwd(q, k, cos, sin, None, False, torch.float32)
+
+
+# Both orders of a program's loads (table rows first, or q/k first: rope_config picks by sequence
+# length), forced on the same shapes: decode with ids, several token blocks with ids, an offset.
+@pytest.mark.parametrize("table_first", [False, True])
+@pytest.mark.parametrize("shape,pk", [((5, 8, 2, 1, 64), "bs"), ((2, 4, 2, 37, 32), "s"), ((3, 4, 4, 9, 16), "offset")])
+def test_table_orders(monkeypatch, table_first, shape, pk):
+    b, hq, hk, s, d = shape
+    real = rope_config
+    monkeypatch.setattr(rope_mod, "rope_config", lambda *a: dataclasses.replace(real(*a), table_first=table_first))
+    rows = 2 * s + 7
+    cos, sin = make_table(None, rows, d)
+    pos, offset = None, 0
+    if pk == "offset":
+        offset = 6
+    else:
+        pos = torch.randint(0, rows, (b, s) if pk == "bs" else (s,), device=DEVICE)
+    for interleaved in (False, True):
+        q = randn(b, hq, s, d, requires_grad=True)
+        k = randn(b, hk, s, d, requires_grad=True)
+        qo, ko = rope_op(q, k, cos, sin, pos, offset, interleaved)      # the operator: no fast path
+        qd, kd = q.detach().double().requires_grad_(), k.detach().double().requires_grad_()
+        qr, kr = rope_reference(qd, kd, cos, sin, pos if pos is not None else offset, interleaved)
+        assert_close(qo, qr, torch.float32, what=f"q_out table_first={table_first}")
+        assert_close(ko, kr, torch.float32, what=f"k_out table_first={table_first}")
+        gq, gk = randn(*qo.shape), randn(*ko.shape)
+        torch.autograd.backward((qo, ko), (gq, gk))
+        torch.autograd.backward((qr, kr), (gq.double(), gk.double()))
+        assert_close(q.grad, qd.grad, torch.float32, scale=2.0, what=f"dq table_first={table_first}")
+        assert_close(k.grad, kd.grad, torch.float32, scale=2.0, what=f"dk table_first={table_first}")
 
 
 @pytest.mark.parametrize("interleaved", [False, True])

@@ -23,24 +23,26 @@ the cos/sin rows once per token. For q (4, 32, 4096, 128) and k (4, 8, 4096, 128
 H200: ~80 us for that shape). torch.compile reaches 3,812 GB/s, Liger 1,050, eager 337.
 
 Why the kernel is shaped as it is:
-- One program owns a (batch, BLOCK_S tokens) block. It loads those tokens' position ids and cos/sin
-  rows once, into registers, then walks all Hq + Hk heads of q *and* k in steps of
-  (BLOCK_S x HEADS x D) ~ 4,096 elements. The table is read once per token, not once per head
-  (per head it would be 40x 1 KB per token: as many bytes as q and k themselves).
-- At the benchmark shape a program moves 4 tokens x 40 heads x 256 B = 40 KB in and 40 KB out;
-  the grid is 4 x 4096 / 4 = 4,096 programs, ~31 per SM of 132, so every SM stays busy to the end.
+- One program owns a (batch, BLOCK_S tokens) block and a step of its heads: BLOCK_S x HEADS x D ~
+  4,096 elements of q or of k (runtime/heuristics.py, rope_config). On a GPU each program does one
+  step (grid axis 1 = the head groups); under the interpreter a program walks several.
+- At the benchmark shape a step is 16 tokens x 2 heads x 256 B = 8 KB in and 8 KB out; the grid is
+  4 x 256 token blocks x 20 head groups = 20,480 light programs. A token block's programs run
+  close together, so its cos/sin rows come from DRAM about once and from L2 after that.
 - Accesses along D are unit-stride tiles of D/2 (rotate-half: two loads, one per half) or D
   (interleaved: one load, split into even/odd lanes in registers), so 16-byte vector loads and
   stores; B, H and S strides are kernel arguments, so a (B, S, H, D) buffer seen as (B, H, S, D)
   through ``transpose(1, 2)`` is read in place. The head dim is a compile-time constant (masks
   vanish for power-of-two D).
-- Decode and short prefill have too few token blocks to fill 132 SMs: then the heads of a block are
-  split over a second grid axis (each share re-reads its table rows, from L2).
-- The table values are broadcast over a step's heads once, before the loop: left inside it, the
-  compiler redoes that layout change (shared memory and a barrier) at every step. Compiled ahead of
-  time for sm_90 at the benchmark config (BLOCK_S 4, 8 heads per step, 4 warps): 72 registers, all
-  q/k accesses 16-byte vectors, no layout change in the loop; ~7 programs (8 KB in flight each)
-  per SM.
+- The order of a program's loads (``TABLE_FIRST``, from rope_config). Long sequences load the
+  table rows at the top, then the step's q/k: the compiler hoists the rows' conversion to fp32 above
+  the step, so q/k wait for the rows, but with thousands of programs in flight that costs nothing
+  (and it measured 1% faster than the other order at the benchmark shape on the H200). A sequence
+  of one token block (decode) is latency-bound: there the q/k loads go out with the table loads,
+  after only the position ids, two DRAM round trips instead of three after an L2 flush (H200,
+  decode q (64, 32, 1, 128): backward 6.0 -> 4.8 us, forward 5.2 -> 4.8; benchmarks/NOTES.md,
+  item 116). Compiled ahead of time for sm_90 at the benchmark config: 72 registers, all q/k
+  accesses 16-byte vectors, no shared memory.
 - Maths in fp32, output cast once at the store; offsets in int64.
 
 Positions: ``position_ids=None`` uses table row ``offset + s`` for token s; an int tensor of shape
@@ -156,19 +158,30 @@ def _store_pair(rows, ya, yb, mask, R0: tl.constexpr, R1: tl.constexpr,
 
 
 @triton.jit
-def _load_table(rows, ok, R0: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+def _load_table(rows, ok, R0: tl.constexpr, R1: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
                 INTERLEAVED: tl.constexpr, HALF_TABLE: tl.constexpr):
-    """cos or sin for both members of each pair, fp32, (R0, 1, BLOCK_H) each. Rows whose position is
-    out of range (``ok`` False) read nothing and give NaN."""
+    """cos or sin for both members of each pair, as stored (the step converts them), (R0, R1,
+    BLOCK_H) each, from the table row pointers ``rows`` (R0, R1, 1). Rows whose position is out of
+    range (``ok`` False) read nothing and give NaN."""
     if HALF_TABLE:                                   # (..., D/2): one value per pair
         j = tl.arange(0, BLOCK_H)[None, None, :]
-        ta = tl.load(rows + j, mask=ok & (j < HALF), other=float("nan")).to(tl.float32)
+        ta = tl.load(rows + j, mask=ok & (j < HALF), other=float("nan"))
         tb = ta
     else:
-        ta, tb = _load_pair(rows, ok, float("nan"), R0, 1, HALF, BLOCK_H, INTERLEAVED)
-        ta = ta.to(tl.float32)
-        tb = tb.to(tl.float32)
+        ta, tb = _load_pair(rows, ok, float("nan"), R0, R1, HALF, BLOCK_H, INTERLEAVED)
     return ta, tb
+
+
+@triton.jit
+def _token_rows(pos_ptrs, s, smask, offset, T, HAS_POS: tl.constexpr):
+    """Each token's table row (BLOCK_S, 1, 1) and whether it is in range (never read outside the
+    table)."""
+    if HAS_POS:
+        pos = tl.load(pos_ptrs, mask=smask, other=0).to(tl.int64)
+    else:
+        pos = s + offset
+    ok = (smask & (pos >= 0) & (pos < T))[:, None, None]
+    return pos[:, None, None], ok
 
 
 @triton.jit
@@ -176,15 +189,35 @@ def _rotate_heads(
     x_ptr, y_ptr,              # this batch's (H, S, D) input and output
     h0, H, s, smask,           # first head of the step, head count, (BLOCK_S,) int64 tokens and mask
     sxh, sxs, syh, sys,        # head and token strides of x and y
-    ca, cb, sa, sb,            # (BLOCK_S, 1, BLOCK_H) fp32 table values for each pair member
+    pos_ptrs, offset, T,       # (BLOCK_S,) position id pointers, first row when not HAS_POS, table rows
+    cos_base, sin_base, scs, sss,                # this batch's tables and their row strides
+    tc, ts,                    # the (cos, sin) pairs, loaded by the caller when TABLE_FIRST
     BLOCK_S: tl.constexpr, HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
+    INTERLEAVED: tl.constexpr, HALF_TABLE: tl.constexpr, HAS_POS: tl.constexpr, BACKWARD: tl.constexpr,
+    TABLE_FIRST: tl.constexpr,
 ):
     h = h0 + tl.arange(0, HEADS)
     m = smask[:, None, None] & (h < H)[None, :, None]                  # (BLOCK_S, HEADS, 1)
     h = h.to(tl.int64)[None, :, None]
     s3 = s[:, None, None]
+    # q/k, then (unless the caller has them) the table rows: issued together, once the ids are in
     xa, xb = _load_pair(x_ptr + s3 * sxs + h * sxh, m, 0.0, BLOCK_S, HEADS, HALF, BLOCK_H, INTERLEAVED)
+    if TABLE_FIRST:
+        ca, cb = tc
+        sa, sb = ts
+    else:
+        pos, ok = _token_rows(pos_ptrs, s, smask, offset, T, HAS_POS)
+        ca, cb = _load_table(cos_base + pos * scs, ok, BLOCK_S, 1, HALF, BLOCK_H, INTERLEAVED, HALF_TABLE)
+        sa, sb = _load_table(sin_base + pos * sss, ok, BLOCK_S, 1, HALF, BLOCK_H, INTERLEAVED, HALF_TABLE)
+    sh: tl.constexpr = (BLOCK_S, HEADS, BLOCK_H)
+    ca = tl.broadcast_to(ca.to(tl.float32), sh)
+    cb = tl.broadcast_to(cb.to(tl.float32), sh)
+    sa = tl.broadcast_to(sa.to(tl.float32), sh)
+    sb = tl.broadcast_to(sb.to(tl.float32), sh)
+    if BACKWARD:                 # the transpose: each pair's sines swapped and negated
+        t = sa
+        sa = -sb
+        sb = -t
     xa = xa.to(tl.float32)
     xb = xb.to(tl.float32)
     ya = xa * ca - xb * sa
@@ -207,39 +240,33 @@ def _rope_kernel(
     BLOCK_S: tl.constexpr, HEADS_Q: tl.constexpr, HEADS_K: tl.constexpr,
     HALF: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr, HALF_TABLE: tl.constexpr, HAS_POS: tl.constexpr, BACKWARD: tl.constexpr,
+    TABLE_FIRST: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = (pid // n_sblk).to(tl.int64)
     s = (pid % n_sblk) * BLOCK_S + tl.arange(0, BLOCK_S)
     smask = s < S
     s = s.to(tl.int64)
-    if HAS_POS:
-        pos = tl.load(pos_ptr + b * spb + s * sps, mask=smask, other=0).to(tl.int64)
+    pos_ptrs = pos_ptr + b * spb + s * sps
+    cos_base = cos_ptr + b * scb
+    sin_base = sin_ptr + b * ssb
+    if TABLE_FIRST:
+        pos, ok = _token_rows(pos_ptrs, s, smask, offset, T, HAS_POS)
+        tc = _load_table(cos_base + pos * scs, ok, BLOCK_S, 1, HALF, BLOCK_H, INTERLEAVED, HALF_TABLE)
+        ts = _load_table(sin_base + pos * sss, ok, BLOCK_S, 1, HALF, BLOCK_H, INTERLEAVED, HALF_TABLE)
     else:
-        pos = s + offset
-    ok = (smask & (pos >= 0) & (pos < T))[:, None, None]               # never read outside the table
-    pos = pos[:, None, None]
-    # The table rows of these tokens: read once, used for every head of q and k.
-    ca, cb = _load_table(cos_ptr + b * scb + pos * scs, ok, BLOCK_S, HALF, BLOCK_H, INTERLEAVED, HALF_TABLE)
-    sa, sb = _load_table(sin_ptr + b * ssb + pos * sss, ok, BLOCK_S, HALF, BLOCK_H, INTERLEAVED, HALF_TABLE)
-    if BACKWARD:                 # the transpose: each pair's sines swapped and negated
-        t = sa
-        sa = -sb
-        sb = -t
-    # Broadcast over the heads of a step once, here: left to the loop, the compiler would redo the
-    # layout change (a round trip through shared memory and a barrier) at every step.
-    shq: tl.constexpr = (BLOCK_S, HEADS_Q, BLOCK_H)
-    shk: tl.constexpr = (BLOCK_S, HEADS_K, BLOCK_H)
-    caq, cbq, saq, sbq = tl.broadcast_to(ca, shq), tl.broadcast_to(cb, shq), tl.broadcast_to(sa, shq), tl.broadcast_to(sb, shq)
-    cak, cbk, sak, sbk = tl.broadcast_to(ca, shk), tl.broadcast_to(cb, shk), tl.broadcast_to(sa, shk), tl.broadcast_to(sb, shk)
+        tc, ts = (s, s), (s, s)                                         # unused: the step loads them
+    # On a GPU every program does one step (rope_config); the interpreter's programs walk several
     nq = tl.cdiv(Hq, HEADS_Q)
     for g in range(tl.program_id(1), nq + tl.cdiv(Hk, HEADS_K), n_split):
         if g < nq:
-            _rotate_heads(q_ptr + b * sqb, qo_ptr + b * sqob, g * HEADS_Q, Hq, s, smask,
-                          sqh, sqs, sqoh, sqos, caq, cbq, saq, sbq, BLOCK_S, HEADS_Q, HALF, BLOCK_H, INTERLEAVED)
+            _rotate_heads(q_ptr + b * sqb, qo_ptr + b * sqob, g * HEADS_Q, Hq, s, smask, sqh, sqs, sqoh, sqos,
+                          pos_ptrs, offset, T, cos_base, sin_base, scs, sss, tc, ts,
+                          BLOCK_S, HEADS_Q, HALF, BLOCK_H, INTERLEAVED, HALF_TABLE, HAS_POS, BACKWARD, TABLE_FIRST)
         else:
-            _rotate_heads(k_ptr + b * skb, ko_ptr + b * skob, (g - nq) * HEADS_K, Hk, s, smask,
-                          skh, sks, skoh, skos, cak, cbk, sak, sbk, BLOCK_S, HEADS_K, HALF, BLOCK_H, INTERLEAVED)
+            _rotate_heads(k_ptr + b * skb, ko_ptr + b * skob, (g - nq) * HEADS_K, Hk, s, smask, skh, sks, skoh, skos,
+                          pos_ptrs, offset, T, cos_base, sin_base, scs, sss, tc, ts,
+                          BLOCK_S, HEADS_K, HALF, BLOCK_H, INTERLEAVED, HALF_TABLE, HAS_POS, BACKWARD, TABLE_FIRST)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -285,7 +312,7 @@ def _rope_launch(q, k, cos, sin, position_ids, offset: int, interleaved: bool, b
          bstride(sin3), sin3.stride(1), pos_args[1], pos_args[2]),
         BLOCK_S=cfg.block_s, HEADS_Q=cfg.heads_q, HEADS_K=cfg.heads_k, HALF=half,
         BLOCK_H=triton.next_power_of_2(half), INTERLEAVED=interleaved, HALF_TABLE=cos3.shape[-1] != d,
-        HAS_POS=position_ids is not None, BACKWARD=backward, num_warps=cfg.num_warps)
+        HAS_POS=position_ids is not None, BACKWARD=backward, TABLE_FIRST=cfg.table_first, num_warps=cfg.num_warps)
     return qo, ko
 
 

@@ -489,6 +489,7 @@ class RopeConfig:
     heads_k: int       # k heads per loop step
     split: int         # programs sharing one token block's heads (grid axis 1)
     num_warps: int
+    table_first: bool = True   # load the table rows at the top of the program, before the q/k loads
 
 
 @functools.lru_cache(maxsize=4096)
@@ -506,7 +507,12 @@ def rope_config(batch: int, seqlen: int, hq: int, hk: int, head_dim: int) -> Rop
         programs = batch * triton.cdiv(seqlen, block_s)
         split = max(1, min(groups, triton.cdiv(4 * sm_count(), max(programs, 1))))
     elems = block_s * heads_q * triton.next_power_of_2(head_dim)
-    return RopeConfig(block_s, heads_q, heads_k, split, 4 if elems >= 2048 else (2 if elems >= 512 else 1))
+    # A sequence in one token block (decode, short chunks) is latency-bound: its q/k loads go out
+    # first and the table rows after them, never waiting on each other. Longer sequences keep the
+    # table rows first (0.5-1% faster at q (4, 32, 4096, 128) on the H200; NOTES.md, item 116).
+    # seqlen alone decides (with the head counts and dim, the fast path's key), never the batch.
+    table_first = triton.cdiv(seqlen, block_s) > 1
+    return RopeConfig(block_s, heads_q, heads_k, split, 4 if elems >= 2048 else (2 if elems >= 512 else 1), table_first)
 
 
 # ----------------------------------------------------------------------------------------------
