@@ -230,12 +230,12 @@ def test_layer_norm_route_declines(small_route):
 
 
 # ---- backward -----------------------------------------------------------------------------------
-def cluster_bwd(x, dy, w, mean, rstd, rms, has_b, cfg, parts, offset=0.0):
+def cluster_bwd(x, dy, w, mean, rstd, rms, has_b, cfg, parts, offset=0.0, ds=None):
     n = x.shape[1]
     dx = torch.full_like(x, float("nan"))
     dwp = torch.full((parts, n), float("nan"), device=DEV) if w is not None else None
     dbp = torch.full((parts, n), float("nan"), device=DEV) if has_b else None
-    torch.ops.warpforge_cuda.norm_bwd(x, dy, w, mean, rstd, offset, rms, list(cfg), dx, dwp, dbp)
+    torch.ops.warpforge_cuda.norm_bwd(x, dy, w, mean, rstd, offset, rms, list(cfg), dx, dwp, dbp, ds)
     torch.cuda.synchronize()
     return dx, (None if dwp is None else dwp.sum(0)), (None if dbp is None else dbp.sum(0))
 
@@ -298,6 +298,120 @@ def test_cluster_norm_backward(cfg, m, rms):
         assert_close(dw, rdw, torch.float32, scale=50, what=f"{cfg} m={m} parts={parts} dw")
         if not rms:
             assert_close(db, rdb, torch.float32, scale=50, what=f"{cfg} m={m} parts={parts} db")
+
+
+# add+RMSNorm's backward (a residual gradient added to dx): the shapes the kernel instantiates it at
+# (256 threads, 1 or 2 rows a group, at most 8 vectors a thread over them), the H200 route's two
+DSUM_SHAPES = [
+    ((2, 256, 1, 2, 2), 1), ((2, 256, 1, 2, 2), 301), ((2, 256, 2, 1, 3), 5), ((4, 256, 2, 2, 3), 67),
+    ((2, 256, 8, 1, 2), 37), ((8, 256, 4, 2, 3), 67), ((16, 256, 8, 1, 3), 21),
+]
+
+
+@needs_hopper
+@pytest.mark.parametrize("cfg,m", DSUM_SHAPES, ids=str)
+def test_cluster_norm_backward_residual_grad(cfg, m):
+    c, t, v, _, _ = cfg
+    n = c * t * v * 8
+    dtype = torch.float16 if m == 5 else torch.bfloat16
+    x = (torch.randn(m, n, device=DEV) * 2).to(dtype)
+    dy = torch.randn(m, n, device=DEV).to(dtype)
+    w = (torch.rand(n, device=DEV) + 0.5).to(dtype)
+    # a strided dsum (rows of a wider buffer): its own row stride
+    ds = (torch.randn(m, n + 64, device=DEV) * 3).to(dtype)[:, 32:32 + n]
+    (rdx, rdw, _), _, rstd = reference_bwd(x, dy, w, None, True)
+    for parts in sorted({max(1, 132 // c), 3}):
+        dx, dw, _ = cluster_bwd(x, dy, w, None, rstd, True, False, cfg, parts, ds=ds)
+        assert_close(dx, rdx + ds.double(), dtype, scale=2, what=f"{cfg} m={m} parts={parts} dx")
+        assert_close(dw, rdw, torch.float32, scale=50, what=f"{cfg} m={m} parts={parts} dw")
+    # and without it, the same call gives the plain gradient (the kernel without dsum)
+    dx, _, _ = cluster_bwd(x, dy, w, None, rstd, True, False, cfg, 3)
+    assert_close(dx, rdx, dtype, scale=2, what=f"{cfg} m={m} no dsum")
+
+
+@needs_hopper
+def test_cluster_norm_backward_residual_grad_refuses_bad_calls():
+    op = torch.ops.warpforge_cuda.norm_bwd
+    x = torch.randn(4, 4096, device=DEV).to(torch.bfloat16)
+    dy, dx, ds = torch.randn_like(x), torch.empty_like(x), torch.randn_like(x)
+    rstd = torch.ones(4, device=DEV)
+    with pytest.raises(RuntimeError, match="RMSNorm's only"):
+        op(x, dy, None, rstd, rstd, 0.0, False, [2, 256, 1, 2, 2], dx, None, None, ds)
+    with pytest.raises(RuntimeError, match="runs 256 threads"):
+        op(x, dy, None, None, rstd, 0.0, True, [4, 128, 1, 2, 2], dx, None, None, ds)
+    with pytest.raises(RuntimeError, match="8 vectors"):
+        op(x, dy, None, None, rstd, 0.0, True, [2, 256, 1, 4, 2], dx, None, None, ds)
+    with pytest.raises(RuntimeError, match="'grad_sum' must have the input's dtype"):
+        op(x, dy, None, None, rstd, 0.0, True, [2, 256, 1, 2, 2], dx, None, None, ds.half())
+    with pytest.raises(RuntimeError, match="16-byte boundaries"):
+        buf = torch.randn(4 * 4096 + 1, device=DEV).to(torch.bfloat16)
+        op(x, dy, None, None, rstd, 0.0, True, [2, 256, 1, 2, 2], dx, None, None, buf[1:].view(4, 4096))
+
+
+@needs_hopper
+def test_add_rms_norm_backward_routes_to_cluster_kernel(monkeypatch):
+    """add+RMSNorm's backward takes the cluster kernel where the route's shape can add the residual
+    gradient (rows of 4,096 at 2 x 256 x 1 here), and keeps Triton where it cannot (128 threads)."""
+    taken = []
+    real = norms._norm_bwd_cluster
+
+    def spy(*args):
+        cfg = real(*args)
+        taken.append(cfg)
+        return cfg
+    shapes = {4096: (2, 256, 1, 2, 2), 2048: (2, 128, 1, 2, 2)}
+    monkeypatch.setattr(norms, "norm_bwd_cluster_config", lambda n, m, *rest: shapes.get(n))
+    monkeypatch.setattr(norms, "_norm_bwd_cluster", spy)
+    monkeypatch.setattr(norms.fastpath, "door", lambda t: None)
+    for n, want in ((4096, (2, 256, 1, 2, 2)), (2048, None)):
+        taken.clear()
+        h = torch.randn(3, 7, n, device=DEV).to(torch.bfloat16).requires_grad_()
+        r = torch.randn(3, 7, n, device=DEV).to(torch.bfloat16).requires_grad_()
+        w = (torch.rand(n, device=DEV) + 0.5).to(torch.bfloat16).requires_grad_()
+        out, s = wf.add_rms_norm(h, r, w, eps=1e-6)
+        dout, ds = torch.randn_like(out), torch.randn_like(s)
+        torch.autograd.backward((out, s), (dout, ds))
+        h64, r64, w64 = (t.detach().double().requires_grad_() for t in (h, r, w))
+        s64 = h64 + r64
+        o64 = s64 * (s64.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt() * w64
+        torch.autograd.backward((o64, s64), (dout.double(), ds.double()))
+        assert taken == [want], f"n={n}: route {taken}"
+        assert_close(h.grad, h64.grad, torch.bfloat16, scale=2, what=f"n={n} dh")
+        assert_close(r.grad, r64.grad, torch.bfloat16, scale=2, what=f"n={n} dr")
+        assert_close(w.grad, w64.grad, torch.bfloat16, scale=2, what=f"n={n} dw")
+
+
+@needs_hopper
+def test_add_rms_norm_backward_route_real_table(monkeypatch):
+    """The device's own tables: add+RMSNorm's backward takes the cluster kernel at the lengths
+    heuristics.NORM_BWD_DSUM lists, and Triton at a length RMSNorm's table has but it does not."""
+    name = torch.cuda.get_device_name()
+    m = torch.cuda.get_device_properties(0).multi_processor_count
+    lengths = [n for n in (65536, 262144) if norms.norm_bwd_cluster_config(n, m, False, name) is not None]
+    if not lengths:
+        pytest.skip(f"no cluster backward for long rows on {name}")
+    taken = []
+    real = norms._norm_bwd_cluster
+    monkeypatch.setattr(norms, "_norm_bwd_cluster", lambda *a: taken.append(real(*a)) or taken[-1])
+    # the eager fast path replays Triton kernels Python launched before for the same key
+    monkeypatch.setattr(norms.fastpath, "door", lambda t: None)
+    for n in lengths:
+        taken.clear()
+        want = norms.norm_bwd_cluster_config(n, m, False, name, True) is not None
+        h = torch.randn(m, n, device=DEV).to(torch.bfloat16).requires_grad_()
+        r = torch.randn(m, n, device=DEV).to(torch.bfloat16).requires_grad_()
+        w = (torch.rand(n, device=DEV) + 0.5).to(torch.bfloat16).requires_grad_()
+        out, s = wf.add_rms_norm(h, r, w, eps=1e-6)
+        dout, ds = torch.randn_like(out), torch.randn_like(s)
+        torch.autograd.backward((out, s), (dout, ds))
+        s64 = s.detach().double().requires_grad_()
+        w64 = w.detach().double().requires_grad_()
+        o64 = s64 * (s64.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt() * w64
+        o64.backward(dout.double())
+        assert len(taken) == 1 and (taken[0] is not None) == want, f"n={n}: route {taken}, cluster expected {want}"
+        assert_close(h.grad, s64.grad + ds.double(), torch.bfloat16, scale=2, what=f"n={n} dh")
+        assert_close(r.grad, s64.grad + ds.double(), torch.bfloat16, scale=2, what=f"n={n} dr")
+        assert_close(w.grad, w64.grad, torch.bfloat16, scale=2, what=f"n={n} dw")
 
 
 @needs_hopper

@@ -108,7 +108,7 @@ def _layer_norm_fwd_fake(input, weight, bias, eps, config, out, mean, rstd):
     return None
 
 
-def _norm_bwd_fake(input, grad_output, weight, mean, rstd, offset, rms, config, dx, dw_part, db_part):
+def _norm_bwd_fake(input, grad_output, weight, mean, rstd, offset, rms, config, dx, dw_part, db_part, grad_sum=None):
     return None
 
 

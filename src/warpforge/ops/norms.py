@@ -815,11 +815,22 @@ def _layer_norm_cluster(x2, y, weight, bias, m: int, n: int):
                           lambda: layer_norm_cluster_config(n, m, device_name(x2)))
 
 
-def _norm_bwd_cluster(x2, dy2, dx, weight, m: int, n: int, rms: bool):
+def _dsum_fits(cfg) -> bool:
+    """Whether the cluster backward can add a residual gradient at launch shape ``cfg`` (cuda/csrc/
+    norm.cu instantiates it at 256 threads, up to 2 rows a group and 8 vectors a thread over them)."""
+    _, threads, vpt, rows, _ = cfg[:5]
+    return threads == 256 and rows <= 2 and rows * vpt <= 8
+
+
+def _norm_bwd_cluster(x2, dy2, dx, weight, m: int, n: int, rms: bool, ds2=None):
     """The CUDA cluster backward's launch shape for this call, or None where the Triton kernels keep
-    it (heuristics.norm_bwd_cluster_config; dy and the weight of the input's dtype)."""
-    return _cluster_route(x2, (dy2, weight), (x2, dy2, dx, weight),
-                          lambda: norm_bwd_cluster_config(n, m, not rms, device_name(x2)))
+    it (heuristics.norm_bwd_cluster_config; dy, the weight and add+RMSNorm's residual gradient ds2
+    of the input's dtype). With ds2, RMSNorm's shape where the table routes add+RMSNorm and the kernel
+    takes the residual gradient at that shape."""
+    def shape():
+        cfg = norm_bwd_cluster_config(n, m, not rms, device_name(x2), ds2 is not None)
+        return cfg if cfg is None or ds2 is None or (rms and _dsum_fits(cfg)) else None
+    return _cluster_route(x2, (dy2, weight, ds2), (x2, dy2, dx, weight, ds2), shape)
 
 
 def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, llama: bool):
@@ -882,14 +893,15 @@ def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: 
         zeros = torch.zeros((n,), device=x.device, dtype=pdtype)
         return dx.view(x.shape), (zeros if has_w else None), (zeros.clone() if has_bias else None)
     ds2 = None if dsum is None else as_rows(dsum)
-    cluster = None if llama or ds2 is not None else _norm_bwd_cluster(x2, dy2, dx, weight, m, n, rms)
+    cluster = None if llama else _norm_bwd_cluster(x2, dy2, dx, weight, m, n, rms, ds2)
     if cluster is not None:
         from .. import cuda as wcuda
 
         parts = max(1, sm_count() // cluster[0])   # at most this many clusters run: one partial row each
         dw_part = new_empty((parts, n), device=x.device, dtype=torch.float32) if has_w else None
         db_part = new_empty((parts, n), device=x.device, dtype=torch.float32) if has_bias else None
-        wcuda.ops().norm_bwd(x2, dy2, weight, mean, rstd, float(offset), rms, list(cluster), dx, dw_part, db_part)
+        wcuda.ops().norm_bwd(x2, dy2, weight, mean, rstd, float(offset), rms, list(cluster), dx, dw_part, db_part,
+                             ds2)
         return (dx.view(x.shape), *_grad_sums(dw_part, db_part, pdtype))
     flags = dict(RMS=rms, HAS_W=has_w, HAS_B=has_bias, HAS_DSUM=ds2 is not None, LLAMA=llama)
     cfg = norm_bwd_config(n, layer=not rms, device_name=device_name(x),

@@ -189,8 +189,8 @@ NORM_LAYER_CLUSTER = {"H200": {65536: (8, 256, 4, 4, 3), 262144: (16, 512, 4, 2,
 
 # The backward of the same design (cuda/csrc/norm.cu: w held and dw/db accumulated in registers
 # over every row a block walks, x and dy staged by bulk copies, each group's saved statistics
-# loaded a group ahead): LayerNorm and RMSNorm without a residual gradient, outside the "llama"
-# casting mode. H200, bf16, M*N = 2^27, backward alone, us and % of copy against the Triton
+# loaded a group ahead): LayerNorm and RMSNorm outside the "llama" casting mode, and add+RMSNorm
+# (a residual gradient) where NORM_BWD_DSUM lists the length. H200, bf16, M*N = 2^27, backward alone, us and % of copy against the Triton
 # backward in the same run (NOTES item 90, probes_s33/probe_bwd_lean_sweep.log): LayerNorm 32K
 # 225.1 (84.7%) / 264.4 (72.1%), 65K 218.8 (87.1%) / 267.9 (71.2%), 262K 231.9 (82.2%) / 311.5
 # (61.2%); RMSNorm 32K 209.9 (90.8%) / 255.9 (74.5%), 65K 202.3 (94.2%) / 257.8 (73.9%), 262K
@@ -213,9 +213,20 @@ def _cluster_shape(tables: dict, key, m: int, device_name: str) -> tuple[int, ..
     return table[key]
 
 
-def norm_bwd_cluster_config(n: int, m: int, layer: bool, device_name: str) -> tuple[int, int, int, int, int] | None:
+# add+RMSNorm's backward (a residual gradient added to dx) on the same kernel and RMSNorm's shape,
+# at these row lengths only (session 42, NOTES item 117, probes_s42/probe_add_rms_bwd_v1.log; H200,
+# bf16, M*N = 2^27, backward alone): 65K 318.1 us (79.4% of copy on 4 streams) against the Triton
+# backward's 330.8; 262K 345.7 against 335.0, so it stays Triton.
+NORM_BWD_DSUM = {"H200": (65536,)}
+# device: row lengths
+
+
+def norm_bwd_cluster_config(n: int, m: int, layer: bool, device_name: str,
+                            dsum: bool = False) -> tuple[int, int, int, int, int] | None:
     """The cluster backward's launch shape for rows of ``n`` (``m`` rows), or None (NORM_BWD_CLUSTER;
-    at least one row an SM)."""
+    at least one row an SM; with ``dsum``, add+RMSNorm's, only at NORM_BWD_DSUM's lengths)."""
+    if dsum and n not in (_by_device(NORM_BWD_DSUM, device_name) or ()):
+        return None
     return _cluster_shape(NORM_BWD_CLUSTER, (layer, n), m, device_name)
 
 

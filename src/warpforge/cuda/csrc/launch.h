@@ -116,11 +116,13 @@ cudaError_t layer_norm_fwd_cluster(DType dt, const void* x, void* y, const void*
 // (either may be null): (parts, n) fp32 row-major; at most `parts` clusters run (when parts > 0);
 // cluster c writes its partial sums into row c and zeros into the rows past the clusters that ran;
 // the caller sums the rows. w may be null (weight 1).
-const char* norm_bwd_cluster_config_error(DType dt, int64_t n, NormClusterConfig cfg);
-cudaError_t norm_bwd_cluster(DType dt, bool rms, const void* x, const void* dy, void* dx, const void* w,
-                             const float* mean, const float* rstd, float* dw_part, float* db_part, int64_t parts,
-                             int64_t m, int64_t n, int64_t sx, int64_t sdy, int64_t sdx, float offset,
-                             NormClusterConfig cfg, cudaStream_t stream);
+// dsum (may be null): add+RMSNorm's gradient reaching the residual sum, added to dx (rms only; 256
+// threads, at most 2 rows a group), row stride sds.
+const char* norm_bwd_cluster_config_error(DType dt, int64_t n, NormClusterConfig cfg, bool rms, bool dsum);
+cudaError_t norm_bwd_cluster(DType dt, bool rms, const void* x, const void* dy, const void* dsum, void* dx,
+                             const void* w, const float* mean, const float* rstd, float* dw_part, float* db_part,
+                             int64_t parts, int64_t m, int64_t n, int64_t sx, int64_t sdy, int64_t sds, int64_t sdx,
+                             float offset, NormClusterConfig cfg, cudaStream_t stream);
 // The softmax (log: log-softmax) forward over long rows in the same layout (softmax.cu): a row over
 // a cluster, groups of rows staged in shared memory by bulk copies, the slices' (max, sum of exp)
 // pairs exchanged by st.async. 16-bit dtypes; x and y 16-byte aligned with row strides sx, sy.

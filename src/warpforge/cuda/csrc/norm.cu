@@ -244,16 +244,28 @@ __global__ void __launch_bounds__(THREADS, 1) layer_norm_fwd_cluster_kernel(
 // first pass (measured as a variant) did not help. At the end cluster c writes its dw/db slice
 // into row c of the (parts, N) fp32 partial buffers, and zeros into rows c + clusters,
 // c + 2 clusters, ... < parts that no cluster ran; the caller sums the rows.
-template <typename T, int THREADS, int VPT, bool RMS>
+//
+// With DS_ROWS > 0 (add+RMSNorm's backward: rows <= DS_ROWS a group) dx also takes dsum, the
+// gradient reaching the residual sum directly: dx = (the above) + dsum. dsum is read once and used
+// once, and it does not fit in shared memory beside 3 stages of x and dy, so each thread loads its
+// vectors of the next group's dsum rows into registers (4 a vector and row) at the end of this
+// group's write. That is not a whole group ahead: thread 0's fence before refilling a stage
+// (MEMBAR.ALL.CTA) waits for its outstanding loads, and the block with it, so part of a DRAM trip
+// a group stays exposed. Loading them elsewhere measured slower (H200, 2048 x 65536 bf16: 318 us
+// here; at the next reduction's start, where st.async's release waits for them, 356; after the
+// sends, with an L2 prefetch by the bulk copy engine, 331; NOTES item 117). Routed where it beats
+// the Triton backward (335 us): 65K on the H200 (heuristics.NORM_BWD_DSUM); 262K stays Triton.
+template <typename T, int THREADS, int VPT, bool RMS, int DS_ROWS>
 __global__ void __launch_bounds__(THREADS, 1) norm_bwd_cluster_kernel(
-    const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, const T* __restrict__ w,
-    const float* __restrict__ mean_in, const float* __restrict__ rstd_in, float* __restrict__ dw_part,
-    float* __restrict__ db_part, int64_t parts, int64_t m, int64_t n, int64_t sx, int64_t sdy, int64_t sdx,
-    float offset, int rows, int stages) {
+    const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ dsum, T* __restrict__ dx,
+    const T* __restrict__ w, const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
+    float* __restrict__ dw_part, float* __restrict__ db_part, int64_t parts, int64_t m, int64_t n, int64_t sx,
+    int64_t sdy, int64_t sds, int64_t sdx, float offset, int rows, int stages) {
   constexpr int N = Vec<T>::N;
   constexpr int WARPS = THREADS / 32;
-  // dw and db accumulators take 16 registers a vector; w goes fp32 only if 8 more a vector fit
-  constexpr bool kF32 = VPT * 24 <= 65536 / THREADS - 40;
+  // dw and db accumulators take 16 registers a vector, dsum 4 a vector and row; w goes fp32 only if
+  // 8 more a vector fit
+  constexpr bool kF32 = VPT * (24 + 4 * DS_ROWS) <= 65536 / THREADS - 40;
   extern __shared__ __align__(128) unsigned char stage_mem[];   // [stages][rows][x, dy][slice] of T
   __shared__ ClusterRowShared sh;
   cg::cluster_group cluster = cg::this_cluster();
@@ -298,6 +310,21 @@ __global__ void __launch_bounds__(THREADS, 1) norm_bwd_cluster_kernel(
     return tid < nr ? make_float2(RMS ? 0.f : mean_in[row0 + tid], rstd_in[row0 + tid]) : make_float2(0.f, 0.f);
   };
   float2 pre = make_float2(0.f, 0.f);
+  // this thread's vectors of group it's dsum rows (read once: streamed past the caches)
+  uint4 ds[DS_ROWS > 0 ? DS_ROWS : 1][VPT];
+  auto load_dsum = [&](int64_t it) {
+    if constexpr (DS_ROWS > 0) {
+      int64_t row0;
+      const int nr = groups.at(it, row0);
+#pragma unroll
+      for (int r = 0; r < DS_ROWS; ++r)
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+          if (r < nr)
+            ds[r][k] = __ldcs(reinterpret_cast<const uint4*>(dsum + (row0 + r) * sds + col0 +
+                                                            static_cast<int64_t>(tid + k * THREADS) * N));
+    }
+  };
   // group it's slice sums of g * x_hat and g (RMSNorm: the first only), sent to every partner;
   // this thread's dw and db terms of the group's rows added on the way
   auto sums_and_send = [&](int64_t it) {
@@ -360,14 +387,15 @@ __global__ void __launch_bounds__(THREADS, 1) norm_bwd_cluster_kernel(
 
   // group it, once its partners' sums have landed (lane l holds row l / csize, slice l % csize; the
   // segment sums are the rows' totals): dx from shared memory
-  auto finish = [&](int64_t, int s, int slot, int64_t row0, int nr) {
+  auto finish = [&](int64_t it, int s, int slot, int64_t row0, int nr) {
     const int lr = lane / static_cast<int>(csize), lc = lane % static_cast<int>(csize);
     float2 p = lr < nr ? sh.slots[slot][lc][lr] : make_float2(0.f, 0.f);
     for (int o = 1; o < static_cast<int>(csize); o <<= 1) {
       p.x += shfl_xor(p.x, o);
       p.y += shfl_xor(p.y, o);
     }
-    for (int r = 0; r < nr; ++r) {
+    // row r of the group (dsr: its dsum vectors, with DS_ROWS)
+    auto write_row = [&](int r, const uint4* dsr) {
       const float c1 = __shfl_sync(0xffffffffu, p.x, r * static_cast<int>(csize)) * inv_n;
       const float c2 = RMS ? 0.f : __shfl_sync(0xffffffffu, p.y, r * static_cast<int>(csize)) * inv_n;
       const float2 st = sh.row_stats[slot][r];
@@ -386,14 +414,30 @@ __global__ void __launch_bounds__(THREADS, 1) norm_bwd_cluster_kernel(
           for (int h = 0; h < 2; ++h) {
             const float x = h ? xp.y : xp.x;
             const float g = (h ? dp.y : dp.x) * (h ? wv.y : wv.x);
-            o.set(e + h, fmaf(g, rstd, RMS ? x * a : fmaf(x - mean, a, b2)));
+            float v = fmaf(g, rstd, RMS ? x * a : fmaf(x - mean, a, b2));
+            if constexpr (DS_ROWS > 0) {
+              const float2 sp = pair_at<T>(dsr[k], e);
+              v += h ? sp.y : sp.x;
+            }
+            o.set(e + h, v);
           }
         }
         store_vec(dr + k * THREADS * N, o);
       }
+    };
+    if constexpr (DS_ROWS > 0) {
+#pragma unroll
+      for (int r = 0; r < DS_ROWS; ++r)
+        if (r < nr) write_row(r, ds[r]);
+      if (it + 1 < groups.mine) load_dsum(it + 1);
+    } else {
+      for (int r = 0; r < nr; ++r) write_row(r, nullptr);
     }
   };
-  if (groups.mine > 0) pre = load_stats(0);
+  if (groups.mine > 0) {
+    pre = load_stats(0);
+    load_dsum(0);
+  }
   run_groups(sh, groups, stages, issue, sums_and_send, finish);
   // this cluster's dw / db slice into row cid; zeros into the rows no cluster ran
   for (int64_t part = groups.cid; part < parts; part += groups.clusters) {
@@ -434,6 +478,18 @@ const char* config_error(DType dt, int64_t n, NormClusterConfig c, bool backward
   return cluster_rows_shape_error(dt, n, c, backward ? 2 : 1, backward ? backward_fit_error : one_block_an_sm);
 }
 
+// The residual-gradient backward's instantiations: RMSNorm, 256 threads, a group of 1 or 2 rows,
+// at most 8 dsum vectors a thread held (rows x vectors a thread; 2 x 8 spills).
+constexpr int kDsumThreads = 256, kDsumMaxRows = 2, kDsumMaxVectors = 8;
+
+const char* dsum_config_error(bool rms, NormClusterConfig c) {
+  if (!rms) return "a residual gradient (dsum) is RMSNorm's only";
+  if (c.threads != kDsumThreads || c.rows > kDsumMaxRows || c.rows * c.vpt > kDsumMaxVectors)
+    return "the backward with a residual gradient (dsum) runs 256 threads, at most 2 rows a group and 8 vectors "
+           "a thread over the group's rows (rows x vectors a thread)";
+  return nullptr;
+}
+
 
 }  // namespace
 
@@ -441,8 +497,9 @@ const char* layer_norm_cluster_config_error(DType dt, int64_t n, NormClusterConf
   return config_error(dt, n, c, false);
 }
 
-const char* norm_bwd_cluster_config_error(DType dt, int64_t n, NormClusterConfig c) {
-  return config_error(dt, n, c, true);
+const char* norm_bwd_cluster_config_error(DType dt, int64_t n, NormClusterConfig c, bool rms, bool dsum) {
+  if (const char* why = config_error(dt, n, c, true)) return why;
+  return dsum ? dsum_config_error(rms, c) : nullptr;
 }
 
 cudaError_t layer_norm_fwd_cluster(DType dt, const void* x, void* y, const void* w, const void* b, float* mean,
@@ -470,11 +527,11 @@ cudaError_t layer_norm_fwd_cluster(DType dt, const void* x, void* y, const void*
   });
 }
 
-cudaError_t norm_bwd_cluster(DType dt, bool rms, const void* x, const void* dy, void* dx, const void* w,
-                             const float* mean, const float* rstd, float* dw_part, float* db_part, int64_t parts,
-                             int64_t m, int64_t n, int64_t sx, int64_t sdy, int64_t sdx, float offset,
-                             NormClusterConfig c, cudaStream_t stream) {
-  if (m <= 0 || config_error(dt, n, c, true) != nullptr) return cudaErrorInvalidValue;
+cudaError_t norm_bwd_cluster(DType dt, bool rms, const void* x, const void* dy, const void* dsum, void* dx,
+                             const void* w, const float* mean, const float* rstd, float* dw_part, float* db_part,
+                             int64_t parts, int64_t m, int64_t n, int64_t sx, int64_t sdy, int64_t sds, int64_t sdx,
+                             float offset, NormClusterConfig c, cudaStream_t stream) {
+  if (m <= 0 || norm_bwd_cluster_config_error(dt, n, c, rms, dsum != nullptr) != nullptr) return cudaErrorInvalidValue;
   return dispatch(dt, [&](auto tag) -> cudaError_t {
     using T = decltype(tag);
     if constexpr (sizeof(T) == 4) {
@@ -483,20 +540,27 @@ cudaError_t norm_bwd_cluster(DType dt, bool rms, const void* x, const void* dy, 
       const size_t smem = 2 * static_cast<size_t>(c.stages) * c.rows * (n / c.cluster) * sizeof(T);
       const T* xp = static_cast<const T*>(x);
       const T* dyp = static_cast<const T*>(dy);
+      const T* dsp = static_cast<const T*>(dsum);
       T* dxp = static_cast<T*>(dx);
       const T* wp = static_cast<const T*>(w);
+#define WF_LAUNCH(TH, V, RMS_, DS)                                                                      \
+  launch_cluster_rows(norm_bwd_cluster_kernel<T, TH, V, RMS_, DS>, c, m, smem, parts, stream, xp, dyp, dsp, dxp, \
+                      wp, mean, rstd, dw_part, db_part, parts, m, n, sx, sdy, sds, sdx, offset, c.rows, c.stages)
 #define WF_CASE(TH, V)                                                                            \
       if constexpr (backward_fits(TH, V)) {                                                      \
-        if (c.threads == TH && c.vpt == V)                                                       \
-          return rms ? launch_cluster_rows(norm_bwd_cluster_kernel<T, TH, V, true>, c, m, smem, parts, stream, \
-                              xp, dyp, dxp, wp, mean, rstd, dw_part, db_part, parts, m, n, sx,    \
-                              sdy, sdx, offset, c.rows, c.stages)                                 \
-                     : launch_cluster_rows(norm_bwd_cluster_kernel<T, TH, V, false>, c, m, smem, parts, stream, \
-                              xp, dyp, dxp, wp, mean, rstd, dw_part, db_part, parts, m, n, sx,    \
-                              sdy, sdx, offset, c.rows, c.stages);                                \
+        if (c.threads == TH && c.vpt == V) {                                                     \
+          if constexpr (TH == kDsumThreads) {                                                    \
+            if constexpr (V * kDsumMaxRows <= kDsumMaxVectors) {                                 \
+              if (dsp && c.rows == kDsumMaxRows) return WF_LAUNCH(TH, V, true, kDsumMaxRows);    \
+            }                                                                                    \
+            if (dsp) return WF_LAUNCH(TH, V, true, 1);                                           \
+          }                                                                                      \
+          return rms ? WF_LAUNCH(TH, V, true, 0) : WF_LAUNCH(TH, V, false, 0);                   \
+        }                                                                                        \
       }
       WF_CLUSTER_ROW_SHAPES(WF_CASE)
 #undef WF_CASE
+#undef WF_LAUNCH
       return cudaErrorInvalidValue;
     }
   });

@@ -368,9 +368,11 @@ void softmax_fwd_cluster(const Tensor& input, bool log, c10::IntArrayRef config,
 // ---- LayerNorm / RMSNorm backward over long rows ---------------------------------------------------
 // Writes dx and the (parts, N) fp32 partial sums of dw and db (either may be absent), all allocated
 // by the caller (warpforge.ops.norms, which sums the partial rows); mean is read for LayerNorm only.
+// grad_sum (optional, RMSNorm only): add+RMSNorm's gradient of the residual sum, added to dx.
 void norm_bwd(const Tensor& input, const Tensor& grad_output, const c10::optional<Tensor>& weight,
               const c10::optional<Tensor>& mean, const Tensor& rstd, double offset, bool rms, c10::IntArrayRef config,
-              const Tensor& dx, const c10::optional<Tensor>& dw_part, const c10::optional<Tensor>& db_part) {
+              const Tensor& dx, const c10::optional<Tensor>& dw_part, const c10::optional<Tensor>& db_part,
+              const c10::optional<Tensor>& grad_sum) {
   const char* op = "norm_bwd";
   check_cuda(input, op, "input");
   check_rows(input, op, "input");
@@ -378,6 +380,8 @@ void norm_bwd(const Tensor& input, const Tensor& grad_output, const c10::optiona
   const int64_t m = input.size(0), n = input.size(1);
   check_like_input(grad_output, input, op, "grad_output");
   check_like_input(dx, input, op, "dx");
+  const Tensor* ds = present(grad_sum);
+  if (ds) check_like_input(*ds, input, op, "grad_sum");
   const Tensor* w = present(weight);
   if (w) check_param(*w, input, n, op, "weight");
   const Tensor* mu = present(mean);
@@ -400,18 +404,18 @@ void norm_bwd(const Tensor& input, const Tensor& grad_output, const c10::optiona
   }
   const wf::NormClusterConfig cfg = norm_cluster_config(config, op);
   if (m == 0) return;
-  check_launch_shape(wf::norm_bwd_cluster_config_error(dt, n, cfg), cfg, n, op);
+  check_launch_shape(wf::norm_bwd_cluster_config_error(dt, n, cfg, rms, ds != nullptr), cfg, n, op);
   TORCH_CHECK(rows_aligned(input, input.stride(0)) && rows_aligned(grad_output, grad_output.stride(0)) &&
-              rows_aligned(dx, dx.stride(0)) && (!w || rows_aligned(*w, 0)), "warpforge_cuda::", op,
-              ": 'input', 'grad_output', 'dx' and 'weight' rows must start on 16-byte boundaries (aligned base, "
-              "row stride a multiple of 16 bytes)");
+              rows_aligned(dx, dx.stride(0)) && (!w || rows_aligned(*w, 0)) && (!ds || rows_aligned(*ds, ds->stride(0))),
+              "warpforge_cuda::", op, ": 'input', 'grad_output', 'dx', 'weight' and 'grad_sum' rows must start on "
+              "16-byte boundaries (aligned base, row stride a multiple of 16 bytes)");
   const c10::cuda::CUDAGuard guard(input.device());
   C10_CUDA_CHECK(wf::norm_bwd_cluster(
-      dt, rms, input.data_ptr(), grad_output.data_ptr(), dx.data_ptr(), w ? w->data_ptr() : nullptr,
-      mu ? mu->data_ptr<float>() : nullptr, rstd.data_ptr<float>(),
+      dt, rms, input.data_ptr(), grad_output.data_ptr(), ds ? ds->data_ptr() : nullptr, dx.data_ptr(),
+      w ? w->data_ptr() : nullptr, mu ? mu->data_ptr<float>() : nullptr, rstd.data_ptr<float>(),
       parts_t[0] ? parts_t[0]->data_ptr<float>() : nullptr, parts_t[1] ? parts_t[1]->data_ptr<float>() : nullptr,
-      parts, m, n, input.stride(0), grad_output.stride(0), dx.stride(0), static_cast<float>(offset), cfg,
-      c10::cuda::getCurrentCUDAStream()));
+      parts, m, n, input.stride(0), grad_output.stride(0), ds ? ds->stride(0) : 0, dx.stride(0),
+      static_cast<float>(offset), cfg, c10::cuda::getCurrentCUDAStream()));
 }
 
 }  // namespace
@@ -426,7 +430,7 @@ TORCH_LIBRARY(warpforge_cuda, m) {
   m.def("layer_norm_fwd(Tensor input, Tensor? weight, Tensor? bias, float eps, int[] config, Tensor(a!) out, "
         "Tensor(b!) mean, Tensor(c!) rstd) -> ()");
   m.def("norm_bwd(Tensor input, Tensor grad_output, Tensor? weight, Tensor? mean, Tensor rstd, float offset, "
-        "bool rms, int[] config, Tensor(a!) dx, Tensor(b!)? dw_part, Tensor(c!)? db_part) -> ()");
+        "bool rms, int[] config, Tensor(a!) dx, Tensor(b!)? dw_part, Tensor(c!)? db_part, Tensor? grad_sum=None) -> ()");
   m.def("softmax_fwd_cluster(Tensor input, bool log, int[] config, Tensor(a!) out) -> ()");
   m.def("reduce_tuning(int[] config) -> ()", &reduce_tuning);
 }
