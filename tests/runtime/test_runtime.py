@@ -97,6 +97,39 @@ def test_norm_fwd_loop_rows(monkeypatch):
     assert f(8192, False, True) == heuristics.row_config(8192)
 
 
+def test_norm_bwd_residual_grad_route(monkeypatch):
+    """add+RMSNorm's backward takes the cluster kernel only at the lengths NORM_BWD_DSUM lists, on
+    RMSNorm's launch shape for them, which the kernel must take with a residual gradient (256
+    threads, at most 2 rows a group and 8 vectors a thread over them: norms._dsum_fits)."""
+    from warpforge.ops import norms
+
+    monkeypatch.setattr(heuristics, "interpreting", lambda: False)
+    monkeypatch.setattr(heuristics, "sm_count", lambda *a: 132)
+    cfg = heuristics.norm_bwd_cluster_config
+    h200, h100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
+    for n in heuristics.NORM_BWD_DSUM["H200"]:
+        shape = cfg(n, 2**27 // n, False, h200, True)
+        assert shape == heuristics.NORM_BWD_CLUSTER["H200"][(False, n)] and norms._dsum_fits(shape), n
+    assert cfg(262144, 512, False, h200, True) is None                 # Triton: measured slower there
+    assert cfg(262144, 512, False, h200) == (16, 256, 8, 1, 3)          # RMSNorm alone keeps it
+    assert cfg(65536, 2048, False, h100, True) is None
+    assert cfg(65536, 100, False, h200, True) is None                  # fewer rows than SMs
+    assert not norms._dsum_fits((8, 128, 4, 2, 3)) and not norms._dsum_fits((2, 256, 8, 2, 3))
+    assert not norms._dsum_fits((2, 256, 1, 4, 2))
+    monkeypatch.setattr(heuristics, "interpreting", lambda: True)
+    assert cfg(65536, 2048, False, h200, True) is None
+
+
+def test_rope_table_order():
+    """RoPE loads the table rows first only where a sequence spans several token blocks; one block
+    (decode) issues q/k with them (heuristics.rope_config's table_first)."""
+    assert not heuristics.rope_config(64, 1, 32, 8, 128).table_first
+    assert not heuristics.rope_config(1, 1, 32, 8, 128).table_first
+    assert heuristics.rope_config(4, 4096, 32, 8, 128).table_first
+    c = heuristics.rope_config(2, 37, 4, 2, 32)
+    assert c.table_first == (triton.cdiv(37, c.block_s) > 1)
+
+
 def test_norm_fwd_h200_routes(monkeypatch):
     """H200 only (NORM_LOOP_CONST, NORM_WIDE_LOOP, NORM_BLOCK_SHAPES, NORM_RMS_PIPE): rows of
     16K < N <= 32K with rows enough take the loop, both norms in 8,192-element steps of 32 warps with
