@@ -230,7 +230,8 @@ __global__ void __launch_bounds__(THREADS, 1) layer_norm_fwd_cluster_kernel(
 //   x_hat = (x - mean) * rstd (RMSNorm: x * rstd), g = dy * w (RMSNorm: dy * (offset + w)),
 //   dx = rstd * (g - x_hat * mean(g * x_hat) - mean(g))   (RMSNorm: no mean(g) term),
 //   dw = sum over rows of dy * x_hat, db = sum over rows of dy.
-// Byte model: read x and dy, write dx (3 * M * N * s). The same cluster structure as the forward:
+// Byte model: read x and dy (and dsum, below), write dx (3 * M * N * s; 4 with dsum). The same
+// cluster structure as the forward:
 // block b holds its slice of w in registers and accumulates its slice of dw and db in fp32 registers
 // over every row it walks (deterministic: a fixed order a thread); x and dy arrive in shared memory
 // by bulk copies, `stages` groups ahead; the slices' sums of g * x_hat and g go to every partner by
