@@ -348,37 +348,45 @@ def test_cluster_norm_backward_residual_grad_refuses_bad_calls():
         op(x, dy, None, None, rstd, 0.0, True, [2, 256, 1, 2, 2], dx, None, None, buf[1:].view(4, 4096))
 
 
+def spy_norm_bwd_route(monkeypatch) -> list:
+    """Every launch shape norms' backward route returns (None: Triton), with the eager fast path off
+    (it replays Triton kernels Python launched before for the same key)."""
+    taken = []
+    real = norms._norm_bwd_cluster
+    monkeypatch.setattr(norms, "_norm_bwd_cluster", lambda *a: taken.append(real(*a)) or taken[-1])
+    monkeypatch.setattr(norms.fastpath, "door", lambda t: None)
+    return taken
+
+
+def check_add_rms_norm_backward(shape, what):
+    """wf.add_rms_norm's gradients of h, r and w, both outputs differentiated, against float64
+    autograd of RMSNorm over the sum it returned (dh = dr = its gradient plus the sum's own)."""
+    n = shape[-1]
+    h = torch.randn(*shape, device=DEV).to(torch.bfloat16).requires_grad_()
+    r = torch.randn(*shape, device=DEV).to(torch.bfloat16).requires_grad_()
+    w = (torch.rand(n, device=DEV) + 0.5).to(torch.bfloat16).requires_grad_()
+    out, s = wf.add_rms_norm(h, r, w, eps=1e-6)
+    dout, ds = torch.randn_like(out), torch.randn_like(s)
+    torch.autograd.backward((out, s), (dout, ds))
+    s64 = s.detach().double().requires_grad_()
+    w64 = w.detach().double().requires_grad_()
+    (s64 * (s64.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt() * w64).backward(dout.double())
+    assert_close(h.grad, s64.grad + ds.double(), torch.bfloat16, scale=2, what=f"{what} dh")
+    assert_close(r.grad, s64.grad + ds.double(), torch.bfloat16, scale=2, what=f"{what} dr")
+    assert_close(w.grad, w64.grad, torch.bfloat16, scale=2, what=f"{what} dw")
+
+
 @needs_hopper
 def test_add_rms_norm_backward_routes_to_cluster_kernel(monkeypatch):
     """add+RMSNorm's backward takes the cluster kernel where the route's shape can add the residual
     gradient (rows of 4,096 at 2 x 256 x 1 here), and keeps Triton where it cannot (128 threads)."""
-    taken = []
-    real = norms._norm_bwd_cluster
-
-    def spy(*args):
-        cfg = real(*args)
-        taken.append(cfg)
-        return cfg
+    taken = spy_norm_bwd_route(monkeypatch)
     shapes = {4096: (2, 256, 1, 2, 2), 2048: (2, 128, 1, 2, 2)}
     monkeypatch.setattr(norms, "norm_bwd_cluster_config", lambda n, m, *rest: shapes.get(n))
-    monkeypatch.setattr(norms, "_norm_bwd_cluster", spy)
-    monkeypatch.setattr(norms.fastpath, "door", lambda t: None)
     for n, want in ((4096, (2, 256, 1, 2, 2)), (2048, None)):
         taken.clear()
-        h = torch.randn(3, 7, n, device=DEV).to(torch.bfloat16).requires_grad_()
-        r = torch.randn(3, 7, n, device=DEV).to(torch.bfloat16).requires_grad_()
-        w = (torch.rand(n, device=DEV) + 0.5).to(torch.bfloat16).requires_grad_()
-        out, s = wf.add_rms_norm(h, r, w, eps=1e-6)
-        dout, ds = torch.randn_like(out), torch.randn_like(s)
-        torch.autograd.backward((out, s), (dout, ds))
-        h64, r64, w64 = (t.detach().double().requires_grad_() for t in (h, r, w))
-        s64 = h64 + r64
-        o64 = s64 * (s64.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt() * w64
-        torch.autograd.backward((o64, s64), (dout.double(), ds.double()))
+        check_add_rms_norm_backward((3, 7, n), f"n={n}")
         assert taken == [want], f"n={n}: route {taken}"
-        assert_close(h.grad, h64.grad, torch.bfloat16, scale=2, what=f"n={n} dh")
-        assert_close(r.grad, r64.grad, torch.bfloat16, scale=2, what=f"n={n} dr")
-        assert_close(w.grad, w64.grad, torch.bfloat16, scale=2, what=f"n={n} dw")
 
 
 @needs_hopper
@@ -390,28 +398,12 @@ def test_add_rms_norm_backward_route_real_table(monkeypatch):
     lengths = [n for n in (65536, 262144) if norms.norm_bwd_cluster_config(n, m, False, name) is not None]
     if not lengths:
         pytest.skip(f"no cluster backward for long rows on {name}")
-    taken = []
-    real = norms._norm_bwd_cluster
-    monkeypatch.setattr(norms, "_norm_bwd_cluster", lambda *a: taken.append(real(*a)) or taken[-1])
-    # the eager fast path replays Triton kernels Python launched before for the same key
-    monkeypatch.setattr(norms.fastpath, "door", lambda t: None)
+    taken = spy_norm_bwd_route(monkeypatch)
     for n in lengths:
         taken.clear()
         want = norms.norm_bwd_cluster_config(n, m, False, name, True) is not None
-        h = torch.randn(m, n, device=DEV).to(torch.bfloat16).requires_grad_()
-        r = torch.randn(m, n, device=DEV).to(torch.bfloat16).requires_grad_()
-        w = (torch.rand(n, device=DEV) + 0.5).to(torch.bfloat16).requires_grad_()
-        out, s = wf.add_rms_norm(h, r, w, eps=1e-6)
-        dout, ds = torch.randn_like(out), torch.randn_like(s)
-        torch.autograd.backward((out, s), (dout, ds))
-        s64 = s.detach().double().requires_grad_()
-        w64 = w.detach().double().requires_grad_()
-        o64 = s64 * (s64.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt() * w64
-        o64.backward(dout.double())
+        check_add_rms_norm_backward((m, n), f"n={n}")
         assert len(taken) == 1 and (taken[0] is not None) == want, f"n={n}: route {taken}, cluster expected {want}"
-        assert_close(h.grad, s64.grad + ds.double(), torch.bfloat16, scale=2, what=f"n={n} dh")
-        assert_close(r.grad, s64.grad + ds.double(), torch.bfloat16, scale=2, what=f"n={n} dr")
-        assert_close(w.grad, w64.grad, torch.bfloat16, scale=2, what=f"n={n} dw")
 
 
 @needs_hopper

@@ -35,9 +35,10 @@ def make_table(b, rows, d, dtype=torch.float32, half=False):
     return randn(*shape, dtype=dtype), randn(*shape, dtype=dtype)
 
 
-def check_fwd_bwd(q, k, cos, sin, pos, interleaved, dtype, what=""):
-    """Forward and both gradients against autograd through the float64 reference."""
-    qo, ko = apply_rope(q, k, cos, sin, pos, interleaved)
+def check_fwd_bwd(q, k, cos, sin, pos, interleaved, dtype, what="", rope=apply_rope):
+    """Forward and both gradients of ``rope`` (apply_rope's signature) against autograd through the
+    float64 reference."""
+    qo, ko = rope(q, k, cos, sin, pos, interleaved)
     assert qo.dtype == dtype and ko.dtype == dtype and qo.shape == q.shape and ko.shape == k.shape
     qd = q.detach().double().requires_grad_()
     kd = k.detach().double().requires_grad_()
@@ -108,24 +109,15 @@ def test_table_orders(monkeypatch, table_first, shape, pk):
     monkeypatch.setattr(rope_mod, "rope_config", lambda *a: dataclasses.replace(real(*a), table_first=table_first))
     rows = 2 * s + 7
     cos, sin = make_table(None, rows, d)
-    pos, offset = None, 0
-    if pk == "offset":
-        offset = 6
-    else:
-        pos = torch.randint(0, rows, (b, s) if pk == "bs" else (s,), device=DEVICE)
+    pos = 6 if pk == "offset" else torch.randint(0, rows, (b, s) if pk == "bs" else (s,), device=DEVICE)
+
+    def operator(q, k, cos, sin, pos, interleaved):                     # the operator: no fast path
+        tensor = isinstance(pos, torch.Tensor)
+        return rope_op(q, k, cos, sin, pos if tensor else None, 0 if tensor else pos, interleaved)
     for interleaved in (False, True):
         q = randn(b, hq, s, d, requires_grad=True)
         k = randn(b, hk, s, d, requires_grad=True)
-        qo, ko = rope_op(q, k, cos, sin, pos, offset, interleaved)      # the operator: no fast path
-        qd, kd = q.detach().double().requires_grad_(), k.detach().double().requires_grad_()
-        qr, kr = rope_reference(qd, kd, cos, sin, pos if pos is not None else offset, interleaved)
-        assert_close(qo, qr, torch.float32, what=f"q_out table_first={table_first}")
-        assert_close(ko, kr, torch.float32, what=f"k_out table_first={table_first}")
-        gq, gk = randn(*qo.shape), randn(*ko.shape)
-        torch.autograd.backward((qo, ko), (gq, gk))
-        torch.autograd.backward((qr, kr), (gq.double(), gk.double()))
-        assert_close(q.grad, qd.grad, torch.float32, scale=2.0, what=f"dq table_first={table_first}")
-        assert_close(k.grad, kd.grad, torch.float32, scale=2.0, what=f"dk table_first={table_first}")
+        check_fwd_bwd(q, k, cos, sin, pos, interleaved, torch.float32, f"table_first={table_first}", rope=operator)
 
 
 @pytest.mark.parametrize("interleaved", [False, True])

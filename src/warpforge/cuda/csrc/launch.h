@@ -116,8 +116,8 @@ cudaError_t layer_norm_fwd_cluster(DType dt, const void* x, void* y, const void*
 // (either may be null): (parts, n) fp32 row-major; at most `parts` clusters run (when parts > 0);
 // cluster c writes its partial sums into row c and zeros into the rows past the clusters that ran;
 // the caller sums the rows. w may be null (weight 1).
-// dsum (may be null): add+RMSNorm's gradient reaching the residual sum, added to dx (rms only; 256
-// threads, at most 2 rows a group), row stride sds.
+// dsum (may be null): add+RMSNorm's gradient reaching the residual sum, added to dx, row stride
+// sds (rms only; 256 threads, at most 2 rows a group and 8 vectors a thread over them).
 const char* norm_bwd_cluster_config_error(DType dt, int64_t n, NormClusterConfig cfg, bool rms, bool dsum);
 cudaError_t norm_bwd_cluster(DType dt, bool rms, const void* x, const void* dy, const void* dsum, void* dx,
                              const void* w, const float* mean, const float* rstd, float* dw_part, float* db_part,
