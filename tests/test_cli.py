@@ -32,9 +32,18 @@ def test_no_command_is_an_error():
 def test_info_on_cpu(monkeypatch, capsys):
     import torch
 
+    from warpforge import cuda
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert main(["info"]) == 0
+    # the backend's verdict is cached per process: on a GPU machine an earlier test has cached
+    # "available", which this test's patched torch.cuda contradicts (it then asked the absent
+    # device for its capability)
+    cuda.unavailable_reason.cache_clear()
+    try:
+        assert main(["info"]) == 0
+    finally:
+        cuda.unavailable_reason.cache_clear()
     out = capsys.readouterr().out
     assert f"warpforge {warpforge.__version__}" in out
     assert f"torch     {torch.__version__}" in out and "triton" in out
