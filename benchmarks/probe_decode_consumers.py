@@ -1,0 +1,98 @@
+"""Are the Gluon decode kernel's consumer warps what holds it under the read ceiling? (issue 6; a
+probe, not the benchmark.)
+
+The unit kernel (ops/decode_attention_sm90.py) reads 3-7% under the paged read ceiling at batch
+>= 16 (NOTES item 62) while cuDNN sits within 0-2% of it; the merge (item 79), the block-id reads
+and the slot release (item 64) are ruled out. Never timed: the four consumer warps' own work. Each
+warp must finish its 16-token slice (S = Q K^T over D = 128 as 16 dependent mma.sync, the online
+softmax, P V) within one slot period, ~0.9 us at an SM's share of 4.5 TB/s; if it does not, the
+ring drains at the consumers' pace. This probe times the kernel alone (no combine), under the
+bench's timer, as it is and patched (timing only: the patched outputs are wrong and not checked):
+
+- ``no math``: a consumer waits for its slot and releases it at once (no shared-memory reads, no
+  MMA, no softmax): the producer's TMA stream alone, the kernel's data-path ceiling;
+- ``no softmax``: both MMAs, P = S cast to bf16 with no max, exp or rescale;
+- ``read ceiling``: probe_page_read's Triton kernel summing the same pages (best of four launch
+  shapes), and sdpa[cudnn] on the same problem unpaged.
+
+Prediction: if ``no math`` reads >= ~103% of copy (probe_page_read's ceiling) where the base reads
+~97-100%, the consumers are the limit and more consumer warps (two groups taking alternate slots)
+is the next build; if ``no math`` is no faster, the data path is, and consumer work is not worth
+touching.
+
+    python benchmarks/probe_decode_consumers.py [--shapes 16x8192,64x4096,32x16384,1x16384]
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from decode_probe_inputs import cudnn_decode, load_sm90_copy, paged_problem
+from probe_page_read import read_pages
+from warpforge.bench.timing import TimingConfig, device_ms
+from warpforge.ops import decode_attention as DA
+from warpforge.ops import decode_attention_sm90 as G
+from warpforge.runtime.device import ceilings, sm_count
+
+READS = [(1, 8192, 3, 8), (2, 8192, 3, 8), (4, 8192, 3, 8), (2, 8192, 4, 8)]   # (programs an SM, block, stages, warps)
+
+WORK_START = "            kt = k_smem.index(slot * C + W)"
+WORK_END = "                m_i = m_new\n"
+NO_MATH = "            mbarrier.arrive(empty.index(slot))\n"
+SOFTMAX_START = "            if c < c1:\n"
+NO_SOFTMAX = """            if c < c1:
+                acc = mma_v2(gl.convert_layout(s.to(dtype), a_l), vt, acc)
+"""
+
+
+def variants():
+    src = open(G.__file__).read()
+    assert src.count(WORK_START) == 1 and src.count(WORK_END) == 1 and src.count(SOFTMAX_START) == 1
+    i, j = src.index(WORK_START), src.index(WORK_END) + len(WORK_END)
+    no_math = src[:i] + NO_MATH + src[j:]
+    k = src.index(SOFTMAX_START)
+    no_softmax = src[:k] + NO_SOFTMAX + src[j:]
+    return {"base": G, "no math": load_sm90_copy(no_math, "_dec_nomath"),
+            "no softmax": load_sm90_copy(no_softmax, "_dec_nosoftmax")}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="16x8192,64x4096,32x16384,1x16384")
+    ap.add_argument("--rounds", type=int, default=2)
+    a = ap.parse_args()
+    cfg = TimingConfig.quick()
+    copy = ceilings()["copy_gbps"]
+    mods = variants()
+    scale2 = 128 ** -0.5 * DA.LOG2E
+    res, nbytes = {}, {}
+    for sh in a.shapes.split(","):
+        bsz, ctx = (int(x) for x in sh.split("x"))
+        q, kc, vc, bt, sl, kvb = paged_problem(bsz, ctx)
+        nbytes[sh] = kvb
+        _, res[(sh, "sdpa[cudnn]")] = cudnn_decode(q, kc, vc, bt, ctx, lambda fn: [device_ms(fn, cfg, kvb) * 1e3])
+        flat = bt.reshape(-1)
+        read = min(device_ms(lambda: read_pages(kc, vc, flat, m * sm_count(), blk, st, w), cfg, kvb)
+                   for m, blk, st, w in READS)
+        res[(sh, "read ceiling")] = [read * 1e3]
+        o = torch.empty_like(q)
+        for r in range(a.rounds):
+            for name in (list(mods) if r % 2 == 0 else list(mods)[::-1]):
+                try:
+                    t = device_ms(lambda: mods[name].decode_sm90(q, kc, vc, bt, sl, o, scale2), cfg, kvb)
+                except Exception as e:  # noqa: BLE001 -- a patched variant that does not compile: say so, go on
+                    print(f"{name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                    del mods[name]
+                    continue
+                res.setdefault((sh, name), []).append(t * 1e3)
+        del q, kc, vc, bt
+        torch.cuda.empty_cache()
+    print(f"{'shape':9s} {'variant':12s} {'us':>8s} {'% copy':>7s}  rounds")
+    for (sh, name), v in res.items():
+        print(f"{sh:9s} {name:12s} {min(v):8.1f} {100 * nbytes[sh] / (min(v) * 1e-6) / 1e9 / copy:7.1f}  "
+              f"{[round(x, 1) for x in v]}")
+
+
+if __name__ == "__main__":
+    main()
