@@ -15,6 +15,8 @@ bench's timer, as it is and patched (timing only: the patched outputs are wrong 
 - ``early release``: K and V both to registers and the slot released before S = Q K^T (the
   shipped kernel releases after S; item 64 found this order spilling 240 bytes at 232 registers,
   48 at 248: never timed), at the default registers and at 248 (``r248``; ``base r248`` beside it);
+- ``two S chains`` (``--chains``): S = Q K^T as two MMAs over the halves of D, summed (two
+  dependent chains of 4 k-steps instead of one of 8; NOTES item 119's lead);
 - ``read ceiling``: probe_page_read's Triton kernel summing the same pages (best of four launch
   shapes), and sdpa[cudnn] on the same problem unpaged.
 
@@ -52,6 +54,42 @@ EARLY_TO = """            vt = v_smem.index(slot * C + W)._reinterpret(dtype, [1
             mbarrier.arrive(empty.index(slot))
             s = mma_v2(qa, kt, gl.zeros([16, 16], gl.float32, mma))       # (16 heads, 16 tokens)
 """
+# two S = Q K^T chains over the halves of D (4 dependent k-steps each instead of 8), q loaded as halves
+CHAIN_EDITS = [
+    ("""@gluon.jit
+def _dec_consume(""", """@gluon.jit
+def _load_q_half(q_ptr, b, kvh, G, s_qb, s_qh, DH: gl.constexpr, OFF: gl.constexpr, layout: gl.constexpr):
+    g = gl.arange(0, 16, layout=gl.SliceLayout(1, layout))
+    d = gl.arange(0, DH, layout=gl.SliceLayout(0, layout)) + OFF
+    rows = (kvh * G + g).to(gl.int64)
+    return gl.load(q_ptr + b.to(gl.int64) * s_qb + rows[:, None] * s_qh + d[None, :], mask=(g < G)[:, None], other=0.0)
+
+
+@gluon.jit
+def _dec_consume("""),
+    ("""    q = _load_q(q_ptr, b, kvh, G, s_qb, s_qh, D, ld)
+""", """    q = _load_q_half(q_ptr, b, kvh, G, s_qb, s_qh, D // 2, 0, ld)
+    q2 = _load_q_half(q_ptr, b, kvh, G, s_qb, s_qh, D // 2, D // 2, ld)
+"""),
+    ("""        qn = _load_q(q_ptr, bn, kvhn, G, s_qb, s_qh, D, ld)
+        qa = gl.convert_layout(q, a_l)
+""", """        qn = _load_q_half(q_ptr, bn, kvhn, G, s_qb, s_qh, D // 2, 0, ld)
+        qn2 = _load_q_half(q_ptr, bn, kvhn, G, s_qb, s_qh, D // 2, D // 2, ld)
+        qa = gl.convert_layout(q, a_l)
+        qa2 = gl.convert_layout(q2, a_l)
+"""),
+    ("""            kt = k_smem.index(slot * C + W)._reinterpret(dtype, [16, D], flat).permute((1, 0)).load(b_l)
+            s = mma_v2(qa, kt, gl.zeros([16, 16], gl.float32, mma))       # (16 heads, 16 tokens)
+""", """            kfull = k_smem.index(slot * C + W)._reinterpret(dtype, [16, D], flat)
+            kt = kfull.slice(0, D // 2, dim=1).permute((1, 0)).load(b_l)
+            kt2 = kfull.slice(D // 2, D // 2, dim=1).permute((1, 0)).load(b_l)
+            s = (mma_v2(qa, kt, gl.zeros([16, 16], gl.float32, mma))
+                 + mma_v2(qa2, kt2, gl.zeros([16, 16], gl.float32, mma)))
+"""),
+    ("""        b, kvh, split, n, c0, c1, q = bn, kvhn, splitn, nn, c0n, c1n, qn
+""", """        b, kvh, split, n, c0, c1, q, q2 = bn, kvhn, splitn, nn, c0n, c1n, qn, qn2
+"""),
+]
 NO_SOFTMAX = """            if c < c1:
                 acc = mma_v2(gl.convert_layout(s.to(dtype), a_l), vt, acc)
 """
@@ -64,6 +102,13 @@ def variants():
     no_math = src[:i] + NO_MATH + src[j:]
     k = src.index(SOFTMAX_START)
     no_softmax = src[:k] + NO_SOFTMAX + src[j:]
+    if CHAINS:
+        chains = src
+        for old, new in CHAIN_EDITS:
+            assert chains.count(old) == 1, old
+            chains = chains.replace(old, new)
+        return {"base": (G, None), "two S chains": (load_sm90_copy(chains, "_dec_chains"), None),
+                "no math": (load_sm90_copy(no_math, "_dec_nomath"), None)}
     assert src.count(EARLY_FROM) == 1
     early = load_sm90_copy(src.replace(EARLY_FROM, EARLY_TO), "_dec_early")
     return {"base": (G, None), "no math": (load_sm90_copy(no_math, "_dec_nomath"), None),
@@ -71,11 +116,17 @@ def variants():
             "base r248": (G, 248), "early release": (early, None), "early r248": (early, 248)}
 
 
+CHAINS = False
+
+
 def main():
+    global CHAINS
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="16x8192,64x4096,32x16384,1x16384")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--chains", action="store_true", help="base, two S chains and no math only")
     a = ap.parse_args()
+    CHAINS = a.chains
     cfg = TimingConfig.quick()
     copy = ceilings()["copy_gbps"]
     mods = variants()
@@ -92,7 +143,8 @@ def main():
         res[(sh, "read ceiling")] = [read * 1e3]
         o = torch.empty_like(q)
         outs = {}
-        for name in ("base", "early release", "early r248"):            # the candidates: same bits as base?
+        cands = ("two S chains",) if CHAINS else ("early release", "early r248")
+        for name in ("base",) + cands:                                  # the candidates: same bits as base?
             mod, regs = mods[name]
             try:
                 got = mod.decode_sm90(q, kc, vc, bt, sl, o, scale2, regs=regs)
@@ -100,9 +152,11 @@ def main():
                 print(f"{name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 continue
             outs[name] = [t.clone() for t in (got if got is not None else (o,))]
-        for name in (n for n in ("early release", "early r248") if n in outs):
+        for name in (n for n in cands if n in outs):
             same = all(torch.equal(x, y) for x, y in zip(outs[name], outs["base"]))
-            print(f"{sh} {name}: equal to base {same}", flush=True)
+            diff = max(((x.float() - y.float()).abs().max() / y.float().abs().max().clamp_min(1e-30)).item()
+                       for x, y in zip(outs[name], outs["base"]))
+            print(f"{sh} {name}: equal to base {same}, max difference / max |base| {diff:.2e}", flush=True)
         for r in range(a.rounds):
             for name in (list(mods) if r % 2 == 0 else list(mods)[::-1]):
                 try:
