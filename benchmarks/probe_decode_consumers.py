@@ -102,6 +102,8 @@ def variants():
     no_math = src[:i] + NO_MATH + src[j:]
     k = src.index(SOFTMAX_START)
     no_softmax = src[:k] + NO_SOFTMAX + src[j:]
+    if OLD:
+        return {"shipped": (G, None), "old": (load_sm90_copy(open(OLD).read(), "_dec_old"), None)}
     if CHAINS:
         chains = src
         for old, new in CHAIN_EDITS:
@@ -117,16 +119,18 @@ def variants():
 
 
 CHAINS = False
+OLD = None
 
 
 def main():
-    global CHAINS
+    global CHAINS, OLD
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="16x8192,64x4096,32x16384,1x16384")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--chains", action="store_true", help="base, two S chains and no math only")
+    ap.add_argument("--old", metavar="PATH", help="the shipped kernel against an earlier copy of its source file")
     a = ap.parse_args()
-    CHAINS = a.chains
+    CHAINS, OLD = a.chains, a.old
     cfg = TimingConfig.quick()
     copy = ceilings()["copy_gbps"]
     mods = variants()
@@ -143,8 +147,8 @@ def main():
         res[(sh, "read ceiling")] = [read * 1e3]
         o = torch.empty_like(q)
         outs = {}
-        cands = ("two S chains",) if CHAINS else ("early release", "early r248")
-        for name in ("base",) + cands:                                  # the candidates: same bits as base?
+        cands = ("two S chains",) if CHAINS else ("old",) if OLD else ("early release", "early r248")
+        for name in ("shipped" if OLD else "base",) + cands:                                  # the candidates: same bits as base?
             mod, regs = mods[name]
             try:
                 got = mod.decode_sm90(q, kc, vc, bt, sl, o, scale2, regs=regs)
@@ -153,9 +157,10 @@ def main():
                 continue
             outs[name] = [t.clone() for t in (got if got is not None else (o,))]
         for name in (n for n in cands if n in outs):
-            same = all(torch.equal(x, y) for x, y in zip(outs[name], outs["base"]))
+            ref = outs["shipped" if OLD else "base"]
+            same = all(torch.equal(x, y) for x, y in zip(outs[name], ref))
             diff = max(((x.float() - y.float()).abs().max() / y.float().abs().max().clamp_min(1e-30)).item()
-                       for x, y in zip(outs[name], outs["base"]))
+                       for x, y in zip(outs[name], ref))
             print(f"{sh} {name}: equal to base {same}, max difference / max |base| {diff:.2e}", flush=True)
         for r in range(a.rounds):
             for name in (list(mods) if r % 2 == 0 else list(mods)[::-1]):
