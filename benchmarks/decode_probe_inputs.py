@@ -42,6 +42,17 @@ def load_sm90_copy(src: str, name: str):
     return mod
 
 
+def load_sm90_patched(edits, name: str):
+    """ops/decode_attention_sm90.py with each (old, new) of ``edits`` applied (every ``old`` found
+    exactly once), imported as module ``name``."""
+    from warpforge.ops import decode_attention_sm90
+    src = open(decode_attention_sm90.__file__).read()
+    for old, new in edits:
+        assert src.count(old) == 1, old[:80]
+        src = src.replace(old, new)
+    return load_sm90_copy(src, name)
+
+
 def cudnn_decode(q, k_cache, v_cache, block_table, ctx, timer):
     """SDPA's cuDNN backend on the same problem unpaged: (its output (B, Hq, D), ``timer`` of its
     call). The unpaged copies are freed before returning."""

@@ -16,10 +16,9 @@ import statistics
 
 import torch
 
-from decode_probe_inputs import load_sm90_copy, paged_problem
+from decode_probe_inputs import load_sm90_patched, paged_problem
 from warpforge.bench import timing
 from warpforge.ops import decode_attention as DA
-from warpforge.ops import decode_attention_sm90 as G
 
 STAMP = '''
 @gluon.jit
@@ -40,7 +39,6 @@ NAMES = {0: "kernel entry", 1: "setup done", 2: "producer entry", 3: "producer: 
 
 
 def patched_module():
-    src = open(G.__file__).read()
     reps = [
         ("\n\n@gluon.jit\ndef _unit(", "\n" + STAMP + "\n@gluon.jit\ndef _unit("),
         # producer
@@ -85,10 +83,7 @@ def patched_module():
         ("    gl.warp_specialize([(_dec_produce, args)",
          "    _stamp(out_ptr, 1, gl.program_id(0))\n    gl.warp_specialize([(_dec_produce, args)"),
     ]
-    for old, new in reps:
-        assert src.count(old) == 1, old[:80]
-        src = src.replace(old, new)
-    return load_sm90_copy(src, "_decode_sm90_stamped")
+    return load_sm90_patched(reps, "_decode_sm90_stamped")
 
 
 def main():
