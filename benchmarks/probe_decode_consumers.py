@@ -33,7 +33,7 @@ import argparse
 
 import torch
 
-from decode_probe_inputs import cudnn_decode, load_sm90_copy, paged_problem
+from decode_probe_inputs import cudnn_decode, load_sm90_copy, load_sm90_patched, paged_problem
 from probe_page_read import read_pages
 from warpforge.bench.timing import TimingConfig, device_ms
 from warpforge.ops import decode_attention as DA
@@ -95,45 +95,35 @@ NO_SOFTMAX = """            if c < c1:
 """
 
 
-def variants():
+def variants(chains: bool, old: str | None):
+    """({name: (module, registers)}, the reference's name, the candidates checked against it)."""
+    if old:
+        return {"shipped": (G, None), "old": (load_sm90_copy(open(old).read(), "_dec_old"), None)}, "shipped", ("old",)
     src = open(G.__file__).read()
     assert src.count(WORK_START) == 1 and src.count(WORK_END) == 1 and src.count(SOFTMAX_START) == 1
     i, j = src.index(WORK_START), src.index(WORK_END) + len(WORK_END)
-    no_math = src[:i] + NO_MATH + src[j:]
+    no_math = load_sm90_copy(src[:i] + NO_MATH + src[j:], "_dec_nomath")
+    if chains:
+        return {"base": (G, None), "two S chains": (load_sm90_patched(CHAIN_EDITS, "_dec_chains"), None),
+                "no math": (no_math, None)}, "base", ("two S chains",)
     k = src.index(SOFTMAX_START)
-    no_softmax = src[:k] + NO_SOFTMAX + src[j:]
-    if OLD:
-        return {"shipped": (G, None), "old": (load_sm90_copy(open(OLD).read(), "_dec_old"), None)}
-    if CHAINS:
-        chains = src
-        for old, new in CHAIN_EDITS:
-            assert chains.count(old) == 1, old
-            chains = chains.replace(old, new)
-        return {"base": (G, None), "two S chains": (load_sm90_copy(chains, "_dec_chains"), None),
-                "no math": (load_sm90_copy(no_math, "_dec_nomath"), None)}
-    assert src.count(EARLY_FROM) == 1
-    early = load_sm90_copy(src.replace(EARLY_FROM, EARLY_TO), "_dec_early")
-    return {"base": (G, None), "no math": (load_sm90_copy(no_math, "_dec_nomath"), None),
-            "no softmax": (load_sm90_copy(no_softmax, "_dec_nosoftmax"), None),
-            "base r248": (G, 248), "early release": (early, None), "early r248": (early, 248)}
-
-
-CHAINS = False
-OLD = None
+    no_softmax = load_sm90_copy(src[:k] + NO_SOFTMAX + src[j:], "_dec_nosoftmax")
+    early = load_sm90_patched([(EARLY_FROM, EARLY_TO)], "_dec_early")
+    return {"base": (G, None), "no math": (no_math, None), "no softmax": (no_softmax, None),
+            "base r248": (G, 248), "early release": (early, None), "early r248": (early, 248)}, \
+        "base", ("early release", "early r248")
 
 
 def main():
-    global CHAINS, OLD
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="16x8192,64x4096,32x16384,1x16384")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--chains", action="store_true", help="base, two S chains and no math only")
     ap.add_argument("--old", metavar="PATH", help="the shipped kernel against an earlier copy of its source file")
     a = ap.parse_args()
-    CHAINS, OLD = a.chains, a.old
     cfg = TimingConfig.quick()
     copy = ceilings()["copy_gbps"]
-    mods = variants()
+    mods, base, cands = variants(a.chains, a.old)
     scale2 = 128 ** -0.5 * DA.LOG2E
     res, nbytes = {}, {}
     for sh in a.shapes.split(","):
@@ -147,8 +137,7 @@ def main():
         res[(sh, "read ceiling")] = [read * 1e3]
         o = torch.empty_like(q)
         outs = {}
-        cands = ("two S chains",) if CHAINS else ("old",) if OLD else ("early release", "early r248")
-        for name in ("shipped" if OLD else "base",) + cands:                                  # the candidates: same bits as base?
+        for name in (base,) + cands:                                    # the candidates: same bits as base?
             mod, regs = mods[name]
             try:
                 got = mod.decode_sm90(q, kc, vc, bt, sl, o, scale2, regs=regs)
@@ -157,7 +146,7 @@ def main():
                 continue
             outs[name] = [t.clone() for t in (got if got is not None else (o,))]
         for name in (n for n in cands if n in outs):
-            ref = outs["shipped" if OLD else "base"]
+            ref = outs[base]
             same = all(torch.equal(x, y) for x, y in zip(outs[name], ref))
             diff = max(((x.float() - y.float()).abs().max() / y.float().abs().max().clamp_min(1e-30)).item()
                        for x, y in zip(outs[name], ref))

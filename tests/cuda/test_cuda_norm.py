@@ -301,7 +301,8 @@ def test_cluster_norm_backward(cfg, m, rms):
 
 
 # add+RMSNorm's backward (a residual gradient added to dx): the shapes the kernel instantiates it at
-# (256 threads, 1 or 2 rows a group, at most 8 vectors a thread over them), the H200 route's two
+# (256 threads, 1 or 2 rows a group, at most 8 vectors a thread over them), RMSNorm's two H200
+# route shapes (65K: 8 x 256 x 4, 2 rows; 262K: 16 x 256 x 8, 1 row) among them
 DSUM_SHAPES = [
     ((2, 256, 1, 2, 2), 1), ((2, 256, 1, 2, 2), 301), ((2, 256, 2, 1, 3), 5), ((4, 256, 2, 2, 3), 67),
     ((2, 256, 8, 1, 2), 37), ((8, 256, 4, 2, 3), 67), ((16, 256, 8, 1, 3), 21),
