@@ -17,6 +17,9 @@ bench's timer, as it is and patched (timing only: the patched outputs are wrong 
   48 at 248: never timed), at the default registers and at 248 (``r248``; ``base r248`` beside it);
 - ``two S chains`` (``--chains``): S = Q K^T as two MMAs over the halves of D, summed (two
   dependent chains of 4 k-steps instead of one of 8; NOTES item 119's lead);
+- ``no math +q+ids``, ``+q``, ``+ids`` (``--loads``; NOTES item 123): "no math" with the consumers'
+  own loads kept live, the unit's query rows (one row max a unit) and each slot's block id (one add
+  a slot), which the plain variant drops as dead code;
 - ``read ceiling``: probe_page_read's Triton kernel summing the same pages (best of four launch
   shapes), and sdpa[cudnn] on the same problem unpaged.
 
@@ -26,6 +29,7 @@ is the next build; if ``no math`` is no faster, the data path is, and consumer w
 touching.
 
     python benchmarks/probe_decode_consumers.py [--shapes 16x8192,64x4096,32x16384,1x16384]
+        [--chains | --loads | --old PATH]
 """
 from __future__ import annotations
 
@@ -93,9 +97,16 @@ def _dec_consume("""),
 NO_SOFTMAX = """            if c < c1:
                 acc = mma_v2(gl.convert_layout(s.to(dtype), a_l), vt, acc)
 """
+# ``--loads``: "no math" with the consumers' own loads kept live (the plain variant drops them as dead
+# code): the unit's query rows (through one row max a unit) and each slot's block id (one add a slot)
+Q_LIVE = ("        qa = gl.convert_layout(q, a_l)\n",
+          "        qa = gl.convert_layout(q, a_l)\n"
+          "        q_live = gl.max(gl.convert_layout(q, mma).to(gl.float32), 1)\n")
+KEEP = {"no math +q+ids": "q_live + page.to(gl.float32)", "no math +q": "q_live",
+        "no math +ids": "page.to(gl.float32)"}
 
 
-def variants(chains: bool, old: str | None):
+def variants(chains: bool, old: str | None, loads: bool = False):
     """({name: (module, registers)}, the reference's name, the candidates checked against it)."""
     if old:
         return {"shipped": (G, None), "old": (load_sm90_copy(open(old).read(), "_dec_old"), None)}, "shipped", ("old",)
@@ -103,6 +114,16 @@ def variants(chains: bool, old: str | None):
     assert src.count(WORK_START) == 1 and src.count(WORK_END) == 1 and src.count(SOFTMAX_START) == 1
     i, j = src.index(WORK_START), src.index(WORK_END) + len(WORK_END)
     no_math = load_sm90_copy(src[:i] + NO_MATH + src[j:], "_dec_nomath")
+    if loads:
+        assert src.count(Q_LIVE[0]) == 1
+        kept = {}
+        for k, (name, expr) in enumerate(KEEP.items()):
+            body = NO_MATH + f"            if c < c1:\n                m_i = gl.maximum(m_i, {expr})\n"
+            text = src[:i] + body + src[j:]
+            if "q_live" in expr:
+                text = text.replace(*Q_LIVE)
+            kept[name] = (load_sm90_copy(text, f"_dec_nomath_keep{k}"), None)
+        return {"base": (G, None), "no math": (no_math, None), **kept}, "base", ()
     if chains:
         return {"base": (G, None), "two S chains": (load_sm90_patched(CHAIN_EDITS, "_dec_chains"), None),
                 "no math": (no_math, None)}, "base", ("two S chains",)
@@ -120,10 +141,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--chains", action="store_true", help="base, two S chains and no math only")
     ap.add_argument("--old", metavar="PATH", help="the shipped kernel against an earlier copy of its source file")
+    ap.add_argument("--loads", action="store_true",
+                    help="base, no math, and no math with the consumers' q and block-id loads kept live")
     a = ap.parse_args()
     cfg = TimingConfig.quick()
     copy = ceilings()["copy_gbps"]
-    mods, base, cands = variants(a.chains, a.old)
+    mods, base, cands = variants(a.chains, a.old, a.loads)
     scale2 = 128 ** -0.5 * DA.LOG2E
     res, nbytes = {}, {}
     for sh in a.shapes.split(","):
