@@ -68,6 +68,26 @@ def test_all_tokens_on_one_expert_and_repeats():
     _check(*_inputs(T, d, n, E, k, torch.float32, ids), torch.float32)
 
 
+def test_backward_wider_row_tiles(monkeypatch):
+    """Forward and backward at 64-row tiles (the interpreter otherwise always takes 16, where the
+    SwiGLU backward's 16-row programs are whole tiles): experts of one partial tile, none, and two
+    tiles, so a tile's later 16-row blocks hold real rows while later tiles are unused. The row
+    GEMMs take the layout's tile height, as moe_config gives fp32 on a GPU."""
+    import warpforge.ops.moe as M
+    from warpforge.runtime.heuristics import MoEConfig
+
+    block_m = 64
+    counts = [40, 0, 5, 70]                       # tile owners [0, 2, 3, 3, -1, -1]
+    ids = torch.cat([torch.full((c,), e, dtype=torch.int32) for e, c in enumerate(counts)])
+    ids = ids[torch.randperm(ids.numel())].to(DEVICE)[:, None]
+    monkeypatch.setattr(M, "moe_block_m", lambda *a: block_m)
+    if not ON_GPU:
+        real = M.moe_config
+        monkeypatch.setattr(M, "moe_config", lambda kind, bm, s: real(kind, bm, s) if kind == "wgrad"
+                            else MoEConfig(bm, 16, 16, 4, 1, 2))
+    _check(*_inputs(ids.shape[0], 16, 24, len(counts), 1, torch.float32, ids), torch.float32)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_swapped_decode_kernels(monkeypatch, dtype):
     """The decode kernels with A and B swapped (ops/moe.py, _moe_swap_kernel), forced on: experts
@@ -100,11 +120,13 @@ def test_swapped_decode_kernels(monkeypatch, dtype):
 
 
 @pytest.mark.parametrize("S,E,block_m", [(1, 5, 16), (77, 5, 16), (128, 60, 16), (300, 5, 64), (512, 60, 16),
-                                           (700, 5, 64), (2048, 128, 16)])
+                                           (700, 5, 64), (2048, 128, 16), (300, 1100, 16)])
 def test_align_paths(monkeypatch, S, E, block_m):
     """The padded expert layout from one program (decode: MOE_ALIGN_ONE_MAX, MOE_ALIGN_ONE_WORK) and
     from the three chunked launches, each against a Python construction: counts, starts, tile
-    owners, every slot in order within its expert, and out-of-range ids (-1, E) dropped."""
+    owners, every slot in order within its expert, and out-of-range ids (-1, E) dropped. At E =
+    1100 the offsets kernel walks its 3 chunk histograms 2 at a time (4,096 // NB = 2 rows a
+    step), so the second step's prefix starts from the first's running sums."""
     import warpforge.ops.moe as M
 
     g = torch.Generator().manual_seed(S * 100 + E)
@@ -189,17 +211,33 @@ def test_empty_through_the_registered_operator(monkeypatch):
 
 
 def test_out_of_range_ids_unvalidated_are_dropped():
+    """validate=True raises on an id past either end (each alone); validate=False drops such slots,
+    forward and backward: they add nothing to the output or to any gradient, and their routing
+    weights get an exact-zero gradient (not another row's)."""
     T, d, n, E, k = 8, 16, 16, 4, 2
     x, w1, w2, wts, ids = _inputs(T, d, n, E, k, torch.float32)
+    for i, j, v in ((1, 0, 9), (5, 1, -3), (2, 1, E), (6, 0, -1)):
+        one = ids.clone()
+        one[i, j] = v
+        want = f"\\[{v}, " if v < 0 else f", {v}\\]"                         # the bad end named
+        with pytest.raises(ValueError, match=f"'topk_ids' holds expert ids in .*{want}"):
+            moe_experts(x, w1, w2, wts, one)
     bad = ids.clone()
     bad[1, 0], bad[5, 1] = 9, -3
-    with pytest.raises(ValueError, match="topk_ids"):
-        moe_experts(x, w1, w2, wts, bad)
     out = moe_experts(x, w1, w2, wts, bad, validate=False)
-    keep = wts.detach().clone()
-    keep[1, 0] = keep[5, 1] = 0.0
-    ref = moe_experts_reference(x.double(), w1.double(), w2.double(), keep.double(), bad.clamp(0, E - 1))
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    dropped = torch.zeros(T, k, dtype=torch.bool, device=DEVICE)
+    dropped[1, 0] = dropped[5, 1] = True
+    keep = wts.detach().masked_fill(dropped, 0.0)
+    leaves = [t.detach().double().requires_grad_() for t in (x, w1, w2)] + [keep.double().requires_grad_()]
+    ref = moe_experts_reference(*leaves, bad.clamp(0, E - 1))
+    ref.backward(dout.double())
     assert_close(out, ref, torch.float32)
+    for name, t, r in zip(("dx", "dw_gate_up", "dw_down"), (x, w1, w2), leaves):
+        assert_close(t.grad, r.grad, torch.float32, scale=2, what=name)
+    assert torch.equal(wts.grad[dropped], torch.zeros(2, device=DEVICE)), "a dropped slot's weight got a gradient"
+    assert_close(wts.grad[~dropped], leaves[3].grad[~dropped], torch.float32, scale=2, what="dweights")
 
 
 def test_compile_fullgraph():
@@ -224,6 +262,8 @@ def test_bad_input():
         ((x, w1, w2, torch.rand(5, 5, device=DEVICE), torch.zeros(5, 5, dtype=torch.int32, device=DEVICE)),
          ValueError, "top_k"),
         ((x, w1[:, :15], w2, wts, ids), ValueError, "w_gate_up"),
+        # an odd 2n whose n = 2n // 2 w_down matches: only the parity check stops it
+        ((x, w1[:, :15], w2[:, :, :7], wts, ids), ValueError, "'w_gate_up' has shape \\(4, 15, 16\\); expected"),
         ((x, w1, w2[:, :, :7], wts, ids), ValueError, "w_down"),
         ((x, w1, w2[:3], wts, ids), ValueError, "w_down"),
         ((x, w1[0], w2, wts, ids), ValueError, "w_gate_up"),

@@ -284,7 +284,10 @@ def test_bad_input():
          dict(correction_bias=torch.zeros(15, device=DEVICE))),
         (TypeError, "'correction_bias' must be a torch.Tensor", (x, 2), dict(correction_bias=[0.0] * 16)),
         (ValueError, "'aux_loss_coef' is -1", (x, 2), dict(aux_loss_coef=-1.0)),
+        (ValueError, "'aux_loss_coef' is inf", (x, 2), dict(aux_loss_coef=float("inf"))),   # >= 0 yet not finite
+        (ValueError, "'aux_loss_coef' is nan", (x, 2), dict(aux_loss_coef=float("nan"))),
         (ValueError, "'routed_scaling_factor' is inf", (x, 2), dict(routed_scaling_factor=float("inf"))),
+        (ValueError, "'routed_scaling_factor' is nan", (x, 2), dict(routed_scaling_factor=float("nan"))),
         (TypeError, "'renormalize' must be a bool", (x, 2), dict(renormalize=1)),
     ]
     for exc, msg, args, kw in cases:
@@ -325,6 +328,9 @@ def test_update_bias():
         moe_update_bias_(bias, counts > 2)
     with pytest.raises(ValueError, match="'rate' is -0.1"):
         moe_update_bias_(bias, counts, rate=-0.1)
+    other = "cpu" if DEVICE == "cuda" else "meta"                          # counts on another device than the bias
+    with pytest.raises(RuntimeError, match=f"'counts' is on {other}.* but 'correction_bias' is on {DEVICE}"):
+        moe_update_bias_(bias, counts.to(other))
 
 
 def test_compile_dynamic_shapes():
