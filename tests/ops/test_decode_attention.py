@@ -57,6 +57,31 @@ def test_decode(case, dtype):
         assert out[3].abs().max() == 0, "seq_len 0 gives zeros"
 
 
+def test_combine_wide_head_dim_and_many_splits(monkeypatch):
+    """The merge of the split partials at D = 48 (two 32-wide slices of D a (sequence, head) in
+    the one-pass combine, the second half masked) and, with the one-pass limit lowered, the stepped
+    two-pass merge of 22 partials (two steps of 16, the second ragged; a GPU's longer tiles leave
+    6). Head 0 of sequence 0 has one key aligned with its query in the last split (a score ~600 in
+    the exp2 domain): every partial must enter the maximum, or exp2 overflows. Sequence 2's later
+    splits are empty (m = -inf)."""
+    import warpforge.ops.decode_attention as DA
+    from warpforge.runtime.launch import LaunchCache
+    monkeypatch.setattr(DA, "_SM90", [None])               # the Triton kernels, on a GPU too
+    hq, hkv, d, page, mb = 2, 1, 48, 16, 22                # capacity 352: 22 granules of 16 tokens
+    lens = torch.tensor([345, 0, 200], device=DEVICE, dtype=torch.int32)
+    kc, vc, bt, _ = paged(3, mb, page, hkv, d, torch.float32)
+    q = randn(3, hq, d)
+    kc[int(bt[0, 340 // page]), 340 % page, 0] = 8 * q[0, 0]
+    ref = reference(q, kc, vc, bt, lens, scale=1.0)
+    for step in (heur.DECODE_COMBINE_STEP, 2):             # one pass; two passes in steps of 16
+        monkeypatch.setattr(DA, "DECODE_COMBINE_STEP", step)
+        monkeypatch.setattr(DA, "_PLANS", {})              # no plan or compiled combine recorded before
+        monkeypatch.setattr(DA, "_COMBINE_LAUNCH", LaunchCache(DA._decode_attention_combine_kernel))
+        out = decode_attention(q, kc, vc, bt, lens, scale=1.0, num_splits=22)
+        assert_close(out, ref, torch.float32, what=f"num_splits=22, combine step limit {step}")
+        assert out[1].abs().max() == 0, "seq_len 0 gives zeros"
+
+
 def test_layouts_and_scale():
     """Strided q (a fused-projection slice, and a non-unit D stride), K/V interleaved in one
     buffer, int64 metadata, a block table that is a slice of a wider one, a custom scale."""
@@ -76,6 +101,28 @@ def test_layouts_and_scale():
     assert_close(decode_attention(q2, kc, vc, bt, lens, num_splits=2), reference(q2, kc, vc, bt, lens),
                  torch.float32, what="strided D")
     assert_close(wf.decode_attention(q, kc, vc, bt, lens, scale=0.3), ref, torch.float32)
+
+
+def test_k_and_v_caches_with_different_strides():
+    """k_cache contiguous, v_cache a view of a padded buffer (other block, row and head strides):
+    the decode reads and the append writes each cache with its own strides."""
+    hq, hkv, d, page, mb = 4, 2, 16, 8, 4
+    kc, _, bt, _ = paged(2, mb, page, hkv, d, torch.float32)
+    vc = randn(kc.shape[0], page, hkv, 2 * d)[..., :d]     # strides (8 * 2 * 32, 2 * 32, 32, 1)
+    assert kc.stride() != vc.stride()
+    lens = torch.tensor([13, 30], device=DEVICE, dtype=torch.int32)
+    q = randn(2, hq, d)
+    for splits in (1, 2):
+        assert_close(decode_attention(q, kc, vc, bt, lens, num_splits=splits), reference(q, kc, vc, bt, lens),
+                     torch.float32, what=f"num_splits={splits}")
+    key, value = randn(2, 2, hkv, d), randn(2, 2, hkv, d)
+    v0 = vc.clone()
+    append_paged_kv(key, value, kc, vc, bt, lens)
+    for b, n in enumerate(lens.tolist()):
+        for i in range(2):
+            blk, row = int(bt[b, (n + i) // page]), (n + i) % page
+            assert torch.equal(kc[blk, row], key[b, i]) and torch.equal(vc[blk, row], value[b, i])
+    assert int((vc != v0).any(-1).any(-1).sum()) == 4, "only the appended rows of v_cache changed"
 
 
 def test_strided_lengths():
@@ -155,6 +202,22 @@ def test_append_then_decode(dtype):
     assert_close(out, reference(q, kc, vc, bt, start + t), dtype, what="after T=5 append")
 
 
+def test_append_many_kv_heads():
+    """Hkv = 17 at D = 256: more heads than one append tile holds (16 x 256 elements), so the
+    kernel walks the heads in blocks; every head of every appended row lands."""
+    hkv, d, page = 17, 256, 8
+    kc, vc, bt, _ = paged(2, 2, page, hkv, d, torch.float32)
+    key, value = randn(2, 2, hkv, d), randn(2, 2, hkv, d)
+    lens = torch.tensor([3, 7], device=DEVICE, dtype=torch.int32)   # 7, 8: across a block boundary
+    k0 = kc.clone()
+    append_paged_kv(key, value, kc, vc, bt, lens)
+    for b, n in enumerate(lens.tolist()):
+        for i in range(2):
+            blk, row = int(bt[b, (n + i) // page]), (n + i) % page
+            assert torch.equal(kc[blk, row], key[b, i]) and torch.equal(vc[blk, row], value[b, i])
+    assert int((kc != k0).any(-1).any(-1).sum()) == 4
+
+
 def test_compile_fullgraph():
     hq, hkv, d, page, mb = 4, 2, 16, 8, 3
     kc, vc, bt, _ = paged(2, mb, page, hkv, d, torch.float32)
@@ -211,6 +274,9 @@ def test_validation_errors():
     with pytest.raises(ValueError, match=rf"'block_table'\[1, 2\] is {nb + 4}, a block written by sequence 1"):
         append_paged_kv(key, key, kc, vc, bad, lens(0, 15))
     append_paged_kv(key, key, kc, vc, bad, lens(0, 14))                      # writes only block column 1
+    bad = bt.clone()
+    bad[1, 0] = -5
+    append_paged_kv(key, key, kc, vc, bad, lens(0, 8))                       # column 0 is not written: fine
 
 
 def test_unvalidated_bad_metadata_stays_in_bounds():
@@ -241,6 +307,48 @@ def test_unvalidated_bad_metadata_stays_in_bounds():
     assert torch.isnan(pool[0]).all() and torch.isnan(pool[-1]).all(), "nothing written outside the caches"
     changed = (pool != snap) & ~(torch.isnan(pool) & torch.isnan(snap))
     assert int(changed.any(-1).any(-1).any(-1).sum()) == 3 + 1 + 1        # rows: 3, 1 (capacity), 1 (block 0 of seq 2)
+
+
+def test_unvalidated_dead_tiles_stay_finite():
+    """validate=False with a sequence's first 8 blocks invalid: whole key tiles (any tile size up
+    to 128 tokens) are masked out while the running max is still -inf, which must not turn into
+    -inf - (-inf) = NaN; with 2 splits the first split sees no live token at all. The output stays
+    finite and the sequence with good metadata is exact."""
+    hq, hkv, d, page, mb = 4, 2, 16, 16, 10
+    kc, vc, bt, _ = paged(2, mb, page, hkv, d, torch.float32)
+    good = bt.clone()
+    bt[1, :8] = -1
+    lens = torch.tensor([150, 150], device=DEVICE, dtype=torch.int32)
+    q = randn(2, hq, d)
+    for splits in (1, 2):
+        out = decode_attention(q, kc, vc, bt, lens, num_splits=splits, validate=False)
+        assert torch.isfinite(out).all(), f"num_splits={splits}"
+        assert_close(out[0], reference(q, kc, vc, good, lens)[0], torch.float32)
+
+
+def test_unvalidated_never_past_the_table_row():
+    """validate=False with lengths past the capacity, the block table a slice of a wider one whose
+    next columns hold a *valid* block id (a bait block no sequence owns): the decode attends to
+    exactly the capacity (the bait's keys would change it) and an append running past the capacity
+    drops those tokens (the bait block stays untouched)."""
+    hq, hkv, d, page, mb = 4, 2, 16, 8, 3
+    kc, vc, bt, _ = paged(2, mb, page, hkv, d, torch.float32)
+    bait = min(set(range(kc.shape[0])) - set(bt.flatten().tolist()))
+    wide = torch.full((2, mb + 2), bait, device=DEVICE, dtype=torch.int32)
+    wide[:, :mb] = bt
+    bt = wide[:, :mb]
+    cap = mb * page
+    q = randn(2, hq, d)
+    ref = reference(q, kc, vc, bt, torch.tensor([cap, cap], device=DEVICE))
+    for splits in (1, 2):
+        out = decode_attention(q, kc, vc, bt, torch.tensor([cap + 5, 10**6], device=DEVICE, dtype=torch.int32),
+                               num_splits=splits, validate=False)
+        assert_close(out, ref, torch.float32, what=f"clamped to the capacity, num_splits={splits}")
+    key = randn(2, 3, hkv, d)
+    k0, v0 = kc.clone(), vc.clone()
+    append_paged_kv(key, key, kc, vc, bt, torch.tensor([cap - 1, cap - 2], device=DEVICE), validate=False)
+    assert torch.equal(kc[bait], k0[bait]) and torch.equal(vc[bait], v0[bait]), "nothing written past the row"
+    assert int((kc != k0).any(-1).any(-1).sum()) == 1 + 2                   # rows cap - 1; cap - 2, cap - 1
 
 
 def test_bad_input():
