@@ -466,3 +466,17 @@ def test_bad_options_audit():
         with pytest.raises(IndexError, match="'dim'=3 is out of range for a 0-d tensor"):
             fn(torch.tensor(2.0, device=DEVICE), dim=3)
         assert fn(torch.empty(3, 8, device="meta")).shape == (3,)
+
+
+def test_loop_strided_rows(monkeypatch):
+    """The row loop (forced, 64-element steps, a ragged last one) reads each row with its own row
+    stride: strided rows of x, sum and amax, with and without tie counts."""
+    monkeypatch.setattr(R, "reduce_config", lambda m, n: ("loop", 64, 4))
+    x = noncontig(randn(5, 150, scale=2.0).round())                     # row stride 300, natural ties
+    for fn, tfn in OPS.values():
+        torch.testing.assert_close(fn(x).double(), tfn(x.double(), -1), rtol=1e-5, atol=1e-4)
+    monkeypatch.setattr(R, "amax_grad_path", lambda t: "ties")          # the counting forward
+    y, ties = amax_ties_op(x)
+    assert torch.equal(y, x.amax(-1))
+    assert torch.equal(ties, (x == x.amax(-1, keepdim=True)).sum(-1).float())
+

@@ -362,3 +362,55 @@ def test_cos_dtype_message_names_each_dtype_once():
     cos = torch.ones(3, 8, device=DEVICE, dtype=torch.float64)
     with pytest.raises(TypeError, match="'cos' has dtype float64; expected one of float32$"):
         apply_rope(q, k, cos, cos)
+
+
+@pytest.mark.parametrize("table_first", [False, True])
+def test_table_strides(monkeypatch, table_first):
+    """cos and sin with different row and batch strides (slices of wider buffers, unit last stride:
+    read in place): each table is indexed with its own strides, in both load orders."""
+    real = rope_config
+    monkeypatch.setattr(rope_mod, "rope_config", lambda *a: dataclasses.replace(real(*a), table_first=table_first))
+    b, hq, hk, s, d = 2, 4, 2, 5, 8
+    rows = s + 3
+    for tb in (None, b):
+        lead = () if tb is None else (tb,)
+        cos = randn(*lead, rows, 3 * d)[..., d:2 * d]                      # row stride 3D
+        sin = randn(*lead, 2 * rows + 1, d)[..., 1::2, :]                  # row stride 2D, batch stride (2T+1)D
+        assert cos.stride(-2) != sin.stride(-2) and cos.stride(-1) == sin.stride(-1) == 1
+        for interleaved in (False, True):
+            q = randn(b, hq, s, d, requires_grad=True)
+            k = randn(b, hk, s, d, requires_grad=True)
+            check_fwd_bwd(q, k, cos, sin, 2, interleaved, torch.float32, f"strided tables tb={tb}")
+
+
+def test_position_one_past_the_table(monkeypatch):
+    """An id equal to the table's row count T is out of range: that token is NaN, even where the
+    memory after the table holds finite numbers (the tables are the first T rows of a longer
+    buffer, so reading row T would give plausible values)."""
+    monkeypatch.setattr(rope_mod, "_check_positions", lambda ids, rows: None)   # the kernel's own mask
+    rows, d = 6, 8
+    cbuf, sbuf = make_table(None, rows + 2, d)
+    cos, sin = cbuf[:rows], sbuf[:rows]
+    q, k = randn(2, 2, 4, d), randn(2, 1, 4, d)
+    pos = torch.tensor([0, rows, rows - 1, rows + 1], device=DEVICE)
+    qo, ko = apply_rope(q, k, cos, sin, pos)
+    assert torch.isnan(qo[:, :, [1, 3]]).all() and torch.isnan(ko[:, :, [1, 3]]).all()
+    ok = torch.tensor([0, rows - 1], device=DEVICE)
+    qr, kr = rope_reference(q[:, :, [0, 2]], k[:, :, [0, 2]], cos, sin, ok)
+    assert_close(qo[:, :, [0, 2]], qr, torch.float32)
+    assert_close(ko[:, :, [0, 2]], kr, torch.float32)
+
+
+def test_forced_head_steps(monkeypatch):
+    """Steps of different head counts for q and k (HEADS_Q 4, HEADS_K 2) with several k groups and
+    one program walking them all: each k group starts at its own multiple of HEADS_K. (rope_config
+    makes the two equal whenever k has more than one group; the kernel takes any pair.)"""
+    real = rope_config
+    monkeypatch.setattr(rope_mod, "rope_config",
+                        lambda *a: dataclasses.replace(real(*a), heads_q=4, heads_k=2, split=1))
+    b, hq, hk, s, d = 2, 8, 4, 3, 16
+    for interleaved in (False, True):
+        q = randn(b, hq, s, d, requires_grad=True)
+        k = randn(b, hk, s, d, requires_grad=True)
+        cos, sin = make_table(None, s, d)
+        check_fwd_bwd(q, k, cos, sin, None, interleaved, torch.float32, "forced head steps")

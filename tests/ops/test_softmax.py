@@ -176,3 +176,35 @@ def test_loop_forward_steps(monkeypatch, log, n, const):
     got = fn(x, -1)
     want = tfn(x.double(), -1)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_block_forward_large_magnitudes(log):
+    """The block forward subtracts each row's max before exp: rows around +-100 and of +-1e4
+    (exp overflows fp32 past 88.7, underflows below -103), with a masked tail (N = 123), stay
+    finite and right."""
+    x = randn(4, 123, scale=3.0)
+    x[0] += 100.0
+    x[1] -= 200.0
+    x[2] *= 1e4
+    x[3, 7] = 500.0
+    fn, tfn = (wf.log_softmax, torch.log_softmax) if log else (wf.softmax, torch.softmax)
+    got = fn(x)
+    want = tfn(x.double(), -1)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_loop_backward_strided_gradient(log):
+    """The loop backward (rows past 16,384) reads dy with its own row stride, not y's: a gradient
+    whose rows are strided (every other row of a buffer) and one broadcast over the rows (stride 0)."""
+    fn, tfn = (wf.log_softmax, torch.log_softmax) if log else (wf.softmax, torch.softmax)
+    n = 20000
+    for dy in (noncontig(randn(2, n)), randn(1, n).expand(2, n)):
+        x = randn(2, n, requires_grad=True)
+        y = fn(x)
+        (g,) = torch.autograd.grad(y, x, dy)
+        xr = x.detach().double().requires_grad_()
+        (gr,) = torch.autograd.grad(tfn(xr, -1), xr, dy.double())
+        assert_close(g, gr, torch.float32, scale=2.0, what=f"loop backward, dy strides {dy.stride()}")
