@@ -274,6 +274,42 @@ def test_many_chunks(reduction, monkeypatch, fresh_ce_config):
     _check(x, tgt, opts, reduction, torch.float32, what="5 chunks")
 
 
+def test_stats_path_many_chunks(monkeypatch):
+    """The forward without a gradient on the split path (reduction="none", or no_grad) is the
+    statistics kernel, one program a (row, chunk), then the combine kernel over the chunks. Under
+    the interpreter a row is otherwise always one chunk; STATS_LAUNCH = (32, 4) makes V = 131 five
+    chunks (the last 3 wide), so the combine's rescale of each chunk's sum to the row max, and the
+    target's share taken only in the chunk that owns it (targets either side of chunk edges, and
+    a soft cap, under which a non-owning chunk's masked target logit is -inf), are checked off the
+    GPU too."""
+    monkeypatch.setattr(ce, "STATS_LAUNCH", (32, 4))
+    x, tgt, opts = _inputs("all", 10, 131, requires_grad=False)
+    tgt[2], tgt[3], tgt[4], tgt[6], tgt[8] = 31, 32, 128, 63, 130
+    x[5, 96:128] += 8.0                   # one chunk's max well above the others'
+    capped = 4.0 * torch.tanh(x.double() / 4.0)
+    with torch.no_grad():
+        for red in REDUCTIONS:
+            loss, lse = wf.cross_entropy(x, tgt, reduction=red, return_lse=True, **opts)
+            assert_close(loss, _formula(x, tgt, reduction=red, **opts), torch.float32, what=f"5 stats chunks {red}")
+            assert_close(lse, torch.logsumexp(capped, -1), torch.float32, what=f"5 stats chunks lse {red}")
+
+
+@pytest.mark.parametrize("path", ["split_1chunk", "loop_forced"])
+def test_large_logits(path, monkeypatch):
+    """Rows shifted by +-200, far outside exp's fp32 range (exp(200) is inf, exp(-200) is 0): loss
+    and gradient are shift-invariant, so they match the float64 formula and PyTorch only where
+    every kernel subtracts the row max before exp -- the forward with the gradient formed in it
+    ("mean"), and the statistics forward and the recompute from the saved lse ("none")."""
+    cfg, v, _piece = PATHS[path]
+    monkeypatch.setattr(ce, "CONFIG_OVERRIDE", cfg)
+    shift = torch.tensor([200.0, -200.0, 0.0, 200.0, -200.0, 120.0, -120.0], device=DEVICE)
+    for reduction in ("mean", "none"):
+        x, tgt, opts = _inputs({"weight": True, "ignore": "some", "label_smoothing": 0.1}, 7, v,
+                               requires_grad=False)
+        x = (x + shift[:, None]).requires_grad_()
+        _check(x, tgt, opts, reduction, torch.float32, what=f"{path} shifted by 200")
+
+
 def test_backward_recompute_chunks():
     """reduction="none" recomputes the gradient in (row, 4096-column) programs: V = 4500 takes two
     a row, the second ragged."""
@@ -798,6 +834,23 @@ def test_double_backward_raises():
         assert torch.isfinite(g).all()
 
 
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_linear_zero_tokens(reduction):
+    """No tokens: the loss is 0 (empty for "none") and every gradient is zeros of its shape --
+    dweight included, which no chunk writes (its buffer starts poisoned), on the path with the
+    gradients formed in the forward and on the recompute of "none"."""
+    h = randn(0, 8, requires_grad=True)
+    w, b = randn(7, 8, requires_grad=True), randn(7, requires_grad=True)
+    tgt = torch.empty(0, dtype=torch.long, device=DEVICE)
+    loss = wf.linear_cross_entropy(h, w, tgt, b, reduction=reduction, chunk_size=4, label_smoothing=0.1)
+    assert loss.shape == ((0,) if reduction == "none" else ())
+    if reduction != "none":
+        assert loss.item() == 0.0
+    loss.sum().backward()
+    assert h.grad.shape == (0, 8)
+    assert torch.equal(w.grad, torch.zeros_like(w)) and torch.equal(b.grad, torch.zeros_like(b))
+
+
 def test_linear_matches_cross_entropy_of_logits():
     """The fused form equals cross_entropy of the materialised logits, loss and gradients."""
     h, w, b, tgt, opts = _lce_inputs("all", 10, 16, 70)
@@ -917,3 +970,16 @@ def test_bad_options_audit():
         wf.cross_entropy(randn(2, 0, 3), torch.zeros(2, 3, dtype=torch.long, device=DEVICE))
     with pytest.raises(TypeError, match="'z_loss' must be a real number"):
         wf.linear_cross_entropy(randn(5, 8), randn(7, 8), tgt, z_loss="0.1")
+
+
+def test_option_boundaries():
+    """The ends of the option ranges: label_smoothing = 1.0 is allowed (as in PyTorch: the loss is
+    the uniform-target term alone), and bools, which are ints to isinstance, are refused as
+    ignore_index and chunk_size."""
+    x, tgt = randn(5, 7, requires_grad=True), torch.randint(0, 7, (5,), device=DEVICE)
+    tgt[1] = -100
+    _vs_torch(x, tgt, "mean", label_smoothing=1.0, what="label_smoothing=1")
+    with pytest.raises(TypeError, match="'ignore_index' must be an int, got bool"):
+        wf.cross_entropy(x, tgt, ignore_index=True)
+    with pytest.raises(ValueError, match="'chunk_size' is True; expected None or a positive int"):
+        wf.linear_cross_entropy(randn(5, 8), randn(7, 8), tgt, chunk_size=True)
