@@ -103,6 +103,19 @@ def test_layouts_and_scale():
     assert_close(wf.decode_attention(q, kc, vc, bt, lens, scale=0.3), ref, torch.float32)
 
 
+def check_appended(key, value, kc, vc, bt, lens, cache, before):
+    """After append_paged_kv(key, value, kc, vc, bt, lens): row lens[b] + i of sequence b holds
+    key[b, i] and value[b, i] exactly, and ``cache`` (kc or vc) differs from ``before`` in those
+    B x T rows only."""
+    bsz, t = key.shape[:2]
+    page = kc.shape[1]
+    for b, n in enumerate(lens.tolist()):
+        for i in range(t):
+            blk, row = int(bt[b, (n + i) // page]), (n + i) % page
+            assert torch.equal(kc[blk, row], key[b, i]) and torch.equal(vc[blk, row], value[b, i])
+    assert int((cache != before).any(-1).any(-1).sum()) == bsz * t, "only the appended rows changed"
+
+
 def test_k_and_v_caches_with_different_strides():
     """k_cache contiguous, v_cache a view of a padded buffer (other block, row and head strides):
     the decode reads and the append writes each cache with its own strides."""
@@ -118,11 +131,7 @@ def test_k_and_v_caches_with_different_strides():
     key, value = randn(2, 2, hkv, d), randn(2, 2, hkv, d)
     v0 = vc.clone()
     append_paged_kv(key, value, kc, vc, bt, lens)
-    for b, n in enumerate(lens.tolist()):
-        for i in range(2):
-            blk, row = int(bt[b, (n + i) // page]), (n + i) % page
-            assert torch.equal(kc[blk, row], key[b, i]) and torch.equal(vc[blk, row], value[b, i])
-    assert int((vc != v0).any(-1).any(-1).sum()) == 4, "only the appended rows of v_cache changed"
+    check_appended(key, value, kc, vc, bt, lens, vc, v0)
 
 
 def test_strided_lengths():
@@ -211,11 +220,7 @@ def test_append_many_kv_heads():
     lens = torch.tensor([3, 7], device=DEVICE, dtype=torch.int32)   # 7, 8: across a block boundary
     k0 = kc.clone()
     append_paged_kv(key, value, kc, vc, bt, lens)
-    for b, n in enumerate(lens.tolist()):
-        for i in range(2):
-            blk, row = int(bt[b, (n + i) // page]), (n + i) % page
-            assert torch.equal(kc[blk, row], key[b, i]) and torch.equal(vc[blk, row], value[b, i])
-    assert int((kc != k0).any(-1).any(-1).sum()) == 4
+    check_appended(key, value, kc, vc, bt, lens, kc, k0)
 
 
 def test_compile_fullgraph():
