@@ -53,6 +53,36 @@ def load_sm90_patched(edits, name: str):
     return load_sm90_copy(src, name)
 
 
+def stamp_samples(S, q, k_cache, v_cache, block_table, seq_lens, reps, programs, width, columns, flush=True):
+    """Run the stamped copy ``S`` of ops/decode_attention_sm90.py (a split call: its stamps, int64
+    %globaltimer values, ``width`` a program for programs 0 .. programs - 1, live in the output it
+    does not otherwise write) ``reps`` times after two warm-up calls, each after an L2 flush when
+    ``flush`` and a GPU sleep. Returns {column: [a call's median over the programs of that
+    column's nonzero stamps, us after the call's first entry stamp (column 0)]} for ``columns``."""
+    from warpforge.bench import timing
+    from warpforge.ops import decode_attention as DA
+    assert q.numel() * q.element_size() >= programs * width * 8, "the output buffer holds the stamps"
+    samples = {k: [] for k in columns}
+    for r in range(reps + 2):
+        out = torch.zeros_like(q)
+        if flush:
+            timing.flush_l2()
+        torch.cuda._sleep(200_000)
+        parts = S.decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, q.shape[2] ** -0.5 * DA.LOG2E)
+        assert parts is not None, "a split call (the stamps live in the unused output)"
+        torch.cuda.synchronize()
+        if r < 2:
+            continue
+        st = out.view(torch.int64).view(-1)[:programs * width].view(programs, width).cpu().double()
+        t0 = st[:, 0][st[:, 0] > 0].min()
+        for k in columns:
+            col = st[:, k]
+            col = col[col > 0]
+            if col.numel():
+                samples[k].append(float((col - t0).median()) / 1e3)
+    return samples
+
+
 def cudnn_decode(q, k_cache, v_cache, block_table, ctx, timer):
     """SDPA's cuDNN backend on the same problem unpaged: (its output (B, Hq, D), ``timer`` of its
     call). The unpaged copies are freed before returning."""

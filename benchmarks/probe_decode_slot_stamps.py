@@ -20,9 +20,7 @@ import statistics
 
 import torch
 
-from decode_probe_inputs import load_sm90_patched, paged_problem
-from warpforge.bench import timing
-from warpforge.ops import decode_attention as DA
+from decode_probe_inputs import load_sm90_patched, paged_problem, stamp_samples
 
 SLOTS = 32
 STAMP = '''
@@ -66,29 +64,11 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     a = ap.parse_args()
     S = patched_module()
-    hq, hk, d, page = 32, 8, 128, 16
     for sh in a.shapes.split(","):
         bsz, ctx = (int(x) for x in sh.split("x"))
-        q, kc, vc, bt, sl, _ = paged_problem(bsz, ctx, hq, hk, d, page)
-        assert bsz * hq * d * 2 >= 8 * 128 * 8, "the output buffer holds the stamps"
-        cols = {}
-        for r in range(a.reps + 2):
-            out = torch.zeros(bsz, hq, d, device="cuda", dtype=q.dtype)
-            timing.flush_l2()
-            torch.cuda._sleep(200_000)
-            parts = S.decode_sm90(q, kc, vc, bt, sl, out, d ** -0.5 * DA.LOG2E)
-            assert parts is not None, "a split call (the stamps live in the unused output)"
-            torch.cuda.synchronize()
-            if r < 2:
-                continue
-            st = out.view(torch.int64).view(-1)[:8 * 128].view(8, 128).cpu().double()
-            t0 = st[:, 0][st[:, 0] > 0].min()
-            for k in range(2 + 3 * SLOTS):
-                col = st[:, k]
-                col = col[col > 0]
-                if col.numel():
-                    cols.setdefault(k, []).append(float((col - t0).median()) / 1e3)
-        med = {k: statistics.median(v) for k, v in cols.items()}
+        q, kc, vc, bt, sl, _ = paged_problem(bsz, ctx)
+        cols = stamp_samples(S, q, kc, vc, bt, sl, a.reps, 8, 128, range(2 + 3 * SLOTS))
+        med = {k: statistics.median(v) for k, v in cols.items() if v}
         print(f"B{bsz} ctx {ctx} [clean], us after the first entry; partials stored {med.get(1, float('nan')):.2f}")
         print(f"{'t':>3s} {'I issue':>8s} {'W ready':>8s} {'D done':>8s} {'W-I':>6s} {'D-W':>6s} {'W-Dprev':>8s}")
         prev = None

@@ -16,9 +16,7 @@ import statistics
 
 import torch
 
-from decode_probe_inputs import load_sm90_patched, paged_problem
-from warpforge.bench import timing
-from warpforge.ops import decode_attention as DA
+from decode_probe_inputs import load_sm90_patched, paged_problem, stamp_samples
 
 STAMP = '''
 @gluon.jit
@@ -92,31 +90,12 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     a = ap.parse_args()
     S = patched_module()
-    hq, hk, d, page = 32, 8, 128, 16
     for sh in a.shapes.split(","):
         bsz, ctx = (int(x) for x in sh.split("x"))
-        q, kc, vc, bt, sl, _ = paged_problem(bsz, ctx, hq, hk, d, page)
+        q, kc, vc, bt, sl, _ = paged_problem(bsz, ctx)
         for lens_name, lens in (("len0", torch.zeros_like(sl)), ("full", sl)):
             for cond in ("clean", "warm"):
-                samples = {k: [] for k in NAMES}
-                for r in range(a.reps + 2):
-                    out = torch.zeros(bsz, hq, d, device="cuda", dtype=q.dtype)
-                    if cond == "clean":
-                        timing.flush_l2()
-                    torch.cuda._sleep(200_000)
-                    parts = S.decode_sm90(q, kc, vc, bt, lens, out, d ** -0.5 * DA.LOG2E)
-                    assert parts is not None, "a split call (the stamps live in the unused output)"
-                    torch.cuda.synchronize()
-                    if r < 2:
-                        continue
-                    st = out.view(torch.int64).view(-1)[:64 * 16].view(64, 16).cpu()
-                    progs = min(64, int(st.shape[0]))
-                    t0 = int(st[:progs, 0][st[:progs, 0] > 0].min())
-                    for k in NAMES:
-                        col = st[:progs, k]
-                        col = col[col > 0]
-                        if col.numel():
-                            samples[k].append(float((col.double() - t0).median()) / 1e3)
+                samples = stamp_samples(S, q, kc, vc, bt, lens, a.reps, 64, 16, NAMES, flush=cond == "clean")
                 line = "  ".join(f"{NAMES[k]} {statistics.median(v):.2f}" for k, v in samples.items() if v)
                 print(f"B{bsz} ctx {ctx} {lens_name} [{cond}] us after first entry: {line}", flush=True)
 
