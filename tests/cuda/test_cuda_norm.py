@@ -379,14 +379,20 @@ def check_add_rms_norm_backward(shape, what):
 
 @needs_hopper
 def test_add_rms_norm_backward_routes_to_cluster_kernel(monkeypatch):
-    """add+RMSNorm's backward takes the cluster kernel where the route's shape can add the residual
-    gradient (rows of 4,096 at 2 x 256 x 1 here), and keeps Triton where it cannot (128 threads)."""
+    """add+RMSNorm's backward takes the cluster kernel where the table's shape can add the residual
+    gradient (rows of 4,096 at 2 x 256 x 1 here), and keeps Triton where it cannot (128 threads),
+    the device's tables patched (heuristics.norm_bwd_cluster_config checks the shape)."""
+    from warpforge.runtime import heuristics
+
     taken = spy_norm_bwd_route(monkeypatch)
+    name = torch.cuda.get_device_name()
+    m = torch.cuda.get_device_properties(0).multi_processor_count
     shapes = {4096: (2, 256, 1, 2, 2), 2048: (2, 128, 1, 2, 2)}
-    monkeypatch.setattr(norms, "norm_bwd_cluster_config", lambda n, m, *rest: shapes.get(n))
+    monkeypatch.setattr(heuristics, "NORM_BWD_CLUSTER", {name: {(False, n): c for n, c in shapes.items()}})
+    monkeypatch.setattr(heuristics, "NORM_BWD_DSUM", {name: tuple(shapes)})
     for n, want in ((4096, (2, 256, 1, 2, 2)), (2048, None)):
         taken.clear()
-        check_add_rms_norm_backward((3, 7, n), f"n={n}")
+        check_add_rms_norm_backward((m, n), f"n={n}")
         assert taken == [want], f"n={n}: route {taken}"
 
 

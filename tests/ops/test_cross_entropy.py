@@ -779,6 +779,24 @@ def test_linear_partial_grads(reduction):
     _check_lce(h, w, b, tgt, opts, reduction, torch.float32, 1, what="bias only")
 
 
+def test_linear_bf16_bias_grad_accumulates_in_fp32():
+    """bf16, 101 tokens in chunks of 2 (mean): the first chunk gives class 0's bias gradient ~1 (a row sure of
+    class 0, target 1), each later chunk ~0.0026 (two rows at p0 = 0.0013), under half a bf16 ulp
+    of the running sum, so an accumulator of the bias's dtype drops every one of them (-11%); fp32
+    keeps them, and one rounding to bf16 at the end is 0.4%. Logits are exact in bf16 (W = I, b = 0)."""
+    v = hdim = 4
+    rows = torch.tensor([[-4.0, 2.5, 0.0, 0.0]]).repeat(101, 1)
+    rows[0] = torch.tensor([12.0, 0.0, 0.0, 0.0])
+    h = rows.to(DEVICE, torch.bfloat16).requires_grad_()
+    w = torch.eye(v, hdim, device=DEVICE, dtype=torch.bfloat16)
+    b = torch.zeros(v, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    tgt = torch.ones(101, dtype=torch.long, device=DEVICE)
+    wf.linear_cross_entropy(h, w, tgt, b, chunk_size=2).backward()
+    ref = torch.softmax(rows.double(), -1)[:, 0].mean()
+    got = b.grad[0].double().cpu()
+    assert torch.isfinite(got) and abs(got - ref) <= 0.01 * ref, f"dbias[0] {got.item():.6g}, expected {ref.item():.6g}"
+
+
 def test_linear_loop_path():
     """V = 1100: the loop kernel (two pieces under the interpreter) writing the gradient in place
     of the chunk's logits, and the recompute of reduction="none" in place."""

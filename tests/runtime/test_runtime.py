@@ -100,22 +100,26 @@ def test_norm_fwd_loop_rows(monkeypatch):
 def test_norm_bwd_residual_grad_route(monkeypatch):
     """add+RMSNorm's backward takes the cluster kernel only at the lengths NORM_BWD_DSUM lists, on
     RMSNorm's launch shape for them, which the kernel must take with a residual gradient (256
-    threads, at most 2 rows a group and 8 vectors a thread over them: norms._dsum_fits)."""
-    from warpforge.ops import norms
-
+    threads, at most 2 rows a group and 8 vectors a thread over them: heuristics.dsum_fits)."""
     monkeypatch.setattr(heuristics, "interpreting", lambda: False)
     monkeypatch.setattr(heuristics, "sm_count", lambda *a: 132)
     cfg = heuristics.norm_bwd_cluster_config
     h200, h100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
     for n in heuristics.NORM_BWD_DSUM["H200"]:
         shape = cfg(n, 2**27 // n, False, h200, True)
-        assert shape == heuristics.NORM_BWD_CLUSTER["H200"][(False, n)] and norms._dsum_fits(shape), n
+        assert shape == heuristics.NORM_BWD_CLUSTER["H200"][(False, n)] and heuristics.dsum_fits(shape), n
     assert cfg(262144, 512, False, h200, True) is None                 # Triton: measured slower there
     assert cfg(262144, 512, False, h200) == (16, 256, 8, 1, 3)          # RMSNorm alone keeps it
     assert cfg(65536, 2048, False, h100, True) is None
     assert cfg(65536, 100, False, h200, True) is None                  # fewer rows than SMs
-    assert not norms._dsum_fits((8, 128, 4, 2, 3)) and not norms._dsum_fits((2, 256, 8, 2, 3))
-    assert not norms._dsum_fits((2, 256, 1, 4, 2))
+    assert not heuristics.dsum_fits((8, 128, 4, 2, 3)) and not heuristics.dsum_fits((2, 256, 8, 2, 3))
+    assert not heuristics.dsum_fits((2, 256, 1, 4, 2))
+    # a table shape the kernel cannot add the residual gradient at: RMSNorm alone keeps it
+    monkeypatch.setitem(heuristics.NORM_BWD_CLUSTER, "H200", {(False, 2048): (2, 128, 1, 2, 2),
+                                                              (True, 4096): (2, 256, 1, 2, 2)})
+    monkeypatch.setitem(heuristics.NORM_BWD_DSUM, "H200", (2048, 4096))
+    assert cfg(2048, 4096, False, h200) == (2, 128, 1, 2, 2) and cfg(2048, 4096, False, h200, True) is None
+    assert cfg(4096, 4096, True, h200) == (2, 256, 1, 2, 2) and cfg(4096, 4096, True, h200, True) is None
     monkeypatch.setattr(heuristics, "interpreting", lambda: True)
     assert cfg(65536, 2048, False, h200, True) is None
 

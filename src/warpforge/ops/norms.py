@@ -815,22 +815,12 @@ def _layer_norm_cluster(x2, y, weight, bias, m: int, n: int):
                           lambda: layer_norm_cluster_config(n, m, device_name(x2)))
 
 
-def _dsum_fits(cfg) -> bool:
-    """Whether the cluster backward can add a residual gradient at launch shape ``cfg`` (cuda/csrc/
-    norm.cu instantiates it at 256 threads, up to 2 rows a group and 8 vectors a thread over them)."""
-    _, threads, vpt, rows, _ = cfg[:5]
-    return threads == 256 and rows <= 2 and rows * vpt <= 8
-
-
 def _norm_bwd_cluster(x2, dy2, dx, weight, m: int, n: int, rms: bool, ds2=None):
     """The CUDA cluster backward's launch shape for this call, or None where the Triton kernels keep
-    it (heuristics.norm_bwd_cluster_config; dy, the weight and add+RMSNorm's residual gradient ds2
-    of the input's dtype). With ds2, RMSNorm's shape where the table routes add+RMSNorm and the kernel
-    takes the residual gradient at that shape."""
-    def shape():
-        cfg = norm_bwd_cluster_config(n, m, not rms, device_name(x2), ds2 is not None)
-        return cfg if cfg is None or ds2 is None or (rms and _dsum_fits(cfg)) else None
-    return _cluster_route(x2, (dy2, weight, ds2), (x2, dy2, dx, weight, ds2), shape)
+    it (heuristics.norm_bwd_cluster_config, which with a residual gradient ds2 routes add+RMSNorm's
+    lengths only; dy, the weight and ds2 of the input's dtype)."""
+    return _cluster_route(x2, (dy2, weight, ds2), (x2, dy2, dx, weight, ds2),
+                          lambda: norm_bwd_cluster_config(n, m, not rms, device_name(x2), ds2 is not None))
 
 
 def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, llama: bool):

@@ -221,13 +221,26 @@ NORM_BWD_DSUM = {"H200": (65536,)}
 # device: row lengths
 
 
+# The shapes cuda/csrc/norm.cu instantiates the residual-gradient backward at (its dsum_config_error):
+# 256 threads, a group of at most 2 rows, at most 8 vectors a thread over the group's rows.
+DSUM_THREADS, DSUM_MAX_ROWS, DSUM_MAX_VECTORS = 256, 2, 8
+
+
+def dsum_fits(cfg) -> bool:
+    """Whether the cluster backward can add a residual gradient at launch shape ``cfg``."""
+    _, threads, vpt, rows, _ = cfg[:5]
+    return threads == DSUM_THREADS and rows <= DSUM_MAX_ROWS and rows * vpt <= DSUM_MAX_VECTORS
+
+
 def norm_bwd_cluster_config(n: int, m: int, layer: bool, device_name: str,
                             dsum: bool = False) -> tuple[int, int, int, int, int] | None:
     """The cluster backward's launch shape for rows of ``n`` (``m`` rows), or None (NORM_BWD_CLUSTER;
-    at least one row an SM; with ``dsum``, add+RMSNorm's, only at NORM_BWD_DSUM's lengths)."""
-    if dsum and n not in (_by_device(NORM_BWD_DSUM, device_name) or ()):
+    at least one row an SM). With ``dsum`` (add+RMSNorm's residual gradient): RMSNorm's shape, only
+    at NORM_BWD_DSUM's lengths and where the kernel takes a residual gradient at it (dsum_fits)."""
+    if dsum and (layer or n not in (_by_device(NORM_BWD_DSUM, device_name) or ())):
         return None
-    return _cluster_shape(NORM_BWD_CLUSTER, (layer, n), m, device_name)
+    cfg = _cluster_shape(NORM_BWD_CLUSTER, (layer, n), m, device_name)
+    return cfg if cfg is None or not dsum or dsum_fits(cfg) else None
 
 
 # The softmax forward over long rows through the CUDA backend's staged cluster kernel
