@@ -29,7 +29,7 @@ is the next build; if ``no math`` is no faster, the data path is, and consumer w
 touching.
 
     python benchmarks/probe_decode_consumers.py [--shapes 16x8192,64x4096,32x16384,1x16384]
-        [--chains | --loads | --old PATH]
+        [--chains | --loads | --staged | --old PATH]
 """
 from __future__ import annotations
 
@@ -105,8 +105,63 @@ Q_LIVE = ("        qa = gl.convert_layout(q, a_l)\n",
 KEEP = {"no math +q+ids": "q_live + page.to(gl.float32)", "no math +q": "q_live",
         "no math +ids": "page.to(gl.float32)"}
 
+# ``--staged``: the producer writes each slot's C block ids to shared memory with the slot (it reads
+# them anyway), and a consumer takes its slice's id from there after the slot's wait, in place of
+# its own global read a slot ahead (NOTES item 125: kept live in "no math", those reads cost
+# ~2 us at batch 1)
+STAGE_ARGS = ("sc, scm, scl, done, free,", "sc, scm, scl, done, free, pid,")
+ONE_WARP = "gl.BlockedLayout([1], [32], [1], [0])"
+STAGED_EDITS = [
+    ("""@gluon.jit
+def _dec_produce(""", """@gluon.jit
+def _ids4(p0, p1, p2, p3):
+    i = gl.arange(0, 4, layout=gl.BlockedLayout([1], [32], [4], [0]))
+    return gl.where(i == 0, p0, gl.where(i == 1, p1, gl.where(i == 2, p2, p3)))
 
-def variants(chains: bool, old: str | None, loads: bool = False):
+
+@gluon.jit
+def _dec_produce("""),
+    ("""            bar = ready.index(slot)
+            mbarrier.expect(bar, 2 * C * k_desc.block_type.nbytes)
+""", """            pid.index(slot).store(_ids4(p0, p1, p2, p3))
+            gl.thread_barrier()
+            bar = ready.index(slot)
+            mbarrier.expect(bar, 2 * C * k_desc.block_type.nbytes)
+"""),
+    ("""    page_nx = _page_of(bt_ptr, b, c0 + W, c1, sub, num_blocks, s_bb, s_bj)
+""", ""),
+    ("""            page = page_nx
+            last = j + 1 == n_slots
+            page_nx = _page_of(bt_ptr, gl.where(last, bn, b), gl.where(last, c0n + W, c + C),
+                               gl.where(last, c1n, c1), sub, num_blocks, s_bb, s_bj)
+            slot = t % NB
+            mbarrier.wait(ready.index(slot), (t // NB) & 1)
+""", f"""            slot = t % NB
+            mbarrier.wait(ready.index(slot), (t // NB) & 1)
+            ids = pid.index(slot).load({ONE_WARP})
+            page = gl.sum(gl.where(gl.arange(0, C, layout={ONE_WARP}) == W, ids, 0), 0)
+"""),
+    ("""        if n_slots == 0:                                                # an empty unit: the next one's id now
+            page_nx = _page_of(bt_ptr, bn, c0n + W, c1n, sub, num_blocks, s_bb, s_bj)
+""", ""),
+    ("""    free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+""", """    free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    pid = gl.allocate_shared_memory(gl.int32, [NB, C], plain1)
+"""),
+]
+
+
+def staged_source(src: str) -> str:
+    """The kernel's source with the block ids staged in shared memory (STAGED_EDITS)."""
+    assert src.count(STAGE_ARGS[0]) == 11
+    src = src.replace(*STAGE_ARGS)
+    for old, new in STAGED_EDITS:
+        assert src.count(old) == 1, old[:80]
+        src = src.replace(old, new)
+    return src
+
+
+def variants(chains: bool, old: str | None, loads: bool = False, staged: bool = False):
     """({name: (module, registers)}, the reference's name, the candidates checked against it)."""
     if old:
         return {"shipped": (G, None), "old": (load_sm90_copy(open(old).read(), "_dec_old"), None)}, "shipped", ("old",)
@@ -114,6 +169,15 @@ def variants(chains: bool, old: str | None, loads: bool = False):
     assert src.count(WORK_START) == 1 and src.count(WORK_END) == 1 and src.count(SOFTMAX_START) == 1
     i, j = src.index(WORK_START), src.index(WORK_END) + len(WORK_END)
     no_math = load_sm90_copy(src[:i] + NO_MATH + src[j:], "_dec_nomath")
+    if staged:
+        st = staged_source(src)
+        si, sj = st.index(WORK_START), st.index(WORK_END) + len(WORK_END)
+        keep = NO_MATH + "            if c < c1:\n                m_i = gl.maximum(m_i, page.to(gl.float32))\n"
+        return {"base": (G, None), "ids staged": (load_sm90_copy(st, "_dec_staged"), None),
+                "no math": (no_math, None),
+                "no math +ids": (load_sm90_copy(src[:i] + keep + src[j:], "_dec_nomath_ids"), None),
+                "no math +ids smem": (load_sm90_copy(st[:si] + keep + st[sj:], "_dec_nomath_ids_smem"), None)}, \
+            "base", ("ids staged",)
     if loads:
         assert src.count(Q_LIVE[0]) == 1
         kept = {}
@@ -143,10 +207,13 @@ def main():
     ap.add_argument("--old", metavar="PATH", help="the shipped kernel against an earlier copy of its source file")
     ap.add_argument("--loads", action="store_true",
                     help="base, no math, and no math with the consumers' q and block-id loads kept live")
+    ap.add_argument("--staged", action="store_true",
+                    help="base against the block ids staged in shared memory by the producer; no math with the "
+                         "consumers' id reads kept live, from global memory and from shared memory")
     a = ap.parse_args()
     cfg = TimingConfig.quick()
     copy = ceilings()["copy_gbps"]
-    mods, base, cands = variants(a.chains, a.old, a.loads)
+    mods, base, cands = variants(a.chains, a.old, a.loads, a.staged)
     scale2 = 128 ** -0.5 * DA.LOG2E
     res, nbytes = {}, {}
     for sh in a.shapes.split(","):

@@ -158,9 +158,13 @@ def test_opcheck_cluster_layer_norm():
 
 
 # ---- the route through warpforge.layer_norm -------------------------------------------------------
-def route_rows_of_2048(monkeypatch, table_fn: str, route_fn: str) -> list:
-    """norms' cluster route (``route_fn``, reading heuristics' ``table_fn``) taken for rows of 2,048,
-    as the H200's tables do for the long rows; returns the list of launch shapes it takes."""
+def route_rows_of_2048(monkeypatch, route_fn: str) -> list:
+    """norms' cluster route ``route_fn`` taken for rows of 2,048, every cluster table giving them
+    2 x 128 x 1 at 2 rows a group from any row count (heuristics' other checks, such as the residual
+    gradient's, still apply), as the H200's tables do for the long rows; returns the launch shapes it
+    takes."""
+    from warpforge.runtime import heuristics
+
     taken = []
     real = getattr(norms, route_fn)
 
@@ -170,7 +174,10 @@ def route_rows_of_2048(monkeypatch, table_fn: str, route_fn: str) -> list:
             taken.append(cfg)
         return cfg
 
-    monkeypatch.setattr(norms, table_fn, lambda n, m, *rest: (2, 128, 1, 2, 2) if n == 2048 else None)
+    def table(tables, key, m, name):   # key: N (forward) or (layer, N) (backward)
+        return (2, 128, 1, 2, 2) if (key[-1] if isinstance(key, tuple) else key) == 2048 else None
+
+    monkeypatch.setattr(heuristics, "_cluster_shape", table)
     monkeypatch.setattr(norms, route_fn, spy)
     # the eager fast path replays Triton block kernels Python launched before for the same key
     monkeypatch.setattr(norms.fastpath, "door", lambda t: None)
@@ -180,7 +187,7 @@ def route_rows_of_2048(monkeypatch, table_fn: str, route_fn: str) -> list:
 @pytest.fixture
 def small_route(monkeypatch):
     """warpforge.layer_norm takes the cluster forward for rows of 2,048."""
-    return route_rows_of_2048(monkeypatch, "layer_norm_cluster_config", "_layer_norm_cluster")
+    return route_rows_of_2048(monkeypatch, "_layer_norm_cluster")
 
 
 @needs_hopper
@@ -452,7 +459,7 @@ def test_cluster_norm_backward_refuses_bad_calls():
 @pytest.fixture
 def small_bwd_route(monkeypatch):
     """The LayerNorm / RMSNorm backward takes the cluster kernel for rows of 2,048."""
-    return route_rows_of_2048(monkeypatch, "norm_bwd_cluster_config", "_norm_bwd_cluster")
+    return route_rows_of_2048(monkeypatch, "_norm_bwd_cluster")
 
 
 @needs_hopper
