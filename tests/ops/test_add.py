@@ -112,6 +112,8 @@ def test_bad_input():
         add(a, a, variant="fast")
     with pytest.raises(TypeError, match="'alpha' must be a real number"):
         add(a, a, alpha=a)
+    with pytest.raises(TypeError, match="'alpha' must be a real number, got bool"):     # as torch.add rejects it
+        add(a, a, alpha=True)
 
 
 @gpu_only

@@ -136,7 +136,8 @@ def test_quantize_special_rows():
     q, s = quantize_fp8(x, per_row=True)
     qf = q.float()
     assert torch.isfinite(s[[0, 1, 4]]).all() and torch.isnan(s[[2, 3]]).all()
-    assert s[1].item() == pytest.approx(AMAX_FLOOR / 448) and torch.equal(qf[1], torch.zeros_like(qf[1]))
+    assert s[1].item() == pytest.approx(AMAX_FLOOR / 448, rel=1e-6, abs=0)
+    assert torch.equal(qf[1], torch.zeros_like(qf[1]))
     assert torch.equal(dequantize_fp8(q, s)[1], torch.zeros_like(x[1]))
     assert torch.isnan(qf[2]).all() and torch.isnan(qf[3]).all()       # the bad rows, wholly NaN
     assert torch.isfinite(qf[[0, 1, 4]]).all()                          # the others untouched
@@ -147,14 +148,15 @@ def test_quantize_special_rows():
     q, s = quantize_fp8(x, per_row=False)           # per tensor: one bad element poisons all
     assert torch.isnan(s) and torch.isnan(q.float()).all()
     q, s = quantize_fp8(torch.zeros(3, 8, device=DEVICE), per_row=False)
-    assert s.item() == pytest.approx(AMAX_FLOOR / 448) and not q.float().any()
+    assert s.item() == pytest.approx(AMAX_FLOOR / 448, rel=1e-6, abs=0) and not q.float().any()
 
 
 def test_quantize_empty():
     q, s = quantize_fp8(torch.empty(0, 16, device=DEVICE))
     assert q.shape == (0, 16) and s.shape == (0,)
     q, s = quantize_fp8(torch.empty(0, 16, device=DEVICE), per_row=False)
-    assert s.shape == () and torch.isfinite(s)
+    # the max of nothing is 0: the floor's scale (approx's default abs=1e-12 would pass 1e-12 itself)
+    assert s.shape == () and s.item() == pytest.approx(AMAX_FLOOR / 448, rel=1e-6, abs=0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -372,6 +374,8 @@ def test_bad_input():
         scaled_matmul(a, b, sa, sb.bfloat16())
     with pytest.raises(TypeError, match="'scale_a' must be a torch.Tensor, got float"):
         scaled_matmul(a, b, 1.0, sb)
+    with pytest.raises(ValueError, match=r"'scale_a' has shape \(1, 1, 1\); expected a per-tensor scale"):
+        scaled_matmul(a, b, one.reshape(1, 1, 1), sb)      # one element, but of no shape torch._scaled_mm takes
     with pytest.raises(ValueError, match="'out_dtype' is torch.float8_e4m3fn; expected one of bfloat16, float16, float32"):
         scaled_matmul(a, b, sa, sb, out_dtype=E4M3)
     with pytest.raises(ValueError, match=r"'bias' has shape \(6,\); expected \(10,\)"):
@@ -396,6 +400,27 @@ def test_bad_input():
         linear_fp8(x, wq, ws.reshape(1, 10))
     with pytest.raises(TypeError, match="'weight_q' has dtype float32"):
         linear_fp8(x, wq.float(), ws)
+
+
+def test_device_mismatch():
+    """Operands on two devices (a meta tensor passes the per-operand device check, so this runs
+    everywhere): each of b, the scales and the bias is checked against a's device."""
+    a, b, sa, sb = _operands(6, 10, 32)
+
+    def on_meta(t):
+        return torch.empty(t.shape, dtype=t.dtype, device="meta")
+
+    with pytest.raises(RuntimeError, match=f"'b' is on meta but 'a' is on {a.device}; expected the same device"):
+        scaled_matmul(a, on_meta(b), sa, sb)
+    with pytest.raises(RuntimeError, match=f"'scale_a' is on meta but 'a' is on {a.device}"):
+        scaled_matmul(a, b, on_meta(sa), sb)
+    with pytest.raises(RuntimeError, match=f"'scale_b' is on meta but 'a' is on {a.device}"):
+        scaled_matmul(a, b, sa, on_meta(sb))
+    with pytest.raises(RuntimeError, match=f"'bias' is on meta but 'a' is on {a.device}"):
+        scaled_matmul(a, b, sa, sb, bias=torch.empty(10, device="meta"))
+    wq, ws = quantize_fp8(randn(10, 32))
+    with pytest.raises(RuntimeError, match=f"'weight_scale' is on meta but 'x' is on {a.device}"):
+        linear_fp8(randn(4, 32), wq, on_meta(ws))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -220,6 +220,50 @@ def test_split_k_epilogue(act):
     assert _lock_counters_zero()
 
 
+def test_split_k_batched():
+    """A batched launch runs unsplit whatever the config's split_k: the workspace and arrival
+    counters are indexed per tile, not per batch entry, so two entries splitting one tile's K range
+    would sum each other's partials. (No default config splits the batched tests' problems: their
+    K is one step deep, so only a forced config reaches this.)"""
+    a, b = randn(2, 19, 117), randn(2, 117, 40)
+    out = torch.full((2, 19, 40), float("nan"), device=DEVICE)
+    # the interpreter runs a tile's K-splits back to back, so a batched split would still sum
+    # right here: the launch geometry is what shows it (on a GPU the entries race on the counters)
+    grid, _, shared = mm._tiled_geometry(a, b, out, _Epilogue(out), SPLIT_CFG)
+    assert grid == (2 * 2 * 2, 1) and shared == (0, 0), (grid, shared)
+    _launch_tiled(a, b, out, _Epilogue(out), SPLIT_CFG)
+    assert_close(out, _ref(a, b), torch.float32, what="batched, split-K config")
+    assert _lock_counters_zero()
+
+
+@pytest.mark.parametrize("group_m", [3, 8])
+def test_grouped_launch_order(group_m):
+    """GROUP_M > 1 in the pointer kernel over an 11 x 5 grid of 16 x 16 tiles: the last group of
+    tile-rows is ragged (2 rows of 3, 3 of 8), so tile coordinates that take that group as full,
+    or step its columns by GROUP_M instead of its rows, compute some tiles twice and leave others
+    unwritten (NaN). On the test shapes the pointer kernel's default configs are one tile wide
+    under the interpreter, so only a forced config reaches this in that kernel."""
+    m, n, k = 170, 75, 13
+    cfg = MatmulConfig(16, 16, 16, group_m=group_m, num_stages=1, num_warps=4)
+    a, b = randn(m, k), randn(k, n)
+    out = torch.full((m, n), float("nan"), device=DEVICE)
+    _launch_tiled(a, b, out, _Epilogue(out), cfg)
+    assert_close(out, _ref(a, b), torch.float32, what=f"GROUP_M={group_m}")
+
+
+def test_pointer_store_stays_inside_the_output():
+    """The pointer epilogue's row and column masks: the output is a view into a NaN-poisoned
+    buffer with 8 more rows and columns (ragged against the 16 x 32 tile both ways), so a store one
+    row or column too far lands in the poison instead of past an allocation's end."""
+    m, n, k = 40, 72, 48
+    a, b = randn(m, k, dtype=torch.float16), randn(k, n, dtype=torch.float16)
+    big = torch.full((m + 8, n + 8), float("nan"), device=DEVICE, dtype=torch.float16)
+    out = big[:m, :n]
+    _launch_tiled(a, b, out, _Epilogue(out), MatmulConfig(16, 32, 16, group_m=2, num_stages=1, num_warps=4))
+    assert_close(out, _ref(a, b), torch.float16)
+    assert big[m:].isnan().all() and big[:, n:].isnan().all(), "a pointer store wrote past the output's edge"
+
+
 TMA_CFG = MatmulConfig(16, 16, 16, group_m=2, num_stages=1, num_warps=4)
 
 
@@ -301,6 +345,41 @@ def test_stream_k_split():
     assert mm._stream_k_split(112, 64, 132) == (112, 3)        # 128 x 14336 x 4096 in 128 x 128
     assert mm._stream_k_split(264, 64, 132) is None
     assert mm._stream_k_split(100, 1, 132) is None
+
+
+def test_fit_stages():
+    """Pipeline stages that fit shared memory beside the epilogue's staging of the output tile
+    (the sizes read off compiled sm_90 kernels, in _fit_stages' docstring). The interpreter ignores
+    num_stages, so only this check sees a wrong count, which on Hopper fails to compile or runs
+    shallower than it could."""
+    cfg = MatmulConfig(128, 256, 64, num_stages=4, num_warps=8)
+    assert mm._fit_stages(cfg, 2, 2).num_stages == 4          # 4 x 48 KB + 32 KB = 229,376 B
+    assert mm._fit_stages(cfg, 2, 4).num_stages == 2          # fp32 output: 128 KB of staging
+    fp8 = dataclasses.replace(cfg, block_k=128)
+    assert mm._fit_stages(fp8, 1, 4).num_stages == 2          # fp8 in, fp32 out: 2 stages, not 4
+    assert mm._fit_stages(fp8, 1, 2).num_stages == 4
+    assert mm._fit_stages(dataclasses.replace(cfg, store_split=2), 2, 2).num_stages == 4   # half-tile TMA slices
+    assert mm._fit_stages(dataclasses.replace(cfg, store_split=1), 2, 2).num_stages == 3   # whole-tile: 64 KB
+    assert mm._fit_stages(MatmulConfig(64, 64, 128, num_stages=6, num_warps=4), 2, 2).num_stages == 6
+
+
+def test_tma_view_rejects(launches):
+    """What TMA cannot read (_tma_view -> None): rows under 16 bytes (either orientation), and a
+    base address that is not 16-byte aligned though the row stride is. The interpreter's TMA
+    emulation reads them anyway, so the decision itself is checked, and that "persistent" then
+    takes the pointer kernel, with the right values."""
+    h = torch.float16
+    rows16 = randn(64, 8, dtype=h)
+    narrow = rows16[:, :4]                                 # 8-byte rows, 16-byte row stride
+    shifted = randn(56, 48, dtype=h)[:, 1:41]              # 80-byte rows, 96-byte stride, base 2 bytes off
+    assert mm._tma_view(rows16, 64, 8) == (False, [64, 8], [8, 1])       # 16-byte rows: readable
+    for t in (narrow, narrow.T, shifted):
+        assert mm._tma_view(t, *t.shape) is None, (t.shape, t.stride(), t.data_ptr() % 16)
+    a = randn(24, 64, dtype=h)                             # TMA-readable itself
+    for b in (narrow, shifted):
+        aa = a[:, :b.shape[0]]
+        assert_close(matmul(aa, b, variant="persistent"), _ref(aa, b), h, what=str(tuple(b.shape)))
+    assert [kind for kind, _ in launches] == ["tiled", "tiled"], launches
 
 
 def test_tma_store_falls_back_for_a_strided_output():
@@ -479,6 +558,20 @@ def test_linear_grad_of_residual_only():
     y = linear(x, w, None, "relu", res)
     (dres,) = torch.autograd.grad(y, res, torch.ones_like(y))
     assert torch.equal(dres, torch.ones_like(y))
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu_tanh"])
+def test_linear_grad_of_bias_only(act):
+    """Only the bias requires grad, through an activation: the pre-activation must still be saved
+    and the backward must not return early; the incoming gradient is a broadcast row (strides
+    (0, 1), from sum(0)), which the activation backward's flat kernel must not read as contiguous."""
+    x, w = randn(6, 24), randn(9, 24, scale=0.3)
+    bias = randn(9, requires_grad=True)
+    g = randn(9)
+    (db,) = torch.autograd.grad(linear(x, w, bias, act).sum(0), bias, g)
+    br = _leaf(bias)
+    (dbr,) = torch.autograd.grad(mm._act_reference(F.linear(x.double(), w.double(), br), act).sum(0), br, g.double())
+    assert_close(db, dbr, torch.float32, scale=2.0, what=f"dbias ({act})")
 
 
 @pytest.mark.parametrize("act", ["gelu", "silu", "gelu_tanh"])
