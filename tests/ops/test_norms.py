@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -30,6 +32,34 @@ def _grads(*ts):
 
 def _param(n: int, dtype, requires_grad=True, scale=0.5, shift=1.0):
     return (randn(n, scale=scale) + shift).to(dtype).requires_grad_(requires_grad)
+
+
+class _GuardedOutputs:
+    """Every output the norms' launchers allocate (``ops.norms.new_empty``) as the head of a
+    larger buffer whose tail holds a canary: a store past the end of an output (a row past M, a
+    column past N) lands in the tail, where ``check`` sees it. The heads start as NaN, as the
+    conftest's poisoned outputs do. The eager fast path (GPU), which allocates its own, is off."""
+    CANARY = 3.0
+
+    def __init__(self, monkeypatch):
+        from warpforge.ops import norms as mod
+        from warpforge.runtime import fastpath
+
+        self.buffers = []
+        monkeypatch.setattr(mod, "new_empty", self._new_empty)
+        monkeypatch.setattr(fastpath, "lib", None)
+
+    def _new_empty(self, shape, *, dtype, device):
+        numel = math.prod(shape)
+        buf = torch.full((numel + 2 * shape[-1] + 64,), self.CANARY, dtype=dtype, device=device)
+        self.buffers.append((tuple(shape), buf, numel))
+        return buf[:numel].view(shape).fill_(float("nan"))
+
+    def check(self):
+        assert self.buffers, "no output was allocated through ops.norms.new_empty"
+        for shape, buf, numel in self.buffers:
+            tail = buf[numel:]
+            assert torch.equal(tail, torch.full_like(tail, self.CANARY)), f"a store past the end of a {shape} output"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -91,6 +121,20 @@ def test_layer_norm_large_mean_does_not_cancel(n):
     y.backward(dy)
     yr.backward(dy.double())
     assert_close(x.grad, xr.grad, torch.float32, scale=10.0, what="backward, mean 1000")
+
+
+@pytest.mark.parametrize("n", [50, 20000])                       # block and loop forwards
+def test_eps_comparable_to_the_variance(n):
+    """eps = 0.01 on rows of variance (and mean square) 0.01: eps is half the denominator, so a
+    kernel that drops it is off by ~40%, where in the fp32 tests above (eps 1e-5 or finfo.eps on
+    rows of variance ~1) it moves the output by less than the tolerance. The backward reads the
+    saved rstd, so the forwards are what is checked."""
+    x = randn(3, n, scale=0.1)
+    w, b = _param(n, torch.float32), _param(n, torch.float32, shift=0.0)
+    xd, wd, bd = x.double(), w.detach().double(), b.detach().double()
+    assert_close(layer_norm(x, (n,), w, b, eps=0.01), F.layer_norm(xd, (n,), wd, bd, eps=0.01), torch.float32,
+                 what="layer_norm eps=0.01")
+    assert_close(rms_norm(x, (n,), w, 0.01), F.rms_norm(xd, (n,), wd, 0.01), torch.float32, what="rms_norm eps=0.01")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -179,6 +223,20 @@ def test_rms_norm_llama_casting_mode(dtype, n):
     assert_close(wg.grad, wr.grad, dtype, scale=2.0, what="llama dw")
 
 
+@pytest.mark.parametrize("n", [256, 20000])                      # block and two-pass backwards
+def test_rms_norm_llama_weight_gradient(n):
+    """casting_mode="llama": y = round(x_hat) * w, so dw = sum_rows(dy * round(x_hat)). With an fp32
+    weight of ones the bf16 output is round(x_hat) itself (whatever the cast's rounding), so the fp32
+    dw is checked at fp32 tolerance against sum(dy * y): a dw from the unrounded x_hat is off by the
+    bf16 rounding, ~1e-3, which the dtype-tolerance check above cannot see."""
+    x, dy = randn(4, n, dtype=torch.bfloat16), randn(4, n, dtype=torch.bfloat16)
+    w = torch.ones(n, device=DEVICE, requires_grad=True)
+    y = rms_norm(x, (n,), w, 1e-6, casting_mode="llama")
+    y.backward(dy)
+    assert w.grad.dtype == torch.float32
+    assert_close(w.grad, (dy.double() * y.detach().double()).sum(0), torch.float32, scale=2.0, what="llama dw")
+
+
 def test_rms_norm_bad_casting_mode():
     with pytest.raises(ValueError, match="'casting_mode' must be one of"):
         rms_norm(randn(2, 8), (8,), None, casting_mode="mistral")
@@ -223,6 +281,32 @@ def test_add_rms_norm_one_output_used_and_offset():
     (F.rms_norm(xr + rr, (70,), None, 1e-6) * (1 + wr)).sum().backward()
     for g, gr in zip(_grads(x, res, w), _grads(xr, rr, wr)):
         assert_close(g, gr, torch.float32, scale=2.0)
+
+
+@pytest.mark.parametrize("n", [50, 20000])                       # the block kernel, the loop kernel
+def test_add_rms_norm_strides_and_rounded_h(n):
+    """x a strided view and the residual dense, each read with its own row stride, in the block
+    kernel and the loop kernel (N > 16,384). ``normed`` is rms_norm of the bf16 h returned: the
+    same bits as rms_norm(h) under the interpreter (the same kernel, one flag apart), which a kernel
+    normalising the unrounded fp32 sum misses by an ulp in many elements (the loop kernel's pass 1
+    must sum the rounded h that its pass 2 re-reads). Backward: dnormed expanded (row stride 0)
+    and dh a strided view (3N), the residual gradient read with its own stride."""
+    m = 3
+    x = noncontig(randn(m, n, dtype=torch.bfloat16, requires_grad=True))
+    res = randn(m, n, dtype=torch.bfloat16, requires_grad=True, scale=2.0)
+    w = _param(n, torch.bfloat16)
+    normed, h = add_rms_norm(x, res, w, 1e-6)
+    assert_close(h, x.detach().double() + res.detach().double(), torch.bfloat16, what="h")
+    differ = (normed != rms_norm(h.detach(), (n,), w.detach(), 1e-6)).float().mean().item()
+    assert differ <= (0.01 if ON_GPU else 0.0), f"normed differs from rms_norm(h) in {differ:.2%} of its elements"
+    dn = randn(n, dtype=torch.bfloat16).expand(m, n)
+    dh = randn(m, 3, n, dtype=torch.bfloat16)[:, 1]
+    torch.autograd.backward((normed, h), (dn, dh))
+    xr, rr, wr = _leaf(x), _leaf(res), _leaf(w)
+    hr = xr + rr
+    torch.autograd.backward((F.rms_norm(hr, (n,), wr, 1e-6), hr), (dn.double(), dh.double()))
+    for name, g, gr in zip(("dx", "dresidual", "dw"), _grads(x, res, w), _grads(xr, rr, wr)):
+        assert_close(g, gr, torch.bfloat16, scale=2.0, what=name)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -282,6 +366,42 @@ def test_weight_gradient_partial_sums(groups, dtype, which):
     assert norms.GRAD_SUM_MAX == 64                          # the parametrisation straddles it
 
 
+@pytest.mark.parametrize("groups", [9, 17])
+def test_weight_gradient_partial_sums_long_rows(groups):
+    """Past 16K columns the fused sum-and-cast kernel walks the partial rows in steps of 8
+    (heuristics.grad_sum_config), so each step's rows must add to what the earlier steps summed
+    (G = 9: a second step of one row; 17: three steps). Shorter rows take every row in one step."""
+    from warpforge.ops import norms
+    from warpforge.runtime.heuristics import grad_sum_config
+
+    n = 16400
+    assert grad_sum_config(n, norms.GRAD_SUM_MAX)[0] < groups <= norms.GRAD_SUM_MAX
+    dw, db = randn(groups, n), randn(groups, n) + 0.5
+    got_w, got_b = norms._grad_sums(dw, db, torch.float32)
+    assert_close(got_w, dw.double().sum(0), torch.float32, what=f"dw G={groups}")
+    assert_close(got_b, db.double().sum(0), torch.float32, what=f"db G={groups}")
+
+
+@pytest.mark.parametrize("m", [3, 203])   # one row group (sums stored straight into (N,) outputs), several
+def test_backward_ops_return_the_weight_dtype(m):
+    """The raw backward operators return dw and db in the weight's dtype, as their fake kernels
+    promise torch.compile, whether the one-row-group path stores the sums straight into the (N,)
+    outputs or the partial-sum buffers are reduced (autograd casts a wrong dtype back silently,
+    so only the raw operators show it); bf16 input with a bf16 and an fp32 weight."""
+    n = 37
+    x, dy = randn(m, n, dtype=torch.bfloat16), randn(m, n, dtype=torch.bfloat16)
+    for wdtype in (torch.bfloat16, torch.float32):
+        w = _param(n, wdtype, requires_grad=False)
+        _, mean, rstd = layer_norm_op(x, w, w, 1e-5)
+        _, dw, db = layer_norm_backward_op(dy, x, w, mean, rstd, True)
+        _, rstd = rms_norm_op(x, w, 1e-6, 0.0, False)
+        _, dw_rms = rms_norm_backward_op(dy, x, w, rstd, 0.0, False)
+        _, h, rstd = add_rms_norm_op(x, x, w, 1e-6, 0.0)
+        _, dw_add = add_rms_norm_backward_op(dy, dy, h, w, rstd, 0.0)
+        for name, g in (("layer dw", dw), ("layer db", db), ("rms dw", dw_rms), ("add dw", dw_add)):
+            assert g.dtype == wdtype and g.shape == (n,), (name, wdtype, g.dtype, g.shape)
+
+
 def test_noncontiguous_inputs_and_expanded_gradients():
     n = 50
     x = noncontig(randn(6, n, requires_grad=True))
@@ -305,6 +425,29 @@ def test_noncontiguous_inputs_and_expanded_gradients():
                  torch.float32, what="add strided normed")
     t = randn(6, n).t()                                          # column stride != 1: copied
     assert_close(rms_norm(t, 6, None, 1e-6), F.rms_norm(t.double(), (6,), None, 1e-6), torch.float32)
+
+
+@pytest.mark.parametrize("op", ["layer", "rms"])
+def test_long_rows_strided(op):
+    """Rows past 16,384 -- the interpreter's loop forwards and two-pass backward (a statistics
+    kernel, then column tiles) -- with x a strided view (row stride 2N) and dy another (3N): each
+    kernel must read x and dy and write y and dx with their own row strides."""
+    m, n = 3, 20000
+    x = noncontig(randn(m, n, requires_grad=True))
+    dy = randn(3 * m, n)[::3]
+    w = _param(n, torch.float32)
+    b = _param(n, torch.float32, shift=0.0) if op == "layer" else None
+    xr, wr, br = _leaf(x), _leaf(w), _leaf(b)
+    if op == "layer":
+        y, yr = layer_norm(x, (n,), w, b), F.layer_norm(xr, (n,), wr, br)
+    else:
+        y, yr = rms_norm(x, (n,), w, 1e-6), F.rms_norm(xr, (n,), wr, 1e-6)
+    assert_close(y, yr, torch.float32, what="forward")
+    y.backward(dy)
+    yr.backward(dy.double())
+    for name, g, gr in zip(("dx", "dw", "db"), _grads(x, w, b), _grads(xr, wr, br)):
+        if gr is not None:
+            assert_close(g, gr, torch.float32, scale=2.0, what=name)
 
 
 @pytest.mark.parametrize("n", [50, 20000])
@@ -441,6 +584,27 @@ def test_bad_input():
         layer_norm(x, (8,), eps=-1.0)
 
 
+def test_bad_eps_and_parameter_shapes():
+    """eps is checked by all three functions (a negative, NaN, a bool and a string are refused; 0
+    is taken, as torch takes it), and each weight and bias for its length."""
+    x, w = randn(3, 8), torch.ones(8, device=DEVICE)
+    calls = {"layer_norm": lambda e: layer_norm(x, (8,), w, w, eps=e),
+             "rms_norm": lambda e: rms_norm(x, (8,), w, e),
+             "add_rms_norm": lambda e: add_rms_norm(x, x, w, e)}
+    for name, f in calls.items():
+        for bad in (-1.0, float("nan"), True, "1e-5"):
+            with pytest.raises(ValueError, match="'eps' must be a non-negative float"):
+                f(bad)
+                pytest.fail(f"{name} took eps={bad!r}")
+    assert_close(layer_norm(x, (8,), eps=0), F.layer_norm(x.double(), (8,), eps=0.0), torch.float32, what="eps=0")
+    assert_close(rms_norm(x, (8,), None, 0.0), F.rms_norm(x.double(), (8,), None, 0.0), torch.float32, what="eps=0")
+    short = torch.ones(7, device=DEVICE)
+    for f in (lambda: layer_norm(x, (8,), short), lambda: layer_norm(x, (8,), None, short),
+              lambda: rms_norm(x, (8,), short), lambda: add_rms_norm(x, x, short)):
+        with pytest.raises(ValueError, match="has shape \\(7,\\); expected \\(8,\\)"):
+            f()
+
+
 @gpu_only
 def test_cpu_tensor_rejected_on_gpu_machine():
     with pytest.raises(RuntimeError, match="'input' is on device 'cpu'"):
@@ -469,7 +633,7 @@ def test_exchange_paths_single_chunk(monkeypatch, op, bwd_mode, reload):
     backward's split and pipe kernels), on CPU too: forced with one chunk per row (more would wait
     forever in the interpreter, which runs programs one at a time; its one program then walks
     every row, so the pipe kernels carry each row to the next step). On the GPU the SHAPES above
-    cover C > 1 chunks."""
+    cover C > 1 chunks. No store may land past an output (the pipe's last step is a row past M)."""
     import triton
     from warpforge.ops import norms as mod
     from warpforge.runtime.heuristics import RowConfig
@@ -479,6 +643,7 @@ def test_exchange_paths_single_chunk(monkeypatch, op, bwd_mode, reload):
 
     monkeypatch.setattr(mod, "norm_fwd_config", cfg("pipe"))
     monkeypatch.setattr(mod, "norm_bwd_config", cfg(bwd_mode))
+    guard = _GuardedOutputs(monkeypatch)
     n = 37
     x = randn(5, n, requires_grad=True) + 100.0
     x.retain_grad()
@@ -501,6 +666,7 @@ def test_exchange_paths_single_chunk(monkeypatch, op, bwd_mode, reload):
     assert_close(w.grad, wr.grad, torch.float32, scale=5.0, what="dw")
     if op == "layer":
         assert_close(b.grad, br.grad, torch.float32, scale=5.0, what="db")
+    guard.check()
 
 
 @pytest.mark.parametrize("rows", [1, 2])
@@ -510,20 +676,22 @@ def test_block_backward_staged(monkeypatch, op, rows):
     software pipeline (RowConfig.stages; LayerNorm 4K < N <= 8K on the H200), forced on a 37-wide
     row: against float64, and against the hand-pipelined loop it replaces (the same arithmetic:
     the same bits under the interpreter; compiled apart on a GPU, close). 11 rows in 3 row groups
-    of 4: the last group is short, and with two rows a tile its last tile is half past M."""
+    of 4: the last group is short, and with two rows a tile its last tile is half past M. x and
+    the residual gradient are strided views (row stride 2N; dy dense), so each is read with its
+    own row stride."""
     from warpforge.ops import norms as mod
     from warpforge.runtime.heuristics import RowConfig
 
     n = 37
-    x = randn(11, n) + 30.0
+    x = noncontig(randn(11, n) + 30.0)
     w, b = _param(n, torch.float32), _param(n, torch.float32, shift=0.0)
     res = randn(11, n)
-    dy, dsum = randn(11, n), randn(11, n)
+    dy, dsum = randn(11, n), noncontig(randn(11, n))
     monkeypatch.setattr(mod, "grad_grid", lambda m, rows_, col_tiles, per_sm=0: (3, 4))
 
     def grads(stages):
         monkeypatch.setattr(mod, "norm_bwd_config", lambda n, layer, **_: RowConfig("block", 64, rows, 4, stages=stages))
-        leaves = [t.detach().clone().requires_grad_() for t in (x, w, b, res)]
+        leaves = [t.detach().requires_grad_() for t in (x, w, b, res)]     # strides kept (clone would not)
         if op == "layer":
             outs, ins = (layer_norm(leaves[0], (n,), leaves[1], leaves[2]),), leaves[:3]
         elif op == "rms":
@@ -558,13 +726,15 @@ def test_loop_forward_steps(monkeypatch, op, rows, const, n):
     each 8-column group's mean and M2 merged across steps by Chan's formula, then across groups)
     for one step and for several, with and without a masked last step, on rows with a large mean
     and one outlier; LayerNorm with two rows a program too (5 rows: the last program's second row
-    is past M); and both kernels with N compiled in (``const_n``: whole steps only, no masks)."""
+    is past M, and no store may land there); and both kernels with N compiled in (``const_n``: whole
+    steps only, no masks)."""
     from warpforge.ops import norms as mod
     from warpforge.runtime.heuristics import RowConfig
 
     if const and n % 64:
         pytest.skip("N compiled in takes whole steps only (heuristics.NORM_LOOP_CONST)")
     monkeypatch.setattr(mod, "norm_fwd_config", lambda n, layer, **_: RowConfig("loop", 64, rows, 4, const_n=const))
+    guard = _GuardedOutputs(monkeypatch)
     x = randn(5, n) + 300.0
     x[1, n // 2] = 3e4
     w, b = _param(n, torch.float32), _param(n, torch.float32, shift=0.0)
@@ -573,6 +743,7 @@ def test_loop_forward_steps(monkeypatch, op, rows, const, n):
     else:
         y, yr = rms_norm(x, (n,), w, 1e-6), F.rms_norm(x.double(), (n,), w.double(), 1e-6)
     assert_close(y, yr, torch.float32, scale=5.0, what="forward")
+    guard.check()
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the device's own routes; the interpreter keeps the plain row config")
