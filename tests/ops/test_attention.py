@@ -6,10 +6,11 @@ Observed under the interpreter (fp32 dots for bf16, which it truncates): fp32 <=
 """
 import pytest
 import torch
+import triton.language as tl
 
 import warpforge as wf
 from warpforge.ops.attention import attention_op, attention_reference
-from conftest import DTYPES, ON_GPU, DEVICE, assert_close, gpu_only, randn
+from conftest import DTYPES, ON_GPU, DEVICE, assert_close, gpu_only, noncontig, randn
 
 # (B, Hq, Hkv, L, S, D): one query and key, odd lengths, L != S both ways, GQA and MQA, D not a power of 2
 SHAPES = [(1, 1, 1, 1, 1, 16), (2, 4, 2, 17, 17, 32), (1, 2, 1, 40, 70, 16), (1, 3, 3, 70, 33, 24)]
@@ -93,14 +94,38 @@ def test_sliding_window():
     _check(q, k, v, torch.float32, window_size=(40, -1), is_causal=True, enable_gqa=True)
 
 
+def test_mask_per_head_with_gqa():
+    """A bool mask that differs per query head (no broadcast dim: the other mask tests broadcast
+    over heads, so their head stride is 0), under GQA: each kernel offsets the mask by its query
+    head, not its KV head (a mask read at head 0's offset, or the dK/dV program's KV head's, passed
+    every head-broadcast mask)."""
+    q, k, v = _inputs(2, 4, 2, 13, 21, 16, torch.float32)
+    mask = torch.rand(2, 4, 13, 21, device=DEVICE) > 0.4
+    _check(q, k, v, torch.float32, attn_mask=mask, enable_gqa=True)
+
+
+def test_window_left_zero_and_causal_clip():
+    """window_size's edge values: left 0 (a query sees no earlier key; 0 is a bound, not 'unbounded'
+    like -1: read as unbounded it passed every other window), and is_causal with a right window past
+    the diagonal (causal wins: right clipped to 0, as the reference and FlashAttention do; keeping
+    right = 5 passed, no other call had both)."""
+    q, k, v = _inputs(1, 2, 1, 37, 37, 16, torch.float32)
+    _check(q, k, v, torch.float32, what="window (0, 3)", window_size=(0, 3), enable_gqa=True)
+    _check(q, k, v, torch.float32, what="causal, window (2, 5)", window_size=(2, 5), is_causal=True, enable_gqa=True)
+
+
 def test_lse_gradient():
-    """A loss that uses the log-sum-exp (as a z-loss would) differentiates through it."""
+    """A loss that uses the log-sum-exp (as a z-loss would) differentiates through it. The loss reads
+    lse through a transposed view, so its gradient arrives with other strides than lse's (the
+    backward must copy it before the kernel reads it with lse's strides: read as it came, the
+    gradient's rows and heads were swapped)."""
     q, k, v = _inputs(1, 2, 2, 21, 30, 16, torch.float32)
+    w = randn(1, 21, 2)
     o, lse = wf.scaled_dot_product_attention(q, k, v, return_lse=True, is_causal=True)
-    (o.square().sum() + lse.square().sum()).backward()
+    (o.square().sum() + (lse.mT.square() * w).sum()).backward()
     qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
     orf, lref = attention_reference(qr, kr, vr, is_causal=True)     # lse in float32: ~1e-7 rounding
-    (orf.square().sum() + lref.square().sum()).backward()
+    (orf.square().sum() + (lref.mT.square() * w).sum()).backward()
     for g, r in zip((q.grad, k.grad, v.grad), (qr.grad, kr.grad, vr.grad)):
         assert_close(g, r, torch.float32, scale=2.0)
 
@@ -215,6 +240,14 @@ def test_bad_input():
         sdpa(randn(1, 1, 2, 512), randn(1, 1, 2, 512), randn(1, 1, 2, 512))
     with pytest.raises(ValueError, match="expected \\(left, right\\)"):
         sdpa(q, k, v, window_size=(-3, 0), enable_gqa=True)
+    with pytest.raises(ValueError, match="'window_size' \\(0, -2\\): expected \\(left, right\\)"):
+        sdpa(q, k, v, window_size=(0, -2), enable_gqa=True)
+    with pytest.raises(ValueError, match="'key' has shape \\(1, 2, 8, 16\\) but 'value' has \\(1, 2, 6, 16\\)"):
+        sdpa(q, k, v[:, :, :6], enable_gqa=True)
+    with pytest.raises(ValueError, match="batch dims differ: query \\(2,\\), key \\(1,\\)"):
+        sdpa(q.expand(2, -1, -1, -1), k, v, enable_gqa=True)
+    with pytest.raises(ValueError, match="'query' is 4-d and 'key' 3-d"):
+        sdpa(q, k[0], v[0], enable_gqa=True)
     qp, kp, vp, cu_q, cu_k = _packed([3, 4], [3, 4], 2, 2, 16, torch.float32)
     with pytest.raises(TypeError, match="'cu_seqlens_q' must be a 1-d int32 tensor"):
         wf.attention_varlen(qp, kp, vp, cu_q.long(), cu_k, 4, 4)
@@ -224,6 +257,13 @@ def test_bad_input():
         wf.attention_varlen(qp, kp, vp, cu_q, cu_k, 3, 4)
     with pytest.raises(ValueError, match="'q' has shape"):
         wf.attention_varlen(qp[None], kp, vp, cu_q, cu_k, 4, 4)
+    with pytest.raises(ValueError, match="'k' has shape \\(7, 2, 16\\) but 'v' has \\(6, 2, 16\\)"):
+        wf.attention_varlen(qp, kp, vp[:6], cu_q, cu_k, 4, 4)
+    with pytest.raises(ValueError, match="'cu_seqlens_q' has 2 offsets but 'cu_seqlens_k' 3"):
+        wf.attention_varlen(qp, kp, vp, cu_q[[0, 2]], cu_k, 7, 4)
+    falling = torch.tensor([0, 5, 3, 7], dtype=torch.int32, device=DEVICE)     # right ends, a step of -2
+    with pytest.raises(ValueError, match="'cu_seqlens_q' must rise from 0 .* smallest step -2"):
+        wf.attention_varlen(qp, kp, vp, falling, torch.tensor([0, 3, 4, 7], dtype=torch.int32, device=DEVICE), 5, 4)
 
 
 def test_varlen_strided_offsets():
@@ -273,7 +313,11 @@ def test_batch_past_the_grid_limit_runs_in_slices(monkeypatch):
 def test_wide_offsets_path(monkeypatch):
     """The Triton kernels take 64-bit tile starts (WIDE) on packed calls and where a tensor's
     offsets may pass 2^31, else the 32-bit offsets: which one a call gets (meta tensors of the
-    sizes), and the WIDE form on dense calls (a mask, a window, GQA) bitwise equal to the other."""
+    sizes), and the WIDE form on dense calls (a mask, a window, GQA) bitwise equal to the other.
+    On the CPU the WIDE run lowers ROW_CHUNK from 1,024 rows to 32, so every tile past the first
+    starts at a nonzero 64-bit row (no CPU shape reaches 1,024 rows); k and dO have other row
+    strides than v and q: a tile start taken with another tensor's row stride (v's with k's, dO's
+    with q's) passed while every tile start was 0."""
     import warpforge.ops.attention as A
 
     small = torch.empty(4, 32, 4096, 128, device="meta")
@@ -285,13 +329,16 @@ def test_wide_offsets_path(monkeypatch):
 
     def run(wide):
         monkeypatch.setattr(A, "_wide_offsets", lambda *a: wide)
+        if not ON_GPU:          # the interpreter reads ROW_CHUNK each call; a compiled kernel keeps its own
+            monkeypatch.setattr(A, "ROW_CHUNK", tl.constexpr(32 if wide else 1024))
         torch.manual_seed(7)
-        q, k, v = _inputs(2, 4, 2, 19, 23, 16, torch.float32)
-        mask = torch.rand(2, 1, 19, 23, device=DEVICE) > 0.3
+        q, k, v = _inputs(2, 2, 1, 40, 45, 16, torch.float32)
+        k, do = noncontig(k), noncontig(randn(2, 2, 40, 16))       # row strides 32, against q's and v's 16
+        mask = torch.rand(2, 1, 40, 45, device=DEVICE) > 0.3
         outs = []
         for kw in (dict(attn_mask=mask), dict(window_size=(5, 0))):
             o = wf.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
-            outs += [o, *torch.autograd.grad(o, (q, k, v), torch.ones_like(o))]
+            outs += [o, *torch.autograd.grad(o, (q, k, v), do)]
         return outs
 
     for got, want in zip(run(True), run(False)):
@@ -307,7 +354,8 @@ def test_tiles_follow_the_key_pattern(monkeypatch):
 
     assert [Hc.attention_pattern(m, wl, wr) for m, wl, wr in
             ((False, -1, -1), (False, -1, 0), (False, -1, 3), (False, 8, 0), (False, 8, -1), (True, -1, -1),
-             (True, 8, 0))] == ["full", "causal", "causal", "window", "window", "mask", "mask"]
+             (True, 8, 0), (False, 0, 0), (False, 0, -1))] == \
+        ["full", "causal", "causal", "window", "window", "mask", "mask", "window", "window"]    # left 0 is a window
     seen = []
     real = A.attention_config
     monkeypatch.setattr(A, "attention_config", lambda kind, *a: seen.append((kind, a[-1])) or real(kind, *a))
@@ -330,6 +378,21 @@ def test_tiles_follow_the_key_pattern(monkeypatch):
         for pattern in ("causal", "window", "mask"):
             assert all(Hc.attention_config(kd, d, e, pattern) == Hc.attention_config(kd, d, e) for kd in kinds)
     assert Hc.attention_config("dkdv", 128, 2, "mask") == Hc.attention_config("dkdv", 128, 2)   # 32 x 64: 1.02x
+
+
+@pytest.mark.parametrize("block_m,block_n", [(16, 32), (32, 16)])
+def test_tiles_not_square(block_m, block_n, monkeypatch):
+    """The interpreter's tiles are square (32 x 32), the GPU's mostly not (dkdv 16 x 64 and 32 x 64,
+    fwd 64 x 32 with a window: runtime/heuristics.py); forced here through attention_config, causal
+    and a two-sided window, L = 50 (a ragged half tile either way), GQA: a query or key span cut in
+    the other side's tile size, or a dQ grid counted in key tiles (rows left unwritten), passed
+    every square tile."""
+    import warpforge.ops.attention as A
+    from warpforge.runtime.heuristics import AttentionConfig
+    monkeypatch.setattr(A, "attention_config", lambda *a: AttentionConfig(block_m, block_n, 4, 1))
+    q, k, v = _inputs(1, 2, 1, 50, 45, 16, torch.float32)
+    _check(q, k, v, torch.float32, what=f"{block_m} x {block_n} causal", is_causal=True, enable_gqa=True)
+    _check(q, k, v, torch.float32, what=f"{block_m} x {block_n} window", window_size=(7, 3), enable_gqa=True)
 
 
 def test_row_strides_past_the_32bit_limit_are_copied(monkeypatch):
@@ -562,4 +625,6 @@ def test_bad_options_audit():
     # meta tensors: the output's shape, no kernel and no host copy of cu_seqlens
     meta = [t.detach().to("meta") for t in (qp, kp, vp, cu_q, cu_k)]
     assert vl(*meta, 3, 4).shape == qp.shape
+    o, lse = vl(*meta, 3, 4, return_lse=True)
+    assert o.shape == qp.shape and lse.shape == (2, 5), f"packed lse {tuple(lse.shape)}: expected (heads, total_q)"
     assert sdpa(*(t.to("meta") for t in (q, k, v))).shape == q.shape
