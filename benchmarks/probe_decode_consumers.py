@@ -105,6 +105,16 @@ Q_LIVE = ("        qa = gl.convert_layout(q, a_l)\n",
 KEEP = {"no math +q+ids": "q_live + page.to(gl.float32)", "no math +q": "q_live",
         "no math +ids": "page.to(gl.float32)"}
 
+
+def no_math_source(src: str, keep: str | None = None) -> str:
+    """``src`` with the consumers' work (WORK_START .. WORK_END) replaced by NO_MATH; with ``keep``
+    (a KEEP expression), that value kept live through the running max (and q's, where it names it)."""
+    i, j = src.index(WORK_START), src.index(WORK_END) + len(WORK_END)
+    live = f"            if c < c1:\n                m_i = gl.maximum(m_i, {keep})\n"
+    body = NO_MATH if keep is None else NO_MATH + live
+    text = src[:i] + body + src[j:]
+    return text.replace(*Q_LIVE) if keep is not None and "q_live" in keep else text
+
 # ``--staged``: the producer writes each slot's C block ids to shared memory with the slot (it reads
 # them anyway), and a consumer takes its slice's id from there after the slot's wait, in place of
 # its own global read a slot ahead (NOTES item 125: kept live in "no math", those reads cost
@@ -167,31 +177,23 @@ def variants(chains: bool, old: str | None, loads: bool = False, staged: bool = 
         return {"shipped": (G, None), "old": (load_sm90_copy(open(old).read(), "_dec_old"), None)}, "shipped", ("old",)
     src = open(G.__file__).read()
     assert src.count(WORK_START) == 1 and src.count(WORK_END) == 1 and src.count(SOFTMAX_START) == 1
-    i, j = src.index(WORK_START), src.index(WORK_END) + len(WORK_END)
-    no_math = load_sm90_copy(src[:i] + NO_MATH + src[j:], "_dec_nomath")
+    no_math = load_sm90_copy(no_math_source(src), "_dec_nomath")
     if staged:
-        st = staged_source(src)
-        si, sj = st.index(WORK_START), st.index(WORK_END) + len(WORK_END)
-        keep = NO_MATH + "            if c < c1:\n                m_i = gl.maximum(m_i, page.to(gl.float32))\n"
+        st, ids = staged_source(src), KEEP["no math +ids"]
         return {"base": (G, None), "ids staged": (load_sm90_copy(st, "_dec_staged"), None),
                 "no math": (no_math, None),
-                "no math +ids": (load_sm90_copy(src[:i] + keep + src[j:], "_dec_nomath_ids"), None),
-                "no math +ids smem": (load_sm90_copy(st[:si] + keep + st[sj:], "_dec_nomath_ids_smem"), None)}, \
+                "no math +ids": (load_sm90_copy(no_math_source(src, ids), "_dec_nomath_ids"), None),
+                "no math +ids smem": (load_sm90_copy(no_math_source(st, ids), "_dec_nomath_ids_smem"), None)}, \
             "base", ("ids staged",)
     if loads:
         assert src.count(Q_LIVE[0]) == 1
-        kept = {}
-        for k, (name, expr) in enumerate(KEEP.items()):
-            body = NO_MATH + f"            if c < c1:\n                m_i = gl.maximum(m_i, {expr})\n"
-            text = src[:i] + body + src[j:]
-            if "q_live" in expr:
-                text = text.replace(*Q_LIVE)
-            kept[name] = (load_sm90_copy(text, f"_dec_nomath_keep{k}"), None)
+        kept = {name: (load_sm90_copy(no_math_source(src, expr), f"_dec_nomath_keep{k}"), None)
+                for k, (name, expr) in enumerate(KEEP.items())}
         return {"base": (G, None), "no math": (no_math, None), **kept}, "base", ()
     if chains:
         return {"base": (G, None), "two S chains": (load_sm90_patched(CHAIN_EDITS, "_dec_chains"), None),
                 "no math": (no_math, None)}, "base", ("two S chains",)
-    k = src.index(SOFTMAX_START)
+    k, j = src.index(SOFTMAX_START), src.index(WORK_END) + len(WORK_END)
     no_softmax = load_sm90_copy(src[:k] + NO_SOFTMAX + src[j:], "_dec_nosoftmax")
     early = load_sm90_patched([(EARLY_FROM, EARLY_TO)], "_dec_early")
     return {"base": (G, None), "no math": (no_math, None), "no softmax": (no_softmax, None),
