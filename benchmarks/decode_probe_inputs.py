@@ -21,6 +21,15 @@ def paged_problem(bsz, ctx, hq=32, hk=8, d=128, page=16):
     return q, kc, vc, bt, sl, 2 * bsz * ctx * hk * d * 2
 
 
+def print_table(res, nbytes, copy_gbps, width=16):
+    """The probes' closing table: {(shape, variant): [us a round]} as the best round, % of copy on
+    the KV bytes ``nbytes[shape]``, and every round."""
+    print(f"{'shape':9s} {'variant':{width}s} {'us':>8s} {'% copy':>7s}  rounds")
+    for (sh, name), v in res.items():
+        print(f"{sh:9s} {name:{width}s} {min(v):8.1f} {100 * nbytes[sh] / (min(v) * 1e-6) / 1e9 / copy_gbps:7.1f}  "
+              f"{[round(x, 1) for x in v]}")
+
+
 def unpaged(cache, bt, ctx):
     """The keys (or values) of a paged cache as SDPA reads them: (B, Hkv, ctx, D), contiguous."""
     return cache[bt.long()].view(bt.shape[0], ctx, cache.shape[2], cache.shape[3]).transpose(1, 2).contiguous()

@@ -37,7 +37,7 @@ import argparse
 
 import torch
 
-from decode_probe_inputs import cudnn_decode, load_sm90_copy, load_sm90_patched, paged_problem
+from decode_probe_inputs import cudnn_decode, load_sm90_copy, load_sm90_patched, paged_problem, print_table
 from probe_page_read import read_pages
 from warpforge.bench.timing import TimingConfig, device_ms
 from warpforge.ops import decode_attention as DA
@@ -171,33 +171,38 @@ def staged_source(src: str) -> str:
     return src
 
 
-def variants(chains: bool, old: str | None, loads: bool = False, staged: bool = False):
-    """({name: (module, registers)}, the reference's name, the candidates checked against it)."""
+def variants(chains: bool, old: str | None, loads: bool = False, staged: bool = False, rings=(), regs=()):
+    """({name: (module, decode_sm90's overrides)}, the reference's name, the candidates checked
+    against it). With ``old``: the shipped kernel, the old copy, and the shipped kernel at each
+    ring depth of ``rings`` and register count of ``regs``."""
     if old:
-        return {"shipped": (G, None), "old": (load_sm90_copy(open(old).read(), "_dec_old"), None)}, "shipped", ("old",)
+        more = {**{f"shipped nb{n}": (G, {"nb": n}) for n in rings},
+                **{f"shipped r{r}": (G, {"regs": r}) for r in regs}}
+        return {"shipped": (G, {}), "old": (load_sm90_copy(open(old).read(), "_dec_old"), {}), **more}, \
+            "shipped", ("old", *more)
     src = open(G.__file__).read()
     assert src.count(WORK_START) == 1 and src.count(WORK_END) == 1 and src.count(SOFTMAX_START) == 1
     no_math = load_sm90_copy(no_math_source(src), "_dec_nomath")
     if staged:
         st, ids = staged_source(src), KEEP["no math +ids"]
-        return {"base": (G, None), "ids staged": (load_sm90_copy(st, "_dec_staged"), None),
-                "no math": (no_math, None),
-                "no math +ids": (load_sm90_copy(no_math_source(src, ids), "_dec_nomath_ids"), None),
-                "no math +ids smem": (load_sm90_copy(no_math_source(st, ids), "_dec_nomath_ids_smem"), None)}, \
+        return {"base": (G, {}), "ids staged": (load_sm90_copy(st, "_dec_staged"), {}),
+                "no math": (no_math, {}),
+                "no math +ids": (load_sm90_copy(no_math_source(src, ids), "_dec_nomath_ids"), {}),
+                "no math +ids smem": (load_sm90_copy(no_math_source(st, ids), "_dec_nomath_ids_smem"), {})}, \
             "base", ("ids staged",)
     if loads:
         assert src.count(Q_LIVE[0]) == 1
-        kept = {name: (load_sm90_copy(no_math_source(src, expr), f"_dec_nomath_keep{k}"), None)
+        kept = {name: (load_sm90_copy(no_math_source(src, expr), f"_dec_nomath_keep{k}"), {})
                 for k, (name, expr) in enumerate(KEEP.items())}
-        return {"base": (G, None), "no math": (no_math, None), **kept}, "base", ()
+        return {"base": (G, {}), "no math": (no_math, {}), **kept}, "base", ()
     if chains:
-        return {"base": (G, None), "two S chains": (load_sm90_patched(CHAIN_EDITS, "_dec_chains"), None),
-                "no math": (no_math, None)}, "base", ("two S chains",)
+        return {"base": (G, {}), "two S chains": (load_sm90_patched(CHAIN_EDITS, "_dec_chains"), {}),
+                "no math": (no_math, {})}, "base", ("two S chains",)
     k, j = src.index(SOFTMAX_START), src.index(WORK_END) + len(WORK_END)
     no_softmax = load_sm90_copy(src[:k] + NO_SOFTMAX + src[j:], "_dec_nosoftmax")
     early = load_sm90_patched([(EARLY_FROM, EARLY_TO)], "_dec_early")
-    return {"base": (G, None), "no math": (no_math, None), "no softmax": (no_softmax, None),
-            "base r248": (G, 248), "early release": (early, None), "early r248": (early, 248)}, \
+    return {"base": (G, {}), "no math": (no_math, {}), "no softmax": (no_softmax, {}),
+            "base r248": (G, {"regs": 248}), "early release": (early, {}), "early r248": (early, {"regs": 248})}, \
         "base", ("early release", "early r248")
 
 
@@ -212,10 +217,14 @@ def main():
     ap.add_argument("--staged", action="store_true",
                     help="base against the block ids staged in shared memory by the producer; no math with the "
                          "consumers' id reads kept live, from global memory and from shared memory")
+    ap.add_argument("--ring", default="",
+                    help="with --old: ring depths (slots) to time the shipped kernel at, e.g. 4,5")
+    ap.add_argument("--regs", default="", help="with --old: consumer registers a thread to time the shipped kernel at")
     a = ap.parse_args()
     cfg = TimingConfig.quick()
     copy = ceilings()["copy_gbps"]
-    mods, base, cands = variants(a.chains, a.old, a.loads, a.staged)
+    ints = lambda v: tuple(int(x) for x in v.split(",") if x)                  # noqa: E731
+    mods, base, cands = variants(a.chains, a.old, a.loads, a.staged, ints(a.ring), ints(a.regs))
     scale2 = 128 ** -0.5 * DA.LOG2E
     res, nbytes = {}, {}
     for sh in a.shapes.split(","):
@@ -230,9 +239,9 @@ def main():
         o = torch.empty_like(q)
         outs = {}
         for name in (base,) + cands:                                    # the candidates: same bits as base?
-            mod, regs = mods[name]
+            mod, kw = mods[name]
             try:
-                got = mod.decode_sm90(q, kc, vc, bt, sl, o, scale2, regs=regs)
+                got = mod.decode_sm90(q, kc, vc, bt, sl, o, scale2, **kw)
             except Exception as e:  # noqa: BLE001 -- reported; the timing loop drops it
                 print(f"{name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 continue
@@ -246,8 +255,8 @@ def main():
         for r in range(a.rounds):
             for name in (list(mods) if r % 2 == 0 else list(mods)[::-1]):
                 try:
-                    mod, regs = mods[name]
-                    t = device_ms(lambda: mod.decode_sm90(q, kc, vc, bt, sl, o, scale2, regs=regs), cfg, kvb)
+                    mod, kw = mods[name]
+                    t = device_ms(lambda: mod.decode_sm90(q, kc, vc, bt, sl, o, scale2, **kw), cfg, kvb)
                 except Exception as e:  # noqa: BLE001 -- a patched variant that does not compile: say so, go on
                     print(f"{name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
                     del mods[name]
@@ -255,10 +264,7 @@ def main():
                 res.setdefault((sh, name), []).append(t * 1e3)
         del q, kc, vc, bt
         torch.cuda.empty_cache()
-    print(f"{'shape':9s} {'variant':14s} {'us':>8s} {'% copy':>7s}  rounds")
-    for (sh, name), v in res.items():
-        print(f"{sh:9s} {name:14s} {min(v):8.1f} {100 * nbytes[sh] / (min(v) * 1e-6) / 1e9 / copy:7.1f}  "
-              f"{[round(x, 1) for x in v]}")
+    print_table(res, nbytes, copy, 16)
 
 
 if __name__ == "__main__":

@@ -19,10 +19,13 @@ matters is keeping enough bytes in flight on every SM for the whole call. The Tr
   with zeros without reading memory (those tokens are masked out). The next slot's block ids (at a
   unit's last slot, the next unit's length and ids) are read right after this slot's copies issue.
 - Four consumer warps take one slice of each slot apiece, each with its own online softmax (no
-  cross-warp reduction a slot): S = Q K^T and O += P V with mma.sync (m16n8k16), the GQA group's
-  query heads padded to 16 rows. A warp reads its next slice's block id one slot ahead, and hands
-  the slot back to the producer as soon as S is computed and V is in registers (0-2% at batch
-  >= 8 on an H200, NOTES item 64).
+  cross-warp reduction a slot), with mma.sync (m16n8k16) and the 16 tokens of a slice on the M
+  side: S^T = K Q^T and O^T += V^T P^T, the GQA group's query heads the N side, padded to 8
+  columns (16 past a group of 8). A group of 4 thus pads to 8, not to 16 rows as Q K^T would:
+  half the MMAs and half the accumulator registers (H200: B1 x 16K kernel 27.7 -> 23.2 us,
+  B64 x 4K 251 -> 242; NOTES item 130). A warp reads its next slice's block id one slot ahead,
+  and hands the slot back to the producer as soon as S is computed and V is in registers (0-2%
+  at batch >= 8 on an H200, NOTES item 64).
 - A unit that is a whole sequence (one split) merges the four warps' states through shared
   memory, each warp D / 4 columns, and writes the output: one launch. With splits, each warp's
   state is a partial and ops/decode_attention.py's combine kernel merges them (merging the warps
@@ -56,7 +59,7 @@ RING_BYTES = 96 * 1024   # the ring: 3 slots of 32 KB at D = 128, 6 of 16 KB at 
 PROGRAMS_PER_SM = 1
 REGS_DEFAULT = 232  # the consumer warps' registers a thread (one program an SM)
 HEAD_DIMS = (64, 128)
-MAX_GROUP = 16      # query heads a kv head serves: the q tile's 16 rows (mma.sync M)
+MAX_GROUP = 16      # query heads a kv head serves: the MMAs' N side, 8 or 16 columns
 MIN_UNIT_SLOTS = 4  # a split covers at least this many slots of its capacity share
 FILL = 0.95         # the split count is the smallest that fills this share of the grid's rounds
 
@@ -147,9 +150,9 @@ def _dec_produce(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
 
 
 @gluon.jit
-def _load_q(q_ptr, b, kvh, G, s_qb, s_qh, D: gl.constexpr, layout: gl.constexpr):
-    """The GQA group's query rows (16, D), zero past G."""
-    g = gl.arange(0, 16, layout=gl.SliceLayout(1, layout))
+def _load_q(q_ptr, b, kvh, G, s_qb, s_qh, GP: gl.constexpr, D: gl.constexpr, layout: gl.constexpr):
+    """The GQA group's query rows (GP, D), zero past G."""
+    g = gl.arange(0, GP, layout=gl.SliceLayout(1, layout))
     d = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
     rows = (kvh * G + g).to(gl.int64)
     return gl.load(q_ptr + b.to(gl.int64) * s_qb + rows[:, None] * s_qh + d[None, :], mask=(g < G)[:, None], other=0.0)
@@ -162,43 +165,48 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
                  W: gl.constexpr):
     """Consumer warp W: slice W of every slot of its program's units, its own online softmax over
     them; a unit's (max, sum, acc) leave as partial split * C + W of each query head of the group.
-    The next unit's length and query rows are loaded when a unit starts."""
+    The next unit's length and query rows are loaded when a unit starts.
+
+    Tokens are the MMAs' M side and the query heads their N side (GP = 8 columns for groups of up
+    to 8, else 16): S^T = K Q^T is (16 tokens, GP), O^T += V^T P^T is (D, GP), so a group of 4
+    pads to 8 columns, not to 16 rows, and a slice is 2 x D / 16 mma.sync, not 4 x D / 16."""
     NB: gl.constexpr = ready.type.shape[0]
     C: gl.constexpr = k_smem.type.shape[0] // NB
     D: gl.constexpr = k_desc.block_type.shape[3]
+    GP: gl.constexpr = scm.type.shape[1]
     dtype: gl.constexpr = k_desc.dtype
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
     flat: gl.constexpr = gl.NVMMASharedLayout.get_default_for([16, D], dtype)
-    srow: gl.constexpr = gl.SliceLayout(1, mma)
-    scol: gl.constexpr = gl.SliceLayout(0, mma)
+    srow: gl.constexpr = gl.SliceLayout(1, mma)                               # tokens (S^T), D (O^T)
+    scol: gl.constexpr = gl.SliceLayout(0, mma)                               # query heads
 
     DS: gl.constexpr = D // C
-    L3: gl.constexpr = gl.BlockedLayout([1, 8, DS // 16], [1, 2, 16], [1, 1, 1], [2, 1, 0])
-    mlay: gl.constexpr = gl.SliceLayout(0, L3)                                # (16, DS) merge tiles
+    L3: gl.constexpr = gl.BlockedLayout([1, GP // 2, DS // 16], [1, 2, 16], [1, 1, 1], [2, 1, 0])
+    mlay: gl.constexpr = gl.SliceLayout(0, L3)                                # (GP, DS) merge tiles
     mrow: gl.constexpr = gl.SliceLayout(1, mlay)
-    cols = gl.arange(0, 16, layout=scol)
-    g = gl.arange(0, 16, layout=srow)
-    d = gl.arange(0, D, layout=scol)
+    toks = gl.arange(0, 16, layout=srow)
+    g = gl.arange(0, GP, layout=scol)
+    d = gl.arange(0, D, layout=srow)
     gmask = g < G
-    g_m = gl.arange(0, 16, layout=mrow)
+    g_m = gl.arange(0, GP, layout=mrow)
     dd_m = gl.arange(0, DS, layout=gl.SliceLayout(0, mlay))
     nprog = gl.num_programs(0)
     t = 0
     rr = 0
     b, kvh, split, n, c0, c1 = _unit(gl.program_id(0), splits, Hkv, lens_ptr, cap, C)
-    q = _load_q(q_ptr, b, kvh, G, s_qb, s_qh, D, ld)
+    q = _load_q(q_ptr, b, kvh, G, s_qb, s_qh, GP, D, ld)
     page_nx = _page_of(bt_ptr, b, c0 + W, c1, sub, num_blocks, s_bb, s_bj)
     for u in range(gl.program_id(0), n_units, nprog):
         bn, kvhn, splitn, nn, c0n, c1n = _unit(gl.minimum(u + nprog, n_units - 1), splits, Hkv, lens_ptr, cap, C)
-        qn = _load_q(q_ptr, bn, kvhn, G, s_qb, s_qh, D, ld)
-        qa = gl.convert_layout(q, a_l)
+        qn = _load_q(q_ptr, bn, kvhn, G, s_qb, s_qh, GP, D, ld)
+        qb = gl.convert_layout(gl.permute(q, (1, 0)), b_l)                # Q^T (D, GP)
         n_slots = gl.cdiv(gl.maximum(c1 - c0, 0), C)
-        m_i = gl.full([16], -float("inf"), gl.float32, srow)
-        l_i = gl.zeros([16], gl.float32, srow)
-        acc = gl.zeros([16, D], gl.float32, mma)
+        m_i = gl.full([GP], -float("inf"), gl.float32, scol)
+        l_i = gl.zeros([GP], gl.float32, scol)
+        acc = gl.zeros([D, GP], gl.float32, mma)                          # O^T
         for j in range(n_slots):
             c = c0 + j * C + W
             # this warp's block id was read a slot ahead (the next unit's first one at the unit's
@@ -209,22 +217,22 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
                                gl.where(last, c1n, c1), sub, num_blocks, s_bb, s_bj)
             slot = t % NB
             mbarrier.wait(ready.index(slot), (t // NB) & 1)
-            # S = Q K^T, then V to registers and the slot back to the producer before the softmax
-            # and P V: its refill is issued while this slice is still being worked on (K and V
-            # both held across the arithmetic spill at D = 128)
-            kt = k_smem.index(slot * C + W)._reinterpret(dtype, [16, D], flat).permute((1, 0)).load(b_l)
-            s = mma_v2(qa, kt, gl.zeros([16, 16], gl.float32, mma))       # (16 heads, 16 tokens)
-            vt = v_smem.index(slot * C + W)._reinterpret(dtype, [16, D], flat).load(b_l)
+            # S^T = K Q^T, then V^T to registers and the slot back to the producer before the
+            # softmax and O^T += V^T P^T: its refill is issued while this slice is still being
+            # worked on
+            kk = k_smem.index(slot * C + W)._reinterpret(dtype, [16, D], flat).load(a_l)
+            s = mma_v2(kk, qb, gl.zeros([16, GP], gl.float32, mma))         # (16 tokens, GP heads)
+            vt = v_smem.index(slot * C + W)._reinterpret(dtype, [16, D], flat).permute((1, 0)).load(a_l)
             mbarrier.arrive(empty.index(slot))
             if c < c1:
-                ok = ((c * 16 + cols) < n) & (page >= 0)
-                s = gl.where(ok[None, :], s * qk_scale, -float("inf"))
-                m_new = gl.maximum(m_i, gl.max(s, 1))
+                ok = ((c * 16 + toks) < n) & (page >= 0)
+                s = gl.where(ok[:, None], s * qk_scale, -float("inf"))
+                m_new = gl.maximum(m_i, gl.max(s, 0))
                 m_use = gl.where(m_new == -float("inf"), 0.0, m_new)      # no -inf - -inf = NaN
                 alpha = gl.exp2(m_i - m_use)
-                p = gl.exp2(s - m_use[:, None])
-                l_i = l_i * alpha + gl.sum(p, 1)
-                acc = mma_v2(gl.convert_layout(p.to(dtype), a_l), vt, acc * alpha[:, None])
+                p = gl.exp2(s - m_use[None, :])
+                l_i = l_i * alpha + gl.sum(p, 0)
+                acc = mma_v2(vt, gl.convert_layout(p.to(dtype), b_l), acc * alpha[None, :])
                 m_i = m_new
             t += 1
         if n_slots == 0:                                                # an empty unit: the next one's id now
@@ -235,7 +243,7 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
             buf = rr % 2
             ph = (rr // 2) & 1
             mbarrier.wait(free.index(buf), ph ^ 1)                      # a fresh barrier counts as phase 1 done
-            sc.index(buf * C + W).store(acc)
+            sc.index(buf * C + W).permute((1, 0)).store(acc)
             scm.index(buf * C + W).store(m_i)
             scl.index(buf * C + W).store(l_i)
             gl.thread_barrier()
@@ -245,8 +253,8 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
             for w in gl.static_range(1, C):
                 mx = gl.maximum(mx, scm.index(buf * C + w).load(mrow))
             mu = gl.where(mx == -float("inf"), 0.0, mx)
-            lsum = gl.zeros([16], gl.float32, mrow)
-            a = gl.zeros([16, DS], gl.float32, mlay)
+            lsum = gl.zeros([GP], gl.float32, mrow)
+            a = gl.zeros([GP, DS], gl.float32, mlay)
             for w in gl.static_range(C):
                 wt = gl.exp2(scm.index(buf * C + w).load(mrow) - mu)
                 lsum += scl.index(buf * C + w).load(mrow) * wt
@@ -264,7 +272,7 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
             row = (b.to(gl.int64) * (Hkv * G) + kvh * G + g) * (splits * C) + split * C + W
             gl.store(m_ptr + row, m_i, mask=gmask)
             gl.store(l_ptr + row, l_i, mask=gmask)
-            gl.store(acc_ptr + row[:, None] * D + d[None, :], acc, mask=gmask[:, None])
+            gl.store(acc_ptr + row[None, :] * D + d[:, None], acc, mask=gmask[None, :])
         b, kvh, split, n, c0, c1, q = bn, kvhn, splitn, nn, c0n, c1n, qn
 
 
@@ -312,7 +320,7 @@ def _decode_sm90_kernel(q_ptr,                    # (B, Hq, D), D unit-stride
                         out_ptr,                  # (B, Hq, D) output (written when splits == 1)
                         m_ptr, l_ptr, acc_ptr,    # (B, Hq, S), (B, Hq, S), (B, Hq, S, D) fp32 partials (splits > 1)
                         qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh,
-                        NB: gl.constexpr, C: gl.constexpr, REGS: gl.constexpr):
+                        NB: gl.constexpr, C: gl.constexpr, GP: gl.constexpr, REGS: gl.constexpr):
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NB * C] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [NB * C] + v_desc.block_type.shape, v_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
@@ -320,9 +328,9 @@ def _decode_sm90_kernel(q_ptr,                    # (B, Hq, D), D unit-stride
     D: gl.constexpr = k_desc.block_type.shape[3]
     plain2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     plain1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    sc = gl.allocate_shared_memory(gl.float32, [2 * C, 16, D], plain2)      # the warps' states at a unit's end
-    scm = gl.allocate_shared_memory(gl.float32, [2 * C, 16], plain1)
-    scl = gl.allocate_shared_memory(gl.float32, [2 * C, 16], plain1)
+    sc = gl.allocate_shared_memory(gl.float32, [2 * C, GP, D], plain2)      # the warps' states at a unit's end
+    scm = gl.allocate_shared_memory(gl.float32, [2 * C, GP], plain1)       # (GP: the padded group, read there)
+    scl = gl.allocate_shared_memory(gl.float32, [2 * C, GP], plain1)
     done = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NB):
@@ -396,6 +404,11 @@ def _geometry(q, k_cache, block_table, splits, slots, nb, regs):
     return s, grid, ring, regs or REGS_DEFAULT, ints, [1, SLICE, 1, d]
 
 
+def _group_cols(group: int) -> int:
+    """The MMAs' N side for a GQA group of ``group`` query heads: 8, or 16 past 8."""
+    return 8 if group <= 8 else 16
+
+
 def _partials(q, s):
     """The (m, l, acc) fp32 partials of ``s`` splits (B, Hq, P), (B, Hq, P), (B, Hq, P, D), P = S x C."""
     bsz, hq, d = q.shape
@@ -420,7 +433,8 @@ def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: flo
     v_desc = TensorDescriptor(v_cache, list(v_cache.shape), list(v_cache.stride()), box, layout)
     _LAUNCH(None if key is None else (key, splits, slots, nb, regs), (grid,),
             (q, k_desc, v_desc, block_table, seq_lens, out, *parts, scale_log2, *ints, out.stride(0), out.stride(1)),
-            dict(NB=ring, C=CONSUMERS, REGS=nreg), num_warps=4, num_stages=None,
+            dict(NB=ring, C=CONSUMERS, GP=_group_cols(q.shape[1] // k_cache.shape[2]), REGS=nreg),
+            num_warps=4, num_stages=None,
             **({"maxnreg": regs} if regs else {}))
     return parts if s > 1 else None
 
