@@ -393,13 +393,39 @@ def test_backward_ops_return_the_weight_dtype(m):
     for wdtype in (torch.bfloat16, torch.float32):
         w = _param(n, wdtype, requires_grad=False)
         _, mean, rstd = layer_norm_op(x, w, w, 1e-5)
-        _, dw, db = layer_norm_backward_op(dy, x, w, mean, rstd, True)
+        _, dw, db = layer_norm_backward_op(dy, x, w, mean, rstd, wdtype)
         _, rstd = rms_norm_op(x, w, 1e-6, 0.0, False)
         _, dw_rms = rms_norm_backward_op(dy, x, w, rstd, 0.0, False)
         _, h, rstd = add_rms_norm_op(x, x, w, 1e-6, 0.0)
         _, dw_add = add_rms_norm_backward_op(dy, dy, h, w, rstd, 0.0)
         for name, g in (("layer dw", dw), ("layer db", db), ("rms dw", dw_rms), ("add dw", dw_add)):
             assert g.dtype == wdtype and g.shape == (n,), (name, wdtype, g.dtype, g.shape)
+
+
+@pytest.mark.parametrize("m", [3, 64, 203])   # one row group (sums stored straight into (N,)), several
+@pytest.mark.parametrize("wdtype", [None, torch.bfloat16])
+def test_layer_norm_bias_gradient_in_the_bias_dtype(m, wdtype):
+    """A bf16 input with no weight (or a bf16 one) and an fp32 bias: db is the fp32 sum of dy over
+    the rows, not that sum rounded to bf16 and cast back (it was: relative error 3.1e-3 at
+    64 x 37), through autograd and from the raw backward operator, whose dw keeps the weight's
+    dtype."""
+    n = 37
+    x, dy = randn(m, n, dtype=torch.bfloat16), randn(m, n, dtype=torch.bfloat16)
+    w = None if wdtype is None else _param(n, wdtype)
+    b = _param(n, torch.float32)
+    want = dy.double().sum(0)
+    for call in range(2):        # on a GPU the second call takes the eager fast path's recorded kernels
+        b.grad = None
+        layer_norm(x, (n,), w, b).backward(dy)
+        assert b.grad.dtype == torch.float32
+        err = ((b.grad.double() - want).norm() / want.norm()).item()
+        assert err < 1e-6, f"call {call}: db relative error {err:.2e} (bf16 rounding gives ~1e-3)"
+        if w is not None:
+            assert w.grad.dtype == wdtype
+    _, mean, rstd = layer_norm_op(x, None if w is None else w.detach(), b.detach(), 1e-5)
+    _, dw, db = layer_norm_backward_op(dy, x, None if w is None else w.detach(), mean, rstd, torch.float32)
+    assert db.dtype == torch.float32 and dw.dtype == (torch.bfloat16 if w is None else wdtype)
+    assert ((db.double() - want).norm() / want.norm()).item() < 1e-6
 
 
 def test_noncontiguous_inputs_and_expanded_gradients():
@@ -555,8 +581,12 @@ def test_opcheck():
     torch.library.opcheck(add_rms_norm_op.overload, (x, randn(4, n, requires_grad=True), w, 1e-6, 0.0))
     xd = x.detach()
     _, mean, rstd = layer_norm_op(xd, w.detach(), None, 1e-5)
-    torch.library.opcheck(layer_norm_backward_op.overload, (dy, xd, w.detach(), mean, rstd, True))
-    torch.library.opcheck(layer_norm_backward_op.overload, (dy, xd, None, mean, rstd, False))
+    torch.library.opcheck(layer_norm_backward_op.overload, (dy, xd, w.detach(), mean, rstd, torch.float32))
+    torch.library.opcheck(layer_norm_backward_op.overload, (dy, xd, None, mean, rstd, None))
+    xb, dyb = xd.to(torch.bfloat16), dy.to(torch.bfloat16)   # a bias wider than the weight: db in its dtype
+    _, mean, rstd = layer_norm_op(xb, None, None, 1e-5)
+    torch.library.opcheck(layer_norm_backward_op.overload, (dyb, xb, w.detach().to(torch.bfloat16), mean, rstd,
+                                                            torch.float32))
     _, rstd = rms_norm_op(xd, None, 1e-6, 0.0, False)
     torch.library.opcheck(rms_norm_backward_op.overload, (dy, xd, w.detach(), rstd, 0.0, False))
     torch.library.opcheck(add_rms_norm_backward_op.overload, (dy, dy * 2, xd, w.detach(), rstd, 1.0))

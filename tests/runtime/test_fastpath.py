@@ -102,12 +102,12 @@ def test_rms_norm_same_bits(fast, shape, dtype, variant):
 @gpu_only
 @pytest.mark.parametrize("dtype", DT)
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("params", ["wb", "w", "b", "none"])
+@pytest.mark.parametrize("params", ["wb", "w", "b", "none", "wb32", "b32"])   # b32: an fp32 bias (db in fp32)
 def test_layer_norm_same_bits(fast, shape, dtype, params):
     n = shape[-1]
     x = randn(*shape, dtype=dtype, scale=2.0).requires_grad_()
     w = (randn(n) * 0.5 + 1).to(dtype).requires_grad_() if "w" in params else None
-    b = randn(n, dtype=dtype).requires_grad_() if "b" in params else None
+    b = randn(n, dtype=torch.float32 if "32" in params else dtype).requires_grad_() if "b" in params else None
     from warpforge.runtime.device import device_info
     split = heuristics.norm_bwd_config(n, True, device_name=device_info().name,   # 8,192: split (H200, 2-byte: block)
                                        itemsize=x.element_size()).mode != "block"

@@ -870,18 +870,19 @@ def _norm_fwd(x, residual, weight, bias, eps: float, offset: float, rms: bool, l
     return y.view(x.shape), (None if h is None else h.view(x.shape)), mean, rstd
 
 
-def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: bool, has_bias: bool):
-    """Returns (dx, dw, db): dw/db are (N,) sums over rows in the weight's dtype (x's without a
-    weight: see ``_param_dtype``), or None when absent."""
+def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: bool,
+              bias_dtype: torch.dtype | None):
+    """Returns (dx, dw, db): dw and db are (N,) sums over rows, dw in the weight's dtype, db in
+    ``bias_dtype`` (the bias's; None: no bias, db None), or None when absent."""
     weight = None if weight is None else weight.contiguous()     # read densely, as in _norm_fwd
     dy2, x2 = as_rows(dy), as_rows(x)
     m, n = x2.shape
     dx = new_empty((m, n), device=x.device, dtype=x.dtype)
-    has_w = weight is not None
+    has_w, has_bias = weight is not None, bias_dtype is not None
     pdtype = _param_dtype(x, weight)
     if m == 0:
-        zeros = torch.zeros((n,), device=x.device, dtype=pdtype)
-        return dx.view(x.shape), (zeros if has_w else None), (zeros.clone() if has_bias else None)
+        return (dx.view(x.shape), torch.zeros((n,), device=x.device, dtype=pdtype) if has_w else None,
+                torch.zeros((n,), device=x.device, dtype=bias_dtype) if has_bias else None)
     ds2 = None if dsum is None else as_rows(dsum)
     cluster = None if llama else _norm_bwd_cluster(x2, dy2, dx, weight, m, n, rms, ds2)
     if cluster is not None:
@@ -892,7 +893,7 @@ def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: 
         db_part = new_empty((parts, n), device=x.device, dtype=torch.float32) if has_bias else None
         wcuda.ops().norm_bwd(x2, dy2, weight, mean, rstd, float(offset), rms, list(cluster), dx, dw_part, db_part,
                              ds2)
-        return (dx.view(x.shape), *_grad_sums(dw_part, db_part, pdtype))
+        return (dx.view(x.shape), *_grad_sums(dw_part, db_part, pdtype, bias_dtype))
     flags = dict(RMS=rms, HAS_W=has_w, HAS_B=has_bias, HAS_DSUM=ds2 is not None, LLAMA=llama)
     cfg = norm_bwd_config(n, layer=not rms, device_name=device_name(x),
                           itemsize=max(x.element_size(), dy.element_size()), dsum=ds2 is not None)
@@ -913,16 +914,16 @@ def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: 
                          BLOCK_N=cfg.block_n)
         else:
             split_launch(_norm_bwd_split_kernel, m, cfg, x.device, args, **flags, BLOCK_N=cfg.block_n)
-        return (dx.view(x.shape), *_grad_sums(parts["dw"], parts["db"], pdtype))
+        return (dx.view(x.shape), *_grad_sums(parts["dw"], parts["db"], pdtype, bias_dtype))
     full_row = cfg.mode == "block"
     col_tiles = 1 if full_row else triton.cdiv(n, cfg.block_n)
     groups, rows_per_prog = grad_grid(m, cfg.rows, col_tiles, cfg.grad_per_sm)
-    # one row group (a few rows): the kernel's partial row is the sum, stored in the parameters'
+    # one row group (a few rows): the kernel's partial row is the sum, stored in each parameter's
     # dtype straight into the (N,) gradients -- no buffer, no second launch
     direct = groups == 1
-    shape, bdtype = ((n,), pdtype) if direct else ((groups, n), torch.float32)
-    dw = new_empty(shape, device=x.device, dtype=bdtype) if has_w else None
-    db = new_empty(shape, device=x.device, dtype=bdtype) if has_bias else None
+    shape = (n,) if direct else (groups, n)
+    dw = new_empty(shape, device=x.device, dtype=pdtype if direct else torch.float32) if has_w else None
+    db = new_empty(shape, device=x.device, dtype=bias_dtype if direct else torch.float32) if has_bias else None
     c = rstd
     if not full_row:
         c = new_empty((m, 2), device=x.device, dtype=torch.float32)
@@ -937,31 +938,32 @@ def _norm_bwd(dy, x, dsum, weight, mean, rstd, offset: float, rms: bool, llama: 
          float(offset)),
         **flags, FULL_ROW=full_row, ROWS=cfg.rows, BLOCK_N=cfg.block_n, GRID_PER_SM=cfg.grad_per_sm,
         STAGES=cfg.stages, num_warps=cfg.num_warps)
-    return dx.view(x.shape), *((dw, db) if direct else _grad_sums(dw, db, pdtype))
+    return dx.view(x.shape), *((dw, db) if direct else _grad_sums(dw, db, pdtype, bias_dtype))
 
 
 def _param_dtype(x: torch.Tensor, weight: torch.Tensor | None) -> torch.dtype:
-    """The dtype dw and db are returned in: the weight's, else x's (autograd casts a bias of
-    another dtype on its way out)."""
+    """The dtype dw is returned in: the weight's, else x's (db takes the bias's own)."""
     return x.dtype if weight is None else weight.dtype
 
 
-def _grad_sums(dw: torch.Tensor | None, db: torch.Tensor | None, dtype: torch.dtype):
-    """The (N,) sums of the (G, N) fp32 partial-sum buffers dw and db (either may be None), in
-    ``dtype``, in a fixed order: one fp32 row is returned as it is; up to GRAD_SUM_MAX rows
-    ``_grad_sum_kernel`` sums and casts both in one launch; more go to ``sum(0)`` and a cast. The
-    fast path (runtime/csrc/fastpath.cpp: norm_bwd) makes the same choices, so both give the same
-    bits."""
+def _grad_sums(dw: torch.Tensor | None, db: torch.Tensor | None, dtype: torch.dtype,
+               db_dtype: torch.dtype | None = None):
+    """The (N,) sums of the (G, N) fp32 partial-sum buffers dw and db (either may be None), dw's
+    in ``dtype``, db's in ``db_dtype`` (default ``dtype``), in a fixed order: one fp32 row is
+    returned as it is; up to GRAD_SUM_MAX rows ``_grad_sum_kernel`` sums and casts both in one
+    launch; more go to ``sum(0)`` and a cast. The fast path (runtime/csrc/fastpath.cpp: norm_bwd)
+    makes the same choices, so both give the same bits."""
     some = dw if dw is not None else db
     if some is None:
         return None, None
+    db_dtype = dtype if db_dtype is None else db_dtype
     g, n = some.shape
-    if g == 1 and dtype == torch.float32:
+    if g == 1 and (dw is None or dtype == torch.float32) and (db is None or db_dtype == torch.float32):
         return (None if dw is None else dw[0]), (None if db is None else db[0])
     if g > GRAD_SUM_MAX:
-        return (None if dw is None else dw.sum(0).to(dtype)), (None if db is None else db.sum(0).to(dtype))
+        return (None if dw is None else dw.sum(0).to(dtype)), (None if db is None else db.sum(0).to(db_dtype))
     dw_out = None if dw is None else new_empty((n,), device=some.device, dtype=dtype)
-    db_out = None if db is None else new_empty((n,), device=some.device, dtype=dtype)
+    db_out = None if db is None else new_empty((n,), device=some.device, dtype=db_dtype)
     other = dw_out if dw_out is not None else db_out
     rows, block = grad_sum_config(n, GRAD_SUM_MAX)
     run(_grad_sum_kernel, (triton.cdiv(n, block),),
@@ -996,18 +998,20 @@ def _layer_norm_fake(x, weight, bias, eps):
 
 def _layer_norm_bwd_impl(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
                          mean: torch.Tensor, rstd: torch.Tensor,
-                         has_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dw, db); dw/db in the weight's dtype (``_param_dtype``), empty (0,) when absent."""
-    dx, dw, db = _norm_bwd(dy, x, None, weight, mean, rstd, 0.0, rms=False, llama=False, has_bias=has_bias)
+                         bias_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dw, db); dw in the weight's dtype (``_param_dtype``), db in ``bias_dtype`` (the
+    bias's: an fp32 bias beside a bf16 weight gets its fp32 sum, not one rounded to bf16; None:
+    no bias), each empty (0,) when absent."""
+    dx, dw, db = _norm_bwd(dy, x, None, weight, mean, rstd, 0.0, rms=False, llama=False, bias_dtype=bias_dtype)
     pdtype = _param_dtype(x, weight)
     return dx, (_absent(x, pdtype) if dw is None else dw), (_absent(x, pdtype) if db is None else db)
 
 
-def _layer_norm_bwd_fake(dy, x, weight, mean, rstd, has_bias):
+def _layer_norm_bwd_fake(dy, x, weight, mean, rstd, bias_dtype):
     n = x.shape[-1]
     pdtype = _param_dtype(x, weight)
     return (x.new_empty(x.shape), x.new_empty((n if weight is not None else 0,), dtype=pdtype),
-            x.new_empty((n if has_bias else 0,), dtype=pdtype))
+            x.new_empty((n,), dtype=bias_dtype) if bias_dtype is not None else x.new_empty((0,), dtype=pdtype))
 
 
 layer_norm_backward_op = Op("layer_norm_backward", _layer_norm_bwd_impl, _layer_norm_bwd_fake)
@@ -1023,9 +1027,9 @@ def _layer_norm_setup(ctx, inputs, output):
 
 def _layer_norm_backward(ctx, dy, _dmean, _drstd):
     x, weight, mean, rstd = ctx.saved_tensors
-    dx, dw, db = layer_norm_backward_op(dy, x, weight, mean, rstd, ctx.bias_dtype is not None)
+    dx, dw, db = layer_norm_backward_op(dy, x, weight, mean, rstd, ctx.bias_dtype)
     dw = None if weight is None else dw
-    db = None if ctx.bias_dtype is None else db.to(ctx.bias_dtype)   # a no-op unless it differs
+    db = None if ctx.bias_dtype is None else db
     return dx, dw, db, None
 
 
@@ -1047,7 +1051,7 @@ def _rms_norm_fake(x, weight, eps, offset, llama):
 def _rms_norm_bwd_impl(dy: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor],
                        rstd: torch.Tensor, offset: float, llama: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw); dw in the weight's dtype, empty (0,) without a weight."""
-    dx, dw, _ = _norm_bwd(dy, x, None, weight, None, rstd, offset, rms=True, llama=llama, has_bias=False)
+    dx, dw, _ = _norm_bwd(dy, x, None, weight, None, rstd, offset, rms=True, llama=llama, bias_dtype=None)
     return dx, (_absent(x, x.dtype) if dw is None else dw)
 
 
@@ -1090,7 +1094,7 @@ def _add_rms_norm_fake(x, residual, weight, eps, offset):
 def _add_rms_norm_bwd_impl(dnormed: torch.Tensor, dsum: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
                            rstd: torch.Tensor, offset: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(dh, dw): dh is the gradient of both x and residual; dw in the weight's dtype."""
-    dh, dw, _ = _norm_bwd(dnormed, h, dsum, weight, None, rstd, offset, rms=True, llama=False, has_bias=False)
+    dh, dw, _ = _norm_bwd(dnormed, h, dsum, weight, None, rstd, offset, rms=True, llama=False, bias_dtype=None)
     return dh, dw
 
 

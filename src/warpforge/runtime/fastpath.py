@@ -97,7 +97,9 @@ def _fallbacks() -> dict:
         "amax_bwd": reduce.amax_backward_op,
         "softmax_bwd": softmax.softmax_backward_op,
         "rms_norm_bwd": norms.rms_norm_backward_op,
-        "layer_norm_bwd": norms.layer_norm_backward_op,
+        # the node passes the bias itself (or None): the operator takes its dtype
+        "layer_norm_bwd": lambda dy, x, w, mean, rstd, b: norms.layer_norm_backward_op(
+            dy, x, w, mean, rstd, None if b is None else b.dtype),
         "add_rms_norm_bwd": norms.add_rms_norm_backward_op,
         "rope_bwd": rope.rope_backward_op,
     }

@@ -388,14 +388,16 @@ bool norm_fwd(const Tensor& x, const Tensor* res, const std::optional<Tensor>& w
   return run_rows(NORM_FWD, x.get_device(), flags, args, m);
 }
 
-// dx and the dw/db sums over rows (in the weight's dtype, x's without one), from the block-mode
+// dx and the dw/db sums over rows (dw in the weight's dtype, x's without one; db in bdtype, the
+// bias's), from the block-mode
 // backward kernel, with heuristics.grad_grid's partial-sum grid and ops/norms.py's choices after
 // it: one row group stores the sums itself; up to grad_sum_max partial rows _grad_sum_kernel
 // (both parameters, summed and cast in one launch); more rows ATen's sum(0) and a cast.
 struct NormBwd { Tensor dx, dw, db; };
 
 bool norm_bwd(Tensor dy, const Tensor& x, const Tensor* dsum, const Tensor& w, const Tensor& mean,
-              const Tensor& rstd, double offset, bool rms, bool llama, bool has_b, NormBwd& out) {
+              const Tensor& rstd, double offset, bool rms, bool llama, bool has_b, at::ScalarType bdtype,
+              NormBwd& out) {
   if (!dy.is_contiguous()) dy = dy.contiguous();
   Tensor ds;
   if (dsum) ds = dsum->is_contiguous() ? *dsum : dsum->contiguous();
@@ -414,13 +416,12 @@ bool norm_bwd(Tensor dy, const Tensor& x, const Tensor* dsum, const Tensor& w, c
   int64_t groups = std::max<int64_t>(1, std::min((m + rows - 1) / rows, sms * per_sm));
   int64_t per = ((m + groups - 1) / groups + rows - 1) / rows * rows;
   groups = (m + per - 1) / per;
-  // as ops/norms.py: one row group stores its sums in the parameters' dtype straight into (N,)
+  // as ops/norms.py: one row group stores its sums in each parameter's dtype straight into (N,)
   auto pdtype = has_w ? w.scalar_type() : x.scalar_type();
   bool direct = groups == 1;
-  auto bo = x.options().dtype(direct ? pdtype : at::kFloat);
   std::vector<int64_t> shape = direct ? std::vector<int64_t>{n} : std::vector<int64_t>{groups, n};
-  Tensor dw = has_w ? out_empty(shape, bo) : Tensor();
-  Tensor db = has_b ? out_empty(shape, bo) : Tensor();
+  Tensor dw = has_w ? out_empty(shape, x.options().dtype(direct ? pdtype : at::kFloat)) : Tensor();
+  Tensor db = has_b ? out_empty(shape, x.options().dtype(direct ? bdtype : at::kFloat)) : Tensor();
   args[8] = T(has_w ? dw : out.dx);
   args[9] = T(has_b ? db : out.dx);
   args[16] = I(per);
@@ -432,9 +433,8 @@ bool norm_bwd(Tensor dy, const Tensor& x, const Tensor* dsum, const Tensor& w, c
   std::vector<Arg> sargs;
   const Entry* se = nullptr;
   if (fused) {
-    auto po = x.options().dtype(pdtype);
-    if (has_w) dwo = out_empty({n}, po);
-    if (has_b) dbo = out_empty({n}, po);
+    if (has_w) dwo = out_empty({n}, x.options().dtype(pdtype));
+    if (has_b) dbo = out_empty({n}, x.options().dtype(bdtype));
     const Tensor& some = has_w ? dw : db;
     const Tensor& other = has_w ? dwo : dbo;
     sargs = {T(has_w ? dw : some), T(has_b ? db : some), T(has_w ? dwo : other), T(has_b ? dbo : other),
@@ -452,7 +452,7 @@ bool norm_bwd(Tensor dy, const Tensor& x, const Tensor* dsum, const Tensor& w, c
     out.db = db;
   } else {
     if (has_w) out.dw = dw.sum(0).to(pdtype);
-    if (has_b) out.db = db.sum(0).to(pdtype);
+    if (has_b) out.db = db.sum(0).to(bdtype);
   }
   return true;
 }
@@ -478,7 +478,8 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     bool llama = ctx->saved_data["llama"].toBool();
     Tensor dy = grad_or_zeros(grads[0], x);
     NormBwd g;
-    if (at::GradMode::is_enabled() || !norm_bwd(dy, x, nullptr, w, Tensor(), rstd, offset, true, llama, false, g)) {
+    if (at::GradMode::is_enabled() ||
+        !norm_bwd(dy, x, nullptr, w, Tensor(), rstd, offset, true, llama, false, x.scalar_type(), g)) {
       py::gil_scoped_acquire gil;
       auto r = fallback("rms_norm_bwd")(dy, x, w.defined() ? py::cast(w) : py::none(), rstd, offset, llama)
                    .cast<std::tuple<Tensor, Tensor>>();
@@ -500,9 +501,12 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
     const Tensor &x = s[0], &w = s[1], &mean = s[2], &rstd = s[3], &b = s[4];
     Tensor dy = grad_or_zeros(grads[0], x);
     NormBwd g;
-    if (at::GradMode::is_enabled() || !norm_bwd(dy, x, nullptr, w, mean, rstd, 0.0, false, false, b.defined(), g)) {
+    auto bdtype = b.defined() ? b.scalar_type() : x.scalar_type();
+    if (at::GradMode::is_enabled() ||
+        !norm_bwd(dy, x, nullptr, w, mean, rstd, 0.0, false, false, b.defined(), bdtype, g)) {
       py::gil_scoped_acquire gil;
-      auto r = fallback("layer_norm_bwd")(dy, x, w.defined() ? py::cast(w) : py::none(), mean, rstd, b.defined())
+      auto r = fallback("layer_norm_bwd")(dy, x, w.defined() ? py::cast(w) : py::none(), mean, rstd,
+                                          b.defined() ? py::cast(b) : py::none())
                    .cast<std::tuple<Tensor, Tensor, Tensor>>();
       g.dx = std::get<0>(r);
       g.dw = std::get<1>(r);
@@ -525,7 +529,8 @@ struct AddRmsNormFn : public torch::autograd::Function<AddRmsNormFn> {
     double offset = ctx->saved_data["offset"].toDouble();
     Tensor dn = grad_or_zeros(grads[0], h), dsum = grad_or_zeros(grads[1], h);
     NormBwd g;
-    if (at::GradMode::is_enabled() || !norm_bwd(dn, h, &dsum, w, Tensor(), rstd, offset, true, false, false, g)) {
+    if (at::GradMode::is_enabled() ||
+        !norm_bwd(dn, h, &dsum, w, Tensor(), rstd, offset, true, false, false, h.scalar_type(), g)) {
       py::gil_scoped_acquire gil;
       auto r = fallback("add_rms_norm_bwd")(dn, dsum, h, w, rstd, offset).cast<std::tuple<Tensor, Tensor>>();
       g.dx = std::get<0>(r);
