@@ -63,7 +63,8 @@ def test_report_merges_runs(tmp_path):
     runs = [[{**row, "op": "softmax", "ms": 2.0}, {**row, "op": "sum"},   # softmax bf16 re-timed in run 1
              {**row, "op": "sum", "dtype": "fp16", "ms": 3.0},
              {**small, "op": "rms_norm", "ms": 5.0}, {**row, "op": "rms_norm", "ms": 6.0}],
-            [{**row, "op": "softmax"}, {**row, "op": "add"}, {**row, "op": "sum", "dtype": "fp32", "ms": 4.0}],
+            [{**row, "op": "softmax"}, {**row, "op": "add", "timing": "clean"},
+             {**row, "op": "sum", "dtype": "fp32", "ms": 4.0}, {**row, "op": "amax", "status": "failed: x", "ms": None}],
             [{**small, "op": "rms_norm", "ms": 7.0}],   # a --small run
             [{**row, "op": "add", "shape": "9x9", "ms": 8.0}, {**row, "op": "sum", "dtype": "fp32", "ms": 9.0}]]
     for i, rows in enumerate(runs):
@@ -71,8 +72,8 @@ def test_report_merges_runs(tmp_path):
         report.write_results(tmp_path / f"r{i}", rows, {**meta, "command": f"run {i}", **extra}, [f"note {i}"])
     assert main(["report", *(str(tmp_path / f"r{i}") for i in range(4)), "--out", str(tmp_path / "m")]) == 0
     merged = json.loads((tmp_path / "m" / "results.json").read_text())
-    assert sorted(r["op"] for r in merged["rows"]) == ["add", "add", "rms_norm", "rms_norm", "softmax", "sum", "sum",
-                                                        "sum"]
+    assert sorted(r["op"] for r in merged["rows"]) == ["add", "add", "amax", "rms_norm", "rms_norm", "softmax", "sum",
+                                                        "sum", "sum"]
     assert sorted((r["shape"], r["ms"]) for r in merged["rows"] if r["op"] == "add") == [("4x8", 1.0), ("9x9", 8.0)], \
         "a --match run adds its shapes to the group and leaves the others"
     assert [r["ms"] for r in merged["rows"] if r["op"] == "softmax"] == [1.0], "the later run wins"
@@ -80,5 +81,10 @@ def test_report_merges_runs(tmp_path):
         "a later run of another dtype keeps the earlier dtype's rows; a --match run replaces the shapes it timed"
     assert sorted((r["small"], r["ms"]) for r in merged["rows"] if r["op"] == "rms_norm") == [(False, 6.0), (True, 7.0)], \
         "a --small run replaces the small rows and keeps the large ones"
+    timings = {(r["op"], r["shape"], r["dtype"]): r.get("timing") for r in merged["rows"]}
+    assert {k: v for k, v in timings.items() if k[0] in ("add", "sum", "amax")} == {
+        ("add", "4x8", "bf16"): "clean", ("add", "9x9", "bf16"): "memset", ("sum", "4x8", "bf16"): "memset",
+        ("sum", "4x8", "fp16"): "memset", ("sum", "4x8", "fp32"): "memset", ("amax", "4x8", "bf16"): None}, \
+        "a row's timing condition kept; rows from before that column: memset (failed rows: none)"
     assert merged["merged_from"] == ["run 0", "run 1", "run 2", "run 3"]
     assert merged["notes"] == ["note 0", "note 1", "note 2", "note 3"]

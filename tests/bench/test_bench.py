@@ -146,6 +146,43 @@ def test_check_run_fails_on_wrong_results(monkeypatch, capsys):
     assert "FAILED: softmax" in capsys.readouterr().out
 
 
+def test_check_run_tolerances(monkeypatch):
+    """fp32 at the tolerances' edges (2e-5, the backward 2x that): an output 1e-5 off passes and
+    1e-4 off fails; a gradient 3e-5 off passes and 1e-4 off fails (its forward exact)."""
+    wl = W.WORKLOADS["softmax"]
+    monkeypatch.setattr(wl, "check_cases", lambda: [W.Case("2x37", {"M": 2, "N": 37})])
+
+    def off(fwd=0.0, bwd=0.0):
+        def fn(x):
+            x = x + bwd * (x - x.detach())   # the same x forward, the gradient (1 + bwd) times
+            return torch.softmax(x, -1) * (1 + fwd)
+        return fn
+
+    ours = {"out 1e-5": off(fwd=1e-5), "out 1e-4": off(fwd=1e-4),
+            "grad 3e-5": off(bwd=3e-5), "grad 1e-4": off(bwd=1e-4)}
+    monkeypatch.setattr(wl, "ours_fn", lambda get: ours)
+    res = runner.run_check([wl], [torch.float32])
+    got = {(r["impl"], r["direction"]): r["ok"] for r in res.rows}
+    assert got == {("out 1e-5", "fwd"): True, ("out 1e-5", "bwd"): True, ("out 1e-4", "fwd"): False,
+                   ("out 1e-4", "bwd"): False, ("grad 3e-5", "fwd"): True, ("grad 3e-5", "bwd"): True,
+                   ("grad 1e-4", "fwd"): True, ("grad 1e-4", "bwd"): False}, got
+    assert all(r["status"] == ("ok" if r["ok"] else "failed: error above tolerance") for r in res.rows)
+
+
+def test_rel_err_never_passes_what_differs():
+    """Relative error in float64; inf for a shape mismatch and for a finite value where the
+    reference has a non-finite one or the other way round; an all-zero reference gives the absolute
+    error."""
+    t, inf, nan = torch.tensor, float("inf"), float("nan")
+    assert runner.rel_err(t([1.0, 2.0]), t([1.0, 2.0])) == 0
+    assert runner.rel_err(t([3.0, 4.0]), t([0.0, 0.0])) == pytest.approx(5.0), "all-zero reference: |out - ref|"
+    assert runner.rel_err(t([[1.0, 2.0]]), t([1.0, 2.0])) == inf
+    assert runner.rel_err(t([1.0, nan]), t([1.0, 2.0])) == inf and runner.rel_err(t([1.0, inf]), t([1.0, 2.0])) == inf
+    assert runner.rel_err(t([1.0, 2.0]), t([1.0, inf])) == inf, "finite where the reference is not"
+    assert runner.rel_err(t([1.0, -inf, nan]), t([1.0, -inf, nan])) == 0, "the same non-finite values"
+    assert runner.rel_err(t([1.0, 2.02, -inf]), t([1.0, 2.0, -inf])) == pytest.approx(0.02 / 5**0.5)
+
+
 def test_match_selects_cases(monkeypatch, capsys, tmp_path):
     """--match: the correctness run and the timing run take only the cases whose label the regular
     expression finds (and the timing run says so in its notes)."""
@@ -213,10 +250,13 @@ def test_bench_runner_plumbing_with_fake_timers(monkeypatch):
     monkeypatch.setattr(timing, "device_ms", fake_ms)
     host_doors = []
 
-    def fake_host_us(fn, calls=200):   # every round returns less: each row keeps its last round
+    host_vals = []
+
+    def fake_host_us(fn, calls=200):   # rounds in no order: the least is not always the first or last
         fn()
         host_doors.append(registry.FAST_EAGER)
-        return 100.0 - len(host_doors)
+        host_vals.append(float(7 * len(host_doors) % 11 + 1))
+        return host_vals[-1]
 
     monkeypatch.setattr(timing, "host_us", fake_host_us)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
@@ -249,13 +289,17 @@ def test_bench_runner_plumbing_with_fake_timers(monkeypatch):
         assert r["gbps"] == pytest.approx(r["bytes"] / r["ms"] / 1e6)
         assert (r["host_us"] is not None) == r["small"]
     # host time of the small case: the three working implementations in alternating rounds, each
-    # keeping its least (here its last) round
+    # keeping its least round
     rounds = timing.TimingConfig().host_rounds
     assert host_doors == [saved, False, saved] * rounds * len(W.MODES)
+    kept = set()
     for j, mode in enumerate(W.MODES):
         for i, impl in enumerate(("warpforge", "warpforge[dispatch]", "eager")):
             r = next(r for r in small if r["impl"] == impl and r["mode"] == mode)
-            assert r["host_us"] == 100.0 - (3 * rounds * j + 3 * (rounds - 1) + i + 1)
+            mine = [host_vals[3 * rounds * j + 3 * k + i] for k in range(rounds)]
+            assert r["host_us"] == min(mine), (mode, impl, mine)
+            kept.add(mine.index(min(mine)))
+    assert {0, rounds - 1} < kept, "the scripted rounds tell the least from the first and the last"
     fwd = next(r for r in big if r["impl"] == "warpforge" and r["mode"] == "fwd")
     assert fwd["err_vs_eager"] < 1e-5
     assert ("warpforge[dispatch]", False) in doors and ("warpforge", True) in doors
@@ -981,6 +1025,129 @@ def test_bench_runner_moe(monkeypatch):
     assert rows["fwd", "warpforge"]["err_vs_eager"] < 1e-2
 
 
+def test_fill_ratios_rules():
+    """One group's ratios: the best peer is the fastest peer that ran (never a failed one, never a
+    reference); ratio = best peer ms / ms on every ok row but a reference's; vs_ref = ms / reference
+    ms; vs_peers = peer ms / ms on every ok row that is not a peer. Failed and skipped rows get the
+    best peer's name and nothing else (and never stop the rest)."""
+    def row(impl, kind, ms, status="ok"):
+        return {"impl": impl, "kind": kind, "ms": ms, "status": status, "best_peer": None, "best_peer_ms": None,
+                "ratio": None, "vs_ref": None, "vs_peers": None}
+
+    rows = [row("warpforge", "ours", 1.0), row("warpforge[cuda]", "ours", None, "failed: RuntimeError: x"),
+            row("warpforge[graph]", "ours", None, "skipped: CUDA only"), row("eager", "peer", 4.0),
+            row("compile", "peer", 2.0), row("liger", "peer", None, "failed: ImportError: y"),
+            row("sdpa[math]", "peer", 8.0), row("cublas_gemms", "ref", 0.5)]
+    runner._fill_ratios(rows)
+    by = {r["impl"]: r for r in rows}
+    for r in rows:
+        if r["kind"] != "ref":
+            assert (r["best_peer"], r["best_peer_ms"]) == ("compile", 2.0), r
+    assert {i: r["ratio"] for i, r in by.items()} == {
+        "warpforge": 2.0, "warpforge[cuda]": None, "warpforge[graph]": None, "eager": 0.5, "compile": 1.0,
+        "liger": None, "sdpa[math]": 0.25, "cublas_gemms": None}
+    assert by["cublas_gemms"]["best_peer"] is None and by["cublas_gemms"]["vs_ref"] is None
+    assert by["warpforge"]["vs_ref"] == {"cublas_gemms": 2.0} and by["eager"]["vs_ref"] == {"cublas_gemms": 8.0}
+    assert by["warpforge"]["vs_peers"] == {"eager": 4.0, "compile": 2.0, "sdpa[math]": 8.0}
+    assert by["cublas_gemms"]["vs_peers"] == {"eager": 8.0, "compile": 4.0, "sdpa[math]": 16.0}
+    for impl in ("warpforge[cuda]", "warpforge[graph]", "eager", "compile", "liger", "sdpa[math]"):
+        assert by[impl]["vs_peers"] is None, impl
+        if by[impl]["status"] != "ok":
+            assert by[impl]["vs_ref"] is None, impl
+
+    # no peer ran: no best peer, no ratio; vs_ref still; rows without vs_peers (no named peers) stay so
+    rows = [row("warpforge", "ours", 1.0), row("eager", "peer", None, "failed: OutOfMemoryError: z"),
+            row("cublas_gemms", "ref", 4.0)]
+    for r in rows:
+        del r["vs_peers"]
+    runner._fill_ratios(rows)
+    assert [(r["best_peer"], r["ratio"]) for r in rows] == [(None, None)] * 3
+    assert rows[0]["vs_ref"] == {"cublas_gemms": 0.25} and all("vs_peers" not in r for r in rows)
+
+
+def test_upstream_grad():
+    """A loss (scalar) is timed with dy = 1, as loss.backward() passes; any other output with a random dy."""
+    assert runner.upstream_grad(torch.zeros((), dtype=torch.bfloat16)).item() == 1.0
+    dy = runner.upstream_grad(torch.zeros(16, 32))
+    assert dy.shape == (16, 32) and dy.std() > 0.5 and (dy != 1).all()
+
+
+def _toy_workload(cases: list, **kw) -> W.Workload:
+    """A workload of plain PyTorch calls (x * 2 on a (4, 8) input: the runner's arithmetic, not an
+    op), its byte and FLOP models read from each case's dims."""
+    def f(x):
+        return x * 2
+
+    return W.Workload(**{
+        "name": "toy", "module": "warpforge.ops.toy", "cases": lambda quick: cases, "check_cases": list,
+        "make": lambda c, dt, dev: (torch.randn(4, 8, dtype=dt, device=dev),), "grad_args": (0,),
+        "ours_fn": lambda get: {"warpforge": f}, "eager": f,
+        "bytes_fn": lambda c, m, s: c.dims["bytes"], "flops_fn": lambda c, m: c.dims["flops"], **kw})
+
+
+def test_bench_rates_and_roofline(monkeypatch):
+    """GB/s, TFLOP/s, % of copy and % of the attainable roof, min(copy bandwidth x FLOP/byte, the
+    dtype's GEMM rate): a memory-bound case under the copy slope, a compute-bound one under the GEMM
+    flat, in fp32 (no GEMM rate) under the memory roof alone; the summary's roof ms."""
+    _fake_timers(monkeypatch, {"warpforge": 2.0, "eager": 4.0}, {})
+    cases = [W.Case("mem", {"bytes": 3e9, "flops": 3e9}),                    # 1 FLOP/byte
+             W.Case("gemm", {"bytes": 1e9, "flops": 1e12}, headline=True)]   # 1000 FLOP/byte
+    res = runner.run_bench([_toy_workload(cases, compile_peer=False)], ["fwd"], [torch.bfloat16, torch.float32],
+                           use_liger=False, copy_gbps=3000.0, gemm_tflops={torch.bfloat16: 700.0}, device=DEVICE)
+    rows = {(r["dtype"], r["shape"], r["impl"]): r for r in res.rows}
+    mem, gemm = rows["bf16", "mem", "warpforge"], rows["bf16", "gemm", "warpforge"]
+    assert mem["gbps"] == pytest.approx(1500) and mem["tflops"] == pytest.approx(1.5)
+    assert mem["pct_copy"] == pytest.approx(50)
+    assert mem["pct_roof"] == pytest.approx(50), "the roof: 3000 GB/s x 1 FLOP/byte = 3 TFLOP/s"
+    assert gemm["gbps"] == pytest.approx(500) and gemm["tflops"] == pytest.approx(500)
+    assert gemm["pct_copy"] == pytest.approx(100 * 500 / 3000)
+    assert gemm["pct_roof"] == pytest.approx(100 * 500 / 700), "3000 TFLOP/s of memory roof, capped at 700"
+    assert rows["bf16", "gemm", "eager"]["pct_roof"] == pytest.approx(100 * 250 / 700)
+    assert rows["fp32", "gemm", "warpforge"]["pct_roof"] == pytest.approx(100 * 500 / 3000), "no GEMM rate: memory roof"
+    assert rows["fp32", "mem", "warpforge"]["pct_roof"] == pytest.approx(50)
+    assert runner.attainable_tflops(10**12, 10**9, None, 700.0) is None
+    (e,) = report.summary(res.rows)
+    assert (e["dtype"], e["shape"], e["ours_ms"]) == ("bf16", "gemm", 2.0)
+    assert e["floor_ms"] == pytest.approx(1e12 / 700e12 * 1e3), "the FLOPs at 700 TFLOP/s"
+
+
+def test_bench_quick_compiles_large_cases_only(monkeypatch):
+    """--quick: the compile peer on the large cases alone (each shape costs seconds of compilation),
+    said in the notes; a full run compiles every case."""
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled.append(kw) or fn)
+    current = {}
+    _fake_timers(monkeypatch, {"warpforge": 1.0, "warpforge[dispatch]": 1.2, "eager": 2.0, "compile": 1.5}, current)
+    _tag_timed_impl(monkeypatch, current)   # the small case's alternating rounds too
+    cases = [W.Case("1x8", {"bytes": 64, "flops": 64}, small=True),
+             W.Case("4x8", {"bytes": 256, "flops": 256}, headline=True)]
+    for quick in (True, False):
+        compiled.clear()
+        res = runner.run_bench([_toy_workload(cases)], ["fwd"], [torch.float32], quick=quick, use_liger=False,
+                               copy_gbps=1.0, device=DEVICE)
+        with_compile = {r["shape"] for r in res.rows if r["impl"] == "compile" and r["status"] == "ok"}
+        assert with_compile == ({"4x8"} if quick else {"1x8", "4x8"}), quick
+        assert compiled == [{"dynamic": False}] * len(with_compile)
+        assert any(n.startswith("quick: the compile peer runs on the large shapes only") for n in res.notes) == quick
+        assert next(r for r in res.rows if r["shape"] == "1x8" and r["impl"] == "warpforge")["best_peer"] == \
+            ("eager" if quick else "compile")
+
+
+def test_select_cases_small_only_and_match():
+    """The timing sweep or the correctness cases; --small: the decode-like cases alone; --match: a
+    regular expression found anywhere in the label (re.search)."""
+    cases = [W.Case("1x33", {}, small=True), W.Case("4x33", {}, headline=True), W.Case("T256x8", {})]
+    wl = _toy_workload(cases, check_cases=lambda: [W.Case("2x37", {}), W.Case("3x5", {})])
+
+    def labels(**kw):
+        return [c.label for c in runner.select_cases(wl, **kw)]
+
+    assert labels() == ["1x33", "4x33", "T256x8"] and labels(small_only=True) == ["1x33"]
+    assert labels(match="x33$") == ["1x33", "4x33"], "re.search: anywhere in the label"
+    assert labels(match="256") == ["T256x8"] and labels(match="256", small_only=True) == []
+    assert labels(check=True, small_only=True) == ["2x37", "3x5"] and labels(check=True, match="x5") == ["3x5"]
+
+
 # ---------------------------------------------------------------------------------------------- reports
 def _rows():
     rows = []
@@ -1008,6 +1175,28 @@ def test_summary_from_synthetic_rows():
     assert s[0]["ours_pct"] == pytest.approx(2**28 / 0.1 / 1e6 / 30)
     assert s[0]["peer_pct"] == pytest.approx(2**28 / 0.15 / 1e6 / 30)
     assert s[0]["geomean_ratio"] == pytest.approx(1.5)
+
+
+def test_summary_headline_geomean_and_roof():
+    """The summary's entry: the summary dtype (bf16, though an fp32 run comes first), the headline
+    shape's warpforge row (not the first large shape's), % of the roof before % of copy, for ours and
+    the best peer; the geomean ratio over warpforge's large rows alone (no decode-sized row, no variant)."""
+    def row(shape, impl, kind, ms, ratio, dtype="bf16", headline=False, small=False, pct_roof=None):
+        return {"op": "softmax", "mode": "fwd", "dtype": dtype, "shape": shape, "impl": impl, "kind": kind,
+                "status": "ok", "ms": ms, "ratio": ratio, "best_peer": "eager", "headline": headline,
+                "small": small, "pct_copy": 25.0, "pct_roof": pct_roof}
+
+    rows = [row("H", "warpforge", "ours", 9.0, 9.0, dtype="fp32", headline=True),
+            row("A", "warpforge", "ours", 0.5, 3.0), row("A", "eager", "peer", 1.5, 1.0),
+            row("H", "warpforge", "ours", 2.0, 1.5, headline=True, pct_roof=60.0),
+            row("H", "warpforge[v]", "ours", 3.75, 0.8, headline=True),
+            row("H", "eager", "peer", 3.0, 1.0, headline=True, pct_roof=40.0),
+            row("S", "warpforge", "ours", 0.01, 0.5, small=True)]
+    (e,) = report.summary(rows)
+    assert (e["dtype"], e["shape"], e["ours_ms"], e["best_peer"], e["ratio"]) == ("bf16", "H", 2.0, "eager", 1.5)
+    assert e["ours_pct"] == 60.0 and e["peer_pct"] == 40.0, "% of the roof where the rows have it"
+    assert e["floor_ms"] == pytest.approx(1.2)
+    assert e["geomean_ratio"] == pytest.approx(math.sqrt(3.0 * 1.5)), "warpforge's large rows, geometric mean"
 
 
 def test_write_results(tmp_path):
@@ -1065,3 +1254,76 @@ def test_device_ms_conditions_on_gpu():
         assert math.isfinite(ms) and ms > 0
         if want == "steady":
             assert 0.1 * copy < gbps < 1.3 * copy, (gbps, copy)
+
+
+class _FakeGPU:
+    """timing.py's CUDA calls on a fake clock (ms) shared by the host and the GPU, as if each call
+    ran on the GPU as it is issued: each call of :meth:`fn` takes the next of ``durations``
+    (cycled), a flush 100 ms, a sleep its cycles at 1e6 cycles/ms, a synchronize 0.5 ms; an event
+    reads the clock when recorded, time.perf_counter reads it too. The L2 is 1,000 bytes."""
+
+    def __init__(self, monkeypatch, durations):
+        import types
+
+        self.now, self.durations, self.calls = 0.0, durations, []
+        gpu = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self):
+                self.t = gpu.now
+
+            def elapsed_time(self, end):
+                return end.t - self.t
+
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(L2_cache_size=1000))
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: self.tick(0.5))
+        monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: self.tick(cycles / 1e6))
+        monkeypatch.setitem(timing._CYCLES_PER_MS, 0, 1e6)
+        monkeypatch.setattr(timing, "flush_l2", lambda: self.tick(100.0))
+        monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: self.now / 1e3))
+
+    def tick(self, ms: float) -> None:
+        self.now += ms
+
+    def fn(self) -> None:
+        self.calls.append(self.durations[len(self.calls) % len(self.durations)])
+        self.tick(self.calls[-1])
+
+
+def test_device_ms_and_host_us_on_a_fake_clock(monkeypatch):
+    """device_ms's two conditions and host_us, with CUDA's events, sleeps, flush and synchronize on a
+    fake clock: which condition (>= 4 L2s: steady), how many calls (estimate, warm-up, host-time
+    probe, timed), what the events bracket (no flush inside), and the median (clean: of the calls;
+    steady: of the batches' per-call means). Calls take 1, 1, 1, 1, 6 ms in turn: the estimate
+    (5 calls) reads 2 ms, so warm-up int(5 / 2) = 2 calls, then 3 host-time calls."""
+    gpu = _FakeGPU(monkeypatch, [1.0, 1.0, 1.0, 1.0, 6.0])
+    assert timing.method(4000) == "steady" and timing.method(3999) == "clean"
+    assert timing.method(None) == timing.method(0) == "clean"
+    cfg = timing.TimingConfig(warmup_ms=5.0, rep_ms=40.0, clean_calls=15)
+
+    # clean: min(max(int(40 / 2), 10), 15) = 15 single calls, their median (mean: 2.0)
+    ms = timing.device_ms(gpu.fn, cfg, nbytes=3999)
+    assert len(gpu.calls) == 5 + 2 + 3 + 15
+    assert gpu.calls[-15:].count(6.0) == 3 and ms == pytest.approx(1.0)
+
+    # steady: batches of min(max(ceil(2 / 2), 4), 64) = 4 calls, min(max(int(40 / 8), 5), 100) = 5
+    # batches; the median of their per-call means (the mean of those: 2.0)
+    gpu = _FakeGPU(monkeypatch, [1.0, 1.0, 1.0, 1.0, 6.0])
+    ms = timing.device_ms(gpu.fn, cfg, nbytes=4000)
+    assert len(gpu.calls) == 5 + 2 + 3 + 5 * 4
+    timed = gpu.calls[-20:]
+    assert sorted(sum(timed[i:i + 4]) / 4 for i in range(0, 20, 4)) == [1.0, 2.25, 2.25, 2.25, 2.25]
+    assert ms == pytest.approx(2.25)
+
+    # host_us: 10 calls of 2 ms after 3 warm-up calls; the clock stops after the synchronize (0.5 ms)
+    # with include_device, before it without
+    gpu = _FakeGPU(monkeypatch, [2.0])
+    assert timing.host_us(gpu.fn, calls=10, warmup=3) == pytest.approx(2050.0)
+    assert timing.host_us(gpu.fn, calls=10, warmup=3, include_device=False) == pytest.approx(2000.0)
+    assert len(gpu.calls) == 2 * (3 + 10)
