@@ -170,15 +170,18 @@ def test_check_run_tolerances(monkeypatch):
 
 
 def test_rel_err_never_passes_what_differs():
-    """Relative error in float64; inf for a shape mismatch and for a finite value where the
-    reference has a non-finite one or the other way round; an all-zero reference gives the absolute
-    error."""
+    """Relative error in float64; inf for a shape mismatch and for any value where the reference
+    has another kind (a finite value for a non-finite one and the other way round, NaN for -inf,
+    +inf for -inf); an all-zero reference gives the absolute error."""
     t, inf, nan = torch.tensor, float("inf"), float("nan")
     assert runner.rel_err(t([1.0, 2.0]), t([1.0, 2.0])) == 0
     assert runner.rel_err(t([3.0, 4.0]), t([0.0, 0.0])) == pytest.approx(5.0), "all-zero reference: |out - ref|"
     assert runner.rel_err(t([[1.0, 2.0]]), t([1.0, 2.0])) == inf
     assert runner.rel_err(t([1.0, nan]), t([1.0, 2.0])) == inf and runner.rel_err(t([1.0, inf]), t([1.0, 2.0])) == inf
     assert runner.rel_err(t([1.0, 2.0]), t([1.0, inf])) == inf, "finite where the reference is not"
+    assert runner.rel_err(t([1.0, nan]), t([1.0, -inf])) == inf, "NaN where the reference is -inf"
+    assert runner.rel_err(t([1.0, inf]), t([1.0, -inf])) == inf, "+inf where the reference is -inf"
+    assert runner.rel_err(t([-inf, 2.0]), t([nan, 2.0])) == inf, "-inf where the reference is NaN"
     assert runner.rel_err(t([1.0, -inf, nan]), t([1.0, -inf, nan])) == 0, "the same non-finite values"
     assert runner.rel_err(t([1.0, 2.02, -inf]), t([1.0, 2.0, -inf])) == pytest.approx(0.02 / 5**0.5)
 

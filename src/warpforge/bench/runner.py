@@ -58,7 +58,9 @@ def with_grad(args: tuple, grad_args: tuple[int, ...]) -> tuple:
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref|| / ||ref|| in float64; inf on a shape mismatch or NaN/inf where ref is finite."""
+    """||out - ref|| / ||ref|| in float64 over the finite values of ref; inf on a shape mismatch, on
+    NaN/inf where ref is finite, and on a non-finite value other than ref's there (NaN for -inf, +inf
+    for -inf, a finite value for either)."""
     if out is None or ref is None:
         return 0.0 if out is None and ref is None else float("inf")
     if tuple(out.shape) != tuple(ref.shape):
@@ -66,6 +68,8 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     o, r = out.detach().double().cpu(), ref.detach().double().cpu()
     finite = torch.isfinite(r)
     if not torch.equal(torch.isfinite(o), finite):
+        return float("inf")
+    if not torch.equal(o[~finite].nan_to_num(nan=0.0), r[~finite].nan_to_num(nan=0.0)):   # NaN, +inf, -inf alike
         return float("inf")
     o, r = o[finite], r[finite]
     den = r.norm().item()
