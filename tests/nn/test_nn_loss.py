@@ -166,3 +166,18 @@ def test_constructors_check_options():
         LinearCrossEntropyLoss(chunk_size=0)
     with pytest.raises(TypeError, match="'ignore_index' must be an int"):
         LinearCrossEntropyLoss(ignore_index=-100.0)
+
+
+def test_linear_cross_entropy_loss_ignore_index():
+    """The module's ignore_index reaches the kernel (it passed the default -100, so targets of the
+    chosen class were counted as that class): against torch on the materialised logits."""
+    h, w = randn(6, 8, requires_grad=True), randn(5, 8, scale=0.5)
+    t = torch.tensor([0, 2, 4, 2, 1, 3], device=DEVICE)
+    out = LinearCrossEntropyLoss(ignore_index=2)(h, w, t)
+    hr = _leaf(h)
+    ref = F.cross_entropy(hr @ w.double().T, t, ignore_index=2)
+    assert_close(out, ref, torch.float32, what="forward")
+    out.backward()
+    ref.backward()
+    assert_close(h.grad, hr.grad, torch.float32, scale=2.0, what="dhidden")
+    assert float(h.grad[1].abs().sum()) == float(h.grad[3].abs().sum()) == 0.0, "ignored rows got a gradient"

@@ -173,3 +173,18 @@ def test_float32_model_trains_in_an_autocast_region():
             torch.testing.assert_close(p.grad, q.grad.float(), rtol=1e-2, atol=1e-5)
         else:
             _same_grad(p.grad, q.grad.float(), name)
+
+
+def test_autocast_region_dtype_and_device_type():
+    """The region's own dtype (fp16 as well as bf16), and only a region of the tensors' device
+    type: one for another device type (CPU tensors in an XPU region; CUDA tensors in a CPU
+    region) casts nothing, though some autocast is on."""
+    x, w = torch.randn(4, 16, device=DEVICE), torch.randn(8, 16, device=DEVICE)
+    for dt in (torch.float16, BF):
+        with torch.autocast(DEVICE, dtype=dt):
+            assert autocast_inputs(x)[0].dtype == dt
+            y = wf.linear(x, w)
+        assert y.dtype == dt and torch.equal(y, wf.linear(x.to(dt), w.to(dt))), dt
+    with torch.autocast("cpu" if ON_GPU else "xpu", dtype=BF):
+        assert torch._C._is_any_autocast_enabled()
+        assert autocast_inputs(x)[0] is x

@@ -39,3 +39,76 @@ def test_plan_takes_each_constexpr_or_its_default(monkeypatch, given):
     cache("key", (5,), ("ptr2", 11), given, num_warps=4, num_stages=None)
     assert len(k.jit_calls) == 1                      # the plan, not the JIT
     assert launched == [("compiled", (5,), ("ptr2", 11, 3, given.get("B", 7)))]
+
+
+def test_spec_key_tells_apart_what_the_jit_specialises_on():
+    """A plan is reused only for arguments the JIT would compile the same kernel for: integers
+    differing in being 1, in divisibility by 16 or in needing 64 bits; a bool and the int of the
+    same value; tensors of other dtypes or 16-byte alignment."""
+    import torch
+
+    k = launch_mod.spec_key
+    for a, b in ((16, 8), (16, 24), (1, 2), (2**31 - 1, 2**31), (-2**31, -2**31 - 1), (True, 1), (False, 0),
+                 (None, 0)):
+        assert k((a,)) != k((b,)), (a, b)
+    assert k((32,)) == k((48,)) and k((3,)) == k((5,)) and k((0.5,)) == k((2.0,))
+    t = torch.zeros(16)
+    assert k((t,)) != k((t[1:],)) and k((t,)) != k((t.double(),)) and k((t,)) == k((t[4:],))
+
+
+def test_specialized_plans_per_launch_option(monkeypatch):
+    """specialized() keys its plans on the launch shape too: another num_warps, num_stages or
+    compile option is a new JIT compile, never the plan compiled for the first."""
+    import torch
+
+    monkeypatch.setattr(launch_mod, "interpreting", lambda: False)
+    monkeypatch.setattr(launch_mod, "_BYPASS", False)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(launch_mod, "launch", lambda compiled, grid, values: None)
+    k = _Kernel()
+    cache = launch_mod.LaunchCache(k)
+    variants = [dict(num_warps=4, num_stages=None), dict(num_warps=8, num_stages=None),
+                dict(num_warps=4, num_stages=3), dict(num_warps=4, num_stages=None, launch_pdl=True)]
+    for kw in variants + variants:
+        cache.specialized((4,), ("ptr", 10), {"A": 3}, **kw)
+    assert [c[2] for c in k.jit_calls] == [
+        {"A": 3, "num_warps": 4}, {"A": 3, "num_warps": 8}, {"A": 3, "num_warps": 4, "num_stages": 3},
+        {"A": 3, "num_warps": 4, "launch_pdl": True}]
+
+
+def test_launch_pads_the_grid_and_passes_every_value(monkeypatch):
+    """launch(): a 1-d or 2-d grid is padded with ones (x first), on the current device's stream."""
+    import torch
+
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 3, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 1000 + dev, raising=False)
+    runs = []
+
+    class Compiled:
+        function, packed_metadata = "fn", "meta"
+
+        def launch_metadata(self, grid, stream, *values):
+            return ("lm", grid, stream, values)
+
+        def run(self, *a):
+            runs.append(a)
+
+    for grid, want in (((4,), (4, 1, 1)), ((4, 3), (4, 3, 1)), ((4, 3, 2), (4, 3, 2))):
+        runs.clear()
+        launch_mod.launch(Compiled(), grid, ("p", 7))
+        (a,) = runs
+        assert a[:3] == want and a[3] == 1003 and a[4:6] == ("fn", "meta"), a
+        assert a[6] == ("lm", grid, 1003, ("p", 7)) and a[-2:] == ("p", 7), a
+
+
+def test_pdl_supported_from_sm90(monkeypatch):
+    """Programmatic dependent launch from sm_90 on (griddepcontrol), never under the interpreter."""
+    monkeypatch.setattr(launch_mod, "interpreting", lambda: False)
+    monkeypatch.setattr(launch_mod, "gdc_wait", object())
+    t = SimpleNamespace(is_cuda=True, device=SimpleNamespace(index=0))
+    for major, want in ((8, False), (9, True), (10, True)):
+        monkeypatch.setattr(launch_mod, "device_info", lambda i, m=major: SimpleNamespace(capability=(m, 0)))
+        assert launch_mod.pdl_supported(t) is want, major
+    assert not launch_mod.pdl_supported(SimpleNamespace(is_cuda=False, device=SimpleNamespace(index=None)))
+    monkeypatch.setattr(launch_mod, "interpreting", lambda: True)
+    assert not launch_mod.pdl_supported(t)

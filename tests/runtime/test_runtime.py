@@ -346,3 +346,79 @@ def test_softmax_backward_pipe_route(monkeypatch):
     assert f(262144, False, False, h200, True) == f(262144, False)
     monkeypatch.setattr(heuristics, "interpreting", lambda: True)
     assert f(262144, True, False, h200, True) == f(262144, True)
+
+
+def test_may_keep_buffers(monkeypatch):
+    """A launcher keeps a device buffer across calls only off the CUDA device or, on it, neither
+    on the dispatcher door nor while a graph captures (runtime/registry.py); CUDA faked here."""
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert registry.may_keep_buffers(cuda) and registry.may_keep_buffers(cpu)
+    capturing[0] = True
+    assert not registry.may_keep_buffers(cuda) and registry.may_keep_buffers(cpu)
+    capturing[0] = False
+    monkeypatch.setattr(registry._DISPATCH, "depth", 1, raising=False)
+    assert registry.dispatched()
+    assert not registry.may_keep_buffers(cuda) and registry.may_keep_buffers(cpu)
+
+
+def test_checks_accept_and_refuse(monkeypatch):
+    """runtime/checks.py directly: each check refuses what it must (naming the argument and, for
+    pairs, the other one) and accepts its edge cases (a 1-d tensor, empty rows, dim = -ndim, a 0-d
+    tensor option). Two devices and CUDA are faked with SimpleNamespace tensors where needed."""
+    from types import SimpleNamespace
+
+    x = torch.ones(2, 3, device=DEVICE)
+    for bad in (torch.float64, torch.int32, torch.float8_e4m3fn):
+        want = f"'x' has dtype {str(bad)[6:]}; expected one of float32, float16, bfloat16"
+        with pytest.raises(TypeError, match=want):
+            checks.check_tensor("x", x.to(bad))
+    checks.check_tensor("ids", x.int(), dtypes=(torch.int32,))
+    checks.check_tensor("x", torch.ones(3, device=DEVICE))
+    checks.check_tensor("x", torch.ones(0, 3, device=DEVICE))                      # no rows: fine
+    with pytest.raises(ValueError, match="'x' must have at least 1 dimension"):
+        checks.check_tensor("x", torch.tensor(1.0, device=DEVICE))
+    with pytest.raises(ValueError, match="'x' must have at least 2 dimension"):
+        checks.check_tensor("x", torch.ones(3, device=DEVICE), min_dim=2)
+    for shape in ((0,), (2, 0)):
+        with pytest.raises(ValueError, match="'x' has a zero-size last dimension"):
+            checks.check_tensor("x", torch.ones(shape, device=DEVICE))
+    # CPU tensors only under the interpreter; meta always (shape inference)
+    monkeypatch.setattr(checks, "interpreting", lambda: False)
+    with pytest.raises(RuntimeError, match="'x' is on device 'cpu'"):
+        checks.check_device("x", torch.ones(2))
+    checks.check_device("x", torch.ones(2, device="meta"))
+    monkeypatch.undo()
+
+    def fake(dev, dtype=torch.float32, shape=(2, 3)):
+        return SimpleNamespace(device=torch.device(dev), dtype=dtype, shape=torch.Size(shape))
+
+    with pytest.raises(RuntimeError, match="'a' is on cuda:1 but 'b' is on cuda:0"):
+        checks.check_same("a", fake("cuda:1"), "b", fake("cuda:0"))
+    with pytest.raises(TypeError, match="'a' has dtype torch.float16 but 'b' has torch.float32"):
+        checks.check_same("a", fake("cpu", torch.float16), "b", fake("cpu"))
+    with pytest.raises(ValueError, match=r"'a' has shape \(3, 2\) but 'b' has \(2, 3\)"):
+        checks.check_same("a", fake("cpu", shape=(3, 2)), "b", fake("cpu"))
+    checks.check_same("a", fake("cpu", torch.float16, (3,)), "b", fake("cpu"), shape=False, dtype=False)
+    checks.check_weight("w", torch.ones(3, device=DEVICE), "x", x, 3)
+    for bad in ((1, 3), (4,), (3, 1)):
+        with pytest.raises(ValueError, match=r"'w' has shape .*; expected \(3,\) to match the last dimension of 'x'"):
+            checks.check_weight("w", torch.ones(bad, device=DEVICE), "x", x, 3)
+    for dim, ndim, want in ((-2, 2, 0), (-1, 2, 1), (1, 2, 1), (0, 0, 0), (-1, 0, 0)):
+        assert checks.normalize_dim("dim", dim, ndim) == want, (dim, ndim)
+    for dim, ndim in ((2, 2), (-3, 2), (1, 0)):
+        with pytest.raises(IndexError, match=f"'dim'={dim} is out of range"):
+            checks.normalize_dim("dim", dim, ndim)
+    assert checks.check_normalized_shape(3, x) == checks.check_normalized_shape([3], x) == 3
+    for bad in ((4,), (2, 3), ()):
+        with pytest.raises(ValueError, match="'normalized_shape'"):
+            checks.check_normalized_shape(bad, x)
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        with pytest.raises(ValueError, match="'eps' is .*; expected a finite number"):
+            checks.check_finite("eps", bad)
+    for bad in (True, "1", None):
+        with pytest.raises(TypeError, match="'eps' must be a real number"):
+            checks.check_finite("eps", bad)
+    assert checks.check_finite("eps", torch.tensor(0.5)) == 0.5 and checks.check_finite("eps", 2) == 2.0
+    assert checks.host_sync_unavailable(torch.ones(2, device="meta")) and not checks.host_sync_unavailable(x)
