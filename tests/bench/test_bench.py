@@ -54,6 +54,9 @@ def test_byte_models_exact():
     assert rms.bytes(c, "fwd+bwd", 2) == 5 * M * N * 2 + 3 * N * 2
     ln = W.WORKLOADS["layer_norm"]
     assert ln.bytes(c, "fwd", 4) == 2 * M * N * 4 + 2 * N * 4
+    # the backward reads x, dy and w (never b) and writes dx, dw and db
+    assert ln.bytes(c, "bwd", 2) == 3 * M * N * 2 + 3 * N * 2
+    assert ln.bytes(c, "fwd+bwd", 2) == 5 * M * N * 2 + 5 * N * 2
     assert W.WORKLOADS["add"].bytes(_case("add", "n=2^28"), "fwd", 2) == 3 * 2**28 * 2
     assert W.WORKLOADS["sum"].bytes(c, "fwd", 2) == M * N * 2 + M * 2
     assert W.WORKLOADS["amax"].bytes(c, "fwd", 4) == M * N * 4 + M * 4
