@@ -88,3 +88,24 @@ def test_report_merges_runs(tmp_path):
         "a row's timing condition kept; rows from before that column: memset (failed rows: none)"
     assert merged["merged_from"] == ["run 0", "run 1", "run 2", "run 3"]
     assert merged["notes"] == ["note 0", "note 1", "note 2", "note 3"]
+
+
+def test_bench_flags_reach_bench(monkeypatch):
+    """Every flag of ``warpforge bench`` lands in its own argument of bench(): comma lists split,
+    repeated flags merged, duplicates and empty items dropped."""
+    import warpforge.bench as wbench
+    from warpforge.bench.workloads import MODES
+
+    got = []
+    monkeypatch.setattr(wbench, "bench", lambda ops, **kw: got.append((ops, kw)) or 0)
+    assert main(["bench"]) == 0
+    assert got.pop() == (None, dict(modes=list(MODES), dtypes=None, quick=False, out=None, use_compile=True,
+                                    use_liger=True, check=False, small_only=False, match=None))
+    assert main(["bench", "softmax", "rms_norm", "--modes", "fwd,", "--modes", "bwd, fwd", "--dtype", "fp16,bf16",
+                 "--dtype", "fp16", "--no-liger", "--small", "--check", "--match", "T256|zipf"]) == 0
+    assert got.pop() == (["softmax", "rms_norm"], dict(modes=["fwd", "bwd"], dtypes=["fp16", "bf16"], quick=False,
+                                                       out=None, use_compile=True, use_liger=False, check=True,
+                                                       small_only=True, match="T256|zipf"))
+    assert main(["bench", "--quick", "--no-compile", "--out", "somewhere", "--dtype", "fp32"]) == 0
+    assert got.pop() == (None, dict(modes=list(MODES), dtypes=["fp32"], quick=True, out="somewhere",
+                                    use_compile=False, use_liger=True, check=False, small_only=False, match=None))

@@ -2,6 +2,7 @@
 the GPU runner's plumbing with the timers replaced (nothing is timed), and report writing."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 
@@ -54,6 +55,9 @@ def test_byte_models_exact():
     assert rms.bytes(c, "fwd+bwd", 2) == 5 * M * N * 2 + 3 * N * 2
     ln = W.WORKLOADS["layer_norm"]
     assert ln.bytes(c, "fwd", 4) == 2 * M * N * 4 + 2 * N * 4
+    # the backward reads x, dy and w (never b) and writes dx, dw and db
+    assert ln.bytes(c, "bwd", 2) == 3 * M * N * 2 + 3 * N * 2
+    assert ln.bytes(c, "fwd+bwd", 2) == 5 * M * N * 2 + 5 * N * 2
     assert W.WORKLOADS["add"].bytes(_case("add", "n=2^28"), "fwd", 2) == 3 * 2**28 * 2
     assert W.WORKLOADS["sum"].bytes(c, "fwd", 2) == M * N * 2 + M * 2
     assert W.WORKLOADS["amax"].bytes(c, "fwd", 4) == M * N * 4 + M * 4
@@ -806,7 +810,8 @@ def test_moe_routing_distinct_experts_in_range(routing, t, e, k):
 
 
 def test_moe_routing_balance_and_skew():
-    for t, e, k in ((48, 8, 2), (96, 8, 2), (8192, 64, 6), (1024, 128, 8), (9, 3, 3)):   # E divides T*k
+    # E divides T*k; in the last two not T (tokens dealt k consecutive slots each, not overlapping)
+    for t, e, k in ((48, 8, 2), (96, 8, 2), (8192, 64, 6), (1024, 128, 8), (9, 3, 3), (12, 8, 2), (20, 6, 3)):
         assert (_counts(W.make_moe_routing(t, e, k, "balanced")[0], e) == t * k // e).all(), (t, e, k)
     c = _counts(W.make_moe_routing(13, 6, 2, "balanced")[0], 6)
     assert c.max() - c.min() == 1, "otherwise off by one at most"
@@ -1330,3 +1335,422 @@ def test_device_ms_and_host_us_on_a_fake_clock(monkeypatch):
     assert timing.host_us(gpu.fn, calls=10, warmup=3) == pytest.approx(2050.0)
     assert timing.host_us(gpu.fn, calls=10, warmup=3, include_device=False) == pytest.approx(2000.0)
     assert len(gpu.calls) == 2 * (3 + 10)
+
+
+# ---------------------------------------------------------------------------------------------- models by hand
+def _nb(*tensors) -> int:
+    """Bytes of the tensors, as stored."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _hand_bytes(name: str, args: tuple, out) -> dict:
+    """Each op's byte floor counted from its definition on the actual tensors: every input it reads
+    once, every output it writes once (a gradient has its tensor's shape and dtype; tables, scales,
+    block tables and saved statistics are not counted). Independent of workloads.py's formulas."""
+    nb = _nb
+    if name == "add":
+        return {"fwd": nb(*args, out)}
+    if name == "sum":
+        return {"fwd": nb(args[0], out)}
+    if name == "amax":   # bwd: read x and the row's dy, write dx
+        x = args[0]
+        return {"fwd": nb(x, out), "bwd": nb(x, out, x)}
+    if name in ("softmax", "log_softmax"):   # bwd: read y and dy, write dx
+        x = args[0]
+        return {"fwd": nb(x, out), "bwd": nb(out, out, x)}
+    if name == "layer_norm":   # bwd: read x, dy and w (not b); write dx, dw, db
+        x, w, b = args
+        return {"fwd": nb(x, w, b, out), "bwd": nb(x, out, w) + nb(x, w, b)}
+    if name == "rms_norm":
+        x, w = args
+        return {"fwd": nb(x, w, out), "bwd": nb(x, out, w) + nb(x, w)}
+    if name == "add_rms_norm":   # bwd: read h, dy, dh and w; write one dx (= d residual) and dw
+        x, r, w = args
+        y, h = out
+        return {"fwd": nb(x, r, w, y, h), "bwd": nb(h, y, h, w) + nb(x, w)}
+    if name in ("swiglu", "geglu"):
+        g, u = args
+        return {"fwd": nb(g, u, out), "bwd": nb(g, u, out) + nb(g, u)}
+    if name == "rope":   # bwd: read dq_out, dk_out, write dq, dk
+        q, k = args[:2]
+        return {"fwd": nb(q, k, *out), "bwd": nb(*out, q, k)}
+    if name == "matmul":   # bwd: read dC, A and W; write dA and dW
+        a, w = args
+        return {"fwd": nb(a, w, out), "bwd": nb(out, a, w) + nb(a, w)}
+    if name == "matmul_bwd":   # its one row is the pair dX = dY @ W, dW = dY^T @ X
+        x, w, dy = args
+        return {"fwd": nb(dy, w, x) + nb(x, w)}
+    if name == "linear_gelu":
+        return {"fwd": nb(*args, out)}
+    if name == "fp8_matmul":   # the e4m3 operands (1 byte each), the bf16 product
+        return {"fwd": nb(args[0], args[1], out)}
+    if name == "cross_entropy":   # fwd+bwd: and write dlogits
+        x, t = args
+        return {"fwd": nb(x, t), "fwd+bwd": nb(x, t) + nb(x)}
+    if name == "linear_cross_entropy":   # fwd+bwd: and write dh, dW
+        h, w, t = args
+        return {"fwd": nb(h, w, t), "fwd+bwd": nb(h, w, t) + nb(h, w)}
+    if name == "attention":   # bwd: read q, k, v, o, do; write dq, dk, dv
+        q, k, v = args[:3]
+        return {"fwd": nb(q, k, v, out), "bwd": nb(q, k, v, out, out) + nb(q, k, v)}
+    if name == "decode_attention":   # q, the ctx cached keys and values of each sequence (k4/v4 hold
+        q, k4, v4 = args[0], args[6], args[7]   # exactly those, not the pool's slack), out
+        return {"fwd": nb(q, k4, v4, out)}
+    if name in ("moe", "moe_decode"):
+        x, w1, w2, tw, ti = args
+        active = torch.unique(ti.long())
+        weights = nb(w1[active], w2[active])   # the experts that get a token
+        fwd = weights + nb(x, tw, ti, out)
+        # bwd: those weights again, dW of every expert, x and dy read, dx written, the routing
+        # read and d(topk_weights) written
+        bwd = weights + nb(w1, w2) + nb(x, out, x) + nb(tw, ti) + nb(tw)
+        return {"fwd": fwd, "bwd": bwd}
+    raise AssertionError(f"no hand count for {name}")
+
+
+def _hand_flops(name: str, case: W.Case) -> dict | None:
+    """The GEMM-shaped ops' FLOPs from their matrix products (the row ops' few per element are a
+    convention, not counted here)."""
+    d = case.dims
+    if name in ("matmul", "linear_gelu", "fp8_matmul"):
+        f = 2 * d["M"] * d["N"] * d["K"]
+        return {"fwd": f, "bwd": 2 * f}          # bwd: dA and dW, one GEMM each
+    if name == "matmul_bwd":
+        return {"fwd": 4 * d["M"] * d["N"] * d["K"]}
+    if name == "linear_cross_entropy":   # logits; then dh and dW
+        f = 2 * d["T"] * d["V"] * d["H"]
+        return {"fwd": f, "fwd+bwd": 3 * f}
+    if name == "attention":   # QK^T and PV per head (the causal half counted as S^2 / 2); bwd 2.5x
+        f = 2 * 2 * d["B"] * d["Hq"] * d["S"] * d["S"] * d["D"] // (2 if d["causal"] else 1)
+        return {"fwd": f, "bwd": f * 5 // 2}
+    if name == "decode_attention":   # q.K^T and p.V over ctx cached tokens, per query head
+        return {"fwd": 2 * 2 * d["B"] * d["Hq"] * d["ctx"] * d["D"]}
+    if name in ("moe", "moe_decode"):   # per routed token: gate and up (d -> 2n), down (n -> d)
+        f = d["T"] * d["k"] * (2 * d["d"] * 2 * d["n"] + 2 * d["n"] * d["d"])
+        return {"fwd": f, "bwd": 2 * f}
+    return None
+
+
+def test_byte_and_flop_models_against_hand_counts():
+    """Every workload's byte model (and the GEMM-shaped ones' FLOP model) against a count from the
+    op's definition on the tensors its ``make`` builds, for each check case, each mode and each
+    element size it runs in: a term dropped, counted twice or taken from the wrong tensor fails."""
+    for wl in W.WORKLOADS.values():
+        dtypes = [d for d in (torch.bfloat16, torch.float32) if wl.only_dtypes is None or d in wl.only_dtypes]
+        for case in wl.check_cases():
+            for dtype in dtypes:
+                args = wl.make(case, dtype, "cpu")
+                with torch.no_grad():
+                    out = wl.eager(*args)
+                hand = _hand_bytes(wl.name, args, out)
+                hand["fwd+bwd"] = hand.get("fwd+bwd", hand["fwd"] + hand.get("bwd", 0))
+                s = torch.finfo(dtype).bits // 8
+                for mode in wl.modes:
+                    assert wl.bytes(case, mode, s) == hand[mode], (wl.name, case.label, mode, dtype)
+            hf = _hand_flops(wl.name, case)
+            if hf is not None:
+                hf["fwd+bwd"] = hf.get("fwd+bwd", hf["fwd"] + hf.get("bwd", 0))
+                for mode in wl.modes:
+                    assert wl.flops(case, mode) == hf[mode], (wl.name, case.label, mode)
+    # moe's modes that a decode workload does not run, on a case where 2 of the 6 experts get tokens:
+    # the backward writes dW for all 6
+    moe, case = W.WORKLOADS["moe"], W.WORKLOADS["moe_decode"].check_cases()[0]
+    args = moe.make(case, torch.bfloat16, "cpu")
+    assert W.moe_active_experts(case) == 2 < case.dims["E"]
+    hand = _hand_bytes("moe", args, W.moe_loop(*args))
+    assert moe.bytes(case, "bwd", 2) == hand["bwd"] and moe.bytes(case, "fwd+bwd", 2) == hand["fwd"] + hand["bwd"]
+
+
+# ---------------------------------------------------------------------------------------------- sweeps
+HEADLINES = {"add": "n=2^28", "sum": "32768x4096", "amax": "32768x4096", "softmax": "32768x4096",
+             "log_softmax": "32768x4096", "layer_norm": "32768x4096", "rms_norm": "32768x4096",
+             "add_rms_norm": "32768x4096", "swiglu": "16384x14336", "geglu": "16384x14336",
+             "rope": "q4x32x4096x128 k4x8x4096x128", "matmul": "8192^3", "matmul_bwd": "8192^3",
+             "linear_gelu": "8192x3072x768", "fp8_matmul": "8192x8192x8192", "cross_entropy": "8192x128256",
+             "linear_cross_entropy": "8192x128256 H=4096", "attention": "B4 H32/32 S4096 D128 non-causal",
+             "decode_attention": "B16 ctx32768 H32/8 D128 block16",
+             "moe": "DeepSeek-V2-Lite T8192 d2048 n1408 E64 k6 random",
+             "moe_decode": "DeepSeek-V2-Lite T64 d2048 n1408 E64 k6 random"}
+
+
+def test_headlines_and_the_issue_bars_shapes():
+    """The headline of every workload (the summary table's and the README's shape), full and quick;
+    and the shapes the issues' bars are judged on are in the sweeps."""
+    assert set(HEADLINES) == EXPECTED_OPS
+    for wl in W.WORKLOADS.values():
+        for quick in (False, True):
+            assert [c.label for c in wl.cases(quick) if c.headline] == [HEADLINES[wl.name]], (wl.name, quick)
+    # softmax: the CUDA path's bar, 16384 x {4096, 8192, 32768} and 512 x 262144 (issue 3), both sweeps
+    for quick in (False, True):
+        labels = {c.label for c in W.WORKLOADS["softmax"].cases(quick)}
+        assert {"16384x4096", "16384x8192", "16384x32768", "512x262144"} <= labels, quick
+    # matmul (issue 4): 4096^3, 8192^3 and Llama-3-8B's four (N, K) at M in {16, 128, 4096, 16384}
+    mm = [(c.dims["M"], c.dims["N"], c.dims["K"]) for c in W.WORKLOADS["matmul"].cases(False)]
+    llama = [(m, n, k) for m in (16, 128, 4096, 16384) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336),
+                                                                    (128256, 4096))]
+    assert mm == [(4096,) * 3, (8192,) * 3] + llama
+    assert [(c.dims["M"], c.dims["N"], c.dims["K"]) for c in W.WORKLOADS["matmul_bwd"].cases(False)] == mm[1:]
+    assert [c.label for c in W.WORKLOADS["matmul"].cases(False) if c.dims.get("ladder")] == ["4096^3", "16x4096x4096"]
+    assert [c.label for c in W.WORKLOADS["linear_gelu"].cases(False)] == ["8192x3072x768", "8192x4096x1024",
+                                                                         "4096x14336x4096"]
+    assert [c.label for c in W.WORKLOADS["fp8_matmul"].cases(False)] == [
+        "8192x8192x8192", "4096x4096x4096", "4096x14336x4096", "16384x4096x14336"]
+
+
+def test_inputs_contiguous_in_the_dtype_asked():
+    """Every tensor ``make`` builds is contiguous (a strided input would time another layout) and in
+    the benchmark dtype, except the documented ones: fp8 operands and their fp32 scales, MoE's fp32
+    routing weights, integer ids, targets, block tables and lengths."""
+    fixed = {("fp8_matmul", 0), ("fp8_matmul", 1), ("fp8_matmul", 2), ("fp8_matmul", 3), ("moe", 3),
+             ("moe_decode", 3)}
+    for wl in W.WORKLOADS.values():
+        dtype = torch.float32 if wl.only_dtypes is None else wl.only_dtypes[0]
+        for case in wl.check_cases():
+            for i, a in enumerate(wl.make(case, dtype, "cpu")):
+                if not isinstance(a, torch.Tensor):
+                    continue
+                assert a.is_contiguous(), (wl.name, case.label, i)
+                if a.is_floating_point() and (wl.name, i) not in fixed:
+                    assert a.dtype == dtype, (wl.name, case.label, i, a.dtype)
+
+
+def test_eager_and_named_peers_against_the_reference():
+    """On every check case in float64: eager and every named peer that runs on a CPU (each under its
+    own context) give the reference's answer -- a peer bound to the wrong call, or fed the wrong
+    argument, fails here rather than in a GPU run's ratio."""
+    for wl in W.WORKLOADS.values():
+        peers = wl.peers() if wl.peers else {}
+        for case in wl.check_cases():
+            args = wl.make(case, torch.float64, "cpu")
+            ref = wl.ref(*args)
+            calls = {"eager": W.Peer(wl.eager), **{n: p if isinstance(p, W.Peer) else W.Peer(p) for n, p in peers.items()}}
+            for name, peer in calls.items():
+                try:
+                    with (peer.context() if peer.context else contextlib.nullcontext()):
+                        got = peer.fn(*args)
+                except W.Skipped:
+                    continue
+                except RuntimeError:
+                    # SDPA's fused backends have no CPU kernel (the inputs are on the CPU); every other peer runs
+                    assert name.startswith("sdpa[") and name != "sdpa[math]", (wl.name, name)
+                    continue
+                got, want = (got, ref) if isinstance(ref, tuple) else ((got,), (ref,))
+                for g, r in zip(got, want, strict=True):
+                    assert runner.rel_err(g, r) < 1e-5, (wl.name, case.label, name)
+
+
+def test_check_run_wires_ours_up():
+    """Our public functions through the correctness run (fp32; fp8 in bf16) for the ops whose call
+    the workload spells out: eps and the bias (layer_norm), the residual pair (add_rms_norm),
+    approximate="tanh" (geglu), position_ids (rope's decode case), the activation (linear_gelu),
+    the fp8 operands, scales and W^T (fp8_matmul)."""
+    wls = [W.WORKLOADS[n] for n in ("layer_norm", "add_rms_norm", "geglu", "rope", "linear_gelu")]
+    res = runner.run_check(wls, [torch.float32], device=DEVICE)
+    res.rows += runner.run_check([W.WORKLOADS["fp8_matmul"]], [torch.bfloat16], device=DEVICE).rows
+    bad = [(r["op"], r["impl"], r["shape"], r["direction"], r["status"]) for r in res.rows
+           if not (r["ok"] or r["status"] == "skipped: output does not require grad")]
+    assert not bad, bad
+    assert {r["op"] for r in res.rows if r["ok"]} == {wl.name for wl in wls} | {"fp8_matmul"}
+
+
+def test_rope_eager_is_the_rotation_at_each_position():
+    """The rope inputs and eager call against the rotation written out: (x1 + i x2) e^{i p theta_j},
+    theta_j = base^(-2j/D), p the token's position -- position_ids (B, S) at offsets of their own in
+    a table longer than the sequence (decode), else 0..S-1."""
+    wl = W.WORKLOADS["rope"]
+    for case in wl.check_cases() + [c for c in wl.cases(False) if c.dims["pos"]]:
+        d = case.dims
+        small = case in wl.check_cases()
+        q, k, cos, sin, pos = wl.make(case, torch.float64 if small else torch.bfloat16, "cpu")
+        if d["pos"]:
+            assert pos.shape == (d["B"], d["S"]) and pos.dtype == torch.int64
+            assert (pos[:, 1:] == pos[:, :1] + torch.arange(1, d["S"])).all(), "consecutive within a sequence"
+            assert pos.min() >= 1 and pos.max() < cos.shape[0] and cos.shape[0] >= W.ROPE_TABLE
+            if d["B"] > 2:
+                assert len(set(pos[:, 0].tolist())) > 1, "each sequence at an offset of its own"
+        else:
+            assert pos is None and cos.shape[0] == d["S"]
+        if not small:
+            continue
+        p = (pos if pos is not None else torch.arange(d["S"]).expand(d["B"], -1)).double()
+        theta = 10000.0 ** (-torch.arange(0, d["D"], 2, dtype=torch.float64) / d["D"])
+        rot = torch.polar(torch.ones((), dtype=torch.float64), p[:, None, :, None] * theta)   # (B, 1, S, D/2)
+
+        def rotate(x):
+            h = x.shape[-1] // 2
+            z = torch.complex(x[..., :h], x[..., h:]) * rot
+            return torch.cat((z.real, z.imag), dim=-1)
+
+        qo, ko = wl.eager(q, k, cos, sin, pos)   # (the tables' angles are fp32, as HF makes them: ~1e-5 at 4k)
+        assert runner.rel_err(qo, rotate(q)) < 1e-4 and runner.rel_err(ko, rotate(k)) < 1e-4, case.label
+
+
+def test_moe_routing_edges():
+    """k = 0 is refused like k > E; zipf's ranking is a random permutation of the experts (the most
+    popular is not always expert 0); random routing gives each token its own draw."""
+    for routing in W.MOE_ROUTINGS:
+        with pytest.raises(ValueError, match="1 <= k <= E"):
+            W.make_moe_routing(4, 4, 0, routing)
+    top = {int(_counts(W.make_moe_routing(4096, e, k, "zipf")[0], e).argmax()) for e, k in ((8, 2), (64, 6), (128, 8))}
+    assert top != {0}, "zipf ranks a shuffled expert order"
+    ids, _ = W.make_moe_routing(64, 64, 6, "random")
+    assert len({tuple(sorted(r)) for r in ids.tolist()}) > 60, "each token draws its own experts"
+
+
+class _FakeCudaTensor(torch.Tensor):
+    """A CPU tensor that says it lives on CUDA: lets _graphed take its capture path on a CPU."""
+    @property
+    def device(self):
+        return torch.device("cuda")
+
+
+def _fake_cuda_graphs(monkeypatch) -> dict:
+    """torch.cuda's stream and graph API replaced by recorders (a replay does nothing: a captured
+    output stays what the capture call returned)."""
+    seen = {"captures": 0, "replays": 0}
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    class Graph:
+        def replay(self):
+            seen["replays"] += 1
+
+    @contextlib.contextmanager
+    def graph(g):
+        seen["captures"] += 1
+        yield
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    return seen
+
+
+def test_graphed_captures_again_for_new_inputs(monkeypatch):
+    """_graphed: two warm-up calls and a capture for inputs it has not seen (new storage, even of the
+    same shape), then one replay per call returning the captured output; a stale graph is never
+    replayed for other inputs."""
+    seen = _fake_cuda_graphs(monkeypatch)
+    calls = []
+
+    def fn(x, y):
+        calls.append((x.data_ptr(), y.data_ptr()))
+        return x + y
+
+    g = W._graphed(fn)
+    a, b = torch.randn(5).as_subclass(_FakeCudaTensor), torch.randn(5)
+    out = g(a, b)
+    assert calls == [(a.data_ptr(), b.data_ptr())] * 3 and seen == {"captures": 1, "replays": 1}
+    assert torch.equal(out, a + b) and g(a, b) is out and len(calls) == 3 and seen["replays"] == 2
+    c = torch.randn(5).as_subclass(_FakeCudaTensor)
+    out2 = g(c, b)
+    assert len(calls) == 6 and seen["captures"] == 2, "new inputs: a new graph"
+    assert torch.equal(out2, c + b)
+    out3 = g(c, torch.randn(5))
+    assert len(calls) == 9 and seen["captures"] == 3, "any argument's storage is part of the key"
+    with pytest.raises(W.Skipped, match="CUDA"):
+        g(torch.randn(5), b)
+
+    # moe_decode's [graph] peer graphs the grouped_mm pipeline (the same call as the grouped_mm row)
+    wl = W.WORKLOADS["moe_decode"]
+    ran = []
+    monkeypatch.setattr(W, "moe_grouped_mm", lambda *args: ran.append(len(args)) or args[0])
+    x, *rest = wl.make(wl.check_cases()[0], torch.bfloat16, "cpu")
+    wl.peers()["grouped_mm[graph]"](x.as_subclass(_FakeCudaTensor), *rest)
+    assert ran == [5, 5, 5]
+
+
+def test_sdpa_peers_force_their_own_backend():
+    """Each sdpa[<backend>] peer's context enables that backend alone (not the last one of the loop);
+    only the math peer declines long sequences, and from S > math_max_s on (S = max still runs)."""
+    b = torch.backends.cuda
+    enabled = {"cudnn": b.cudnn_sdp_enabled, "flash": b.flash_sdp_enabled, "efficient": b.mem_efficient_sdp_enabled,
+               "math": b.math_sdp_enabled}
+    for wl in (W.WORKLOADS["attention"], W.WORKLOADS["decode_attention"]):
+        for name, peer in wl.peers().items():
+            with peer.context():
+                on = {k for k, f in enabled.items() if f()}
+            assert on == {name[len("sdpa["):-1]}, (wl.name, name, on)
+            if name != "sdpa[math]" or wl.name == "decode_attention":
+                assert peer.fn is wl.eager, (wl.name, name)
+    peers = W.sdpa_peers(lambda q, k, *rest: "ran", math_max_s=4)()
+    at4, at5 = torch.zeros(1, 1, 4, 2), torch.zeros(1, 1, 5, 2)
+    assert peers["sdpa[math]"].fn(at4, at4) == "ran"
+    with pytest.raises(W.Skipped, match="S = 5 > 4"):
+        peers["sdpa[math]"].fn(at5, at5)
+    assert all(p.fn(at5, at5) == "ran" for n, p in peers.items() if n != "sdpa[math]")
+
+
+def test_named_variants_reach_their_rows(monkeypatch):
+    """Every row named warpforge[<variant>] or warpforge[cuda:<variant>] calls our function with that
+    variant (not the loop's last one), the cuda rows with backend="cuda", the plain row with neither."""
+    monkeypatch.setattr(W, "cuda_backend_available", lambda: True)
+    seen = []
+
+    def get(fname):
+        def fake(*args, **kw):
+            seen.append(kw)
+            return args[0]
+        return fake
+
+    checked = 0
+    for wl in W.WORKLOADS.values():
+        args = wl.make(wl.check_cases()[0], torch.float32 if wl.only_dtypes is None else wl.only_dtypes[0], "cpu")
+        for name, fn in wl.ours_fn(get).items():
+            inner = name[len("warpforge["):-1] if name.startswith("warpforge[") else None
+            if inner in ("validated", "graph", "bf16"):
+                continue
+            seen.clear()
+            fn(*args)
+            assert seen, (wl.name, name)
+            for kw in seen:   # (matmul_bwd's row makes two calls)
+                if inner is None:
+                    assert "variant" not in kw and "backend" not in kw, (wl.name, name, kw)
+                    continue
+                cuda = inner.startswith("cuda")
+                variant = inner.split(":")[1] if ":" in inner else None if cuda else inner
+                assert kw.get("backend") == ("cuda" if cuda else None), (wl.name, name, kw)
+                assert kw.get("variant") == variant, (wl.name, name, kw)
+            checked += inner is not None
+    assert checked >= len(W.MATMUL_LADDER) + len(W.CUDA_MATMUL_LADDER) + 1
+
+
+def test_row_major_t_is_made_for_each_weight():
+    """_row_major_t keeps W^T for the weight it was made from: another weight of the same shape and
+    dtype gets its own, never the previous one."""
+    w1, w2 = torch.randn(3, 5), torch.randn(3, 5)
+    t1 = W._row_major_t(w1)
+    assert torch.equal(t1, w1.T) and t1.is_contiguous() and W._row_major_t(w1) is t1
+    assert torch.equal(W._row_major_t(w2), w2.T)
+
+
+def test_fp8_inputs_scaled_per_tensor():
+    """_fp8_make: each operand's scale is its own amax / 448 (the bf16 operands it came from, redrawn
+    from the same seed), so each e4m3 tensor reaches 448 and the dequantised values are a8 * sa."""
+    case = W.WORKLOADS["fp8_matmul"].check_cases()[0]
+    torch.manual_seed(7)
+    a, w = W._gemm_make(case, torch.bfloat16, "cpu")
+    torch.manual_seed(7)
+    a8, w8, sa, sw, ad, wd = W._fp8_make(case, torch.float32, "cpu")
+    assert a8.dtype == w8.dtype == torch.float8_e4m3fn and sa.dtype == sw.dtype == torch.float32 and sa.dim() == 0
+    assert sa == a.abs().amax().float() / W.FP8_MAX and sw == w.abs().amax().float() / W.FP8_MAX
+    assert a8.float().abs().max() == w8.float().abs().max() == W.FP8_MAX
+    assert torch.equal(ad, (a8.float() * sa).bfloat16()) and torch.equal(wd, (w8.float() * sw).bfloat16())
+    assert runner.rel_err(ad, a) < 0.05 and runner.rel_err(wd, w) < 0.05
+
+
+def test_bench_on_a_cpu_is_the_correctness_run(monkeypatch):
+    """Without CUDA, ``bench`` without --check is the correctness run (fp32 and bf16 unless told),
+    never the timing run (which would ask for the device)."""
+    got = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(wbench, "_check", lambda wls, dts, names, out, match=None: got.append((
+        [w.name for w in wls], dts, names, match)) or 0)
+    assert wbench.bench(["softmax"]) == 0
+    assert wbench.bench(["rms_norm"], dtypes=["fp16"], match="3x") == 0
+    assert got == [(["softmax"], [torch.float32, torch.bfloat16], ["fp32", "bf16"], None),
+                   (["rms_norm"], [torch.float16], ["fp16"], "3x")]

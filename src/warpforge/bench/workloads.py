@@ -10,6 +10,8 @@ element of the benchmark dtype; weight vectors of N elements are counted too:
 
     row op (softmax, norms)   fwd 2*M*N*s + P*N*s        (P weight vectors read)
                               bwd 3*M*N*s + 2*P*N*s      (read x or y, dy; write dx; read W, write dW)
+    layer_norm (P = 2: w, b)  bwd 3*M*N*s + 3*N*s        (read w, not b: the backward never needs it;
+                                                          write dw and db)
     add_rms_norm              fwd 4*M*N*s + N*s          (read x, residual; write y, x+residual)
                               bwd 4*M*N*s + 2*N*s        (read h=x+residual, dy, dh; write one dx,
                                                           which is also d(residual))
@@ -234,11 +236,15 @@ def _mn(case: Case) -> tuple[int, int]:
     return case.dims["M"], case.dims["N"]
 
 
-def row_bytes(weights: int = 0, fwd_tensors: int = 2, bwd_tensors: int = 3):
+def row_bytes(weights: int = 0, fwd_tensors: int = 2, bwd_tensors: int = 3, bwd_weights_read: int | None = None):
+    """``weights`` vectors of N read by the forward, their gradients written by the backward, which
+    reads ``bwd_weights_read`` of them (default all; LayerNorm's backward reads w, never b)."""
+    reads = weights if bwd_weights_read is None else bwd_weights_read
+
     def f(case: Case, mode: str, s: int) -> int:
         m, n = _mn(case)
         fwd = fwd_tensors * m * n * s + weights * n * s
-        bwd = bwd_tensors * m * n * s + 2 * weights * n * s
+        bwd = bwd_tensors * m * n * s + (reads + weights) * n * s
         return _by_mode(fwd, bwd)(mode)
     return f
 
@@ -1117,7 +1123,7 @@ _register(Workload(
     eager=lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, LN_EPS),
     liger=("liger_kernel.ops.layer_norm", "LigerLayerNormFunction",
            lambda cls: lambda x, w, b: cls.apply(x, w, b, LN_EPS)),
-    bytes_fn=row_bytes(weights=2), flops_fn=per_element_flops(8, 12),
+    bytes_fn=row_bytes(weights=2, bwd_weights_read=1), flops_fn=per_element_flops(8, 12),
 ))
 _register(Workload(
     name="rms_norm", module="warpforge.ops.norms",
