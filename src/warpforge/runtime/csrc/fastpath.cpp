@@ -388,16 +388,17 @@ bool norm_fwd(const Tensor& x, const Tensor* res, const std::optional<Tensor>& w
   return run_rows(NORM_FWD, x.get_device(), flags, args, m);
 }
 
-// dx and the dw/db sums over rows (dw in the weight's dtype, x's without one; db in bdtype, the
-// bias's), from the block-mode
-// backward kernel, with heuristics.grad_grid's partial-sum grid and ops/norms.py's choices after
-// it: one row group stores the sums itself; up to grad_sum_max partial rows _grad_sum_kernel
-// (both parameters, summed and cast in one launch); more rows ATen's sum(0) and a cast.
+// dx and the dw/db sums over rows (dw in the weight's dtype, x's without one; db in `bias`, the
+// bias's dtype, nullopt without a bias), from the block-mode backward kernel, with
+// heuristics.grad_grid's partial-sum grid and ops/norms.py's choices after it: one row group stores
+// the sums itself; up to grad_sum_max partial rows _grad_sum_kernel (both parameters, summed and
+// cast in one launch); more rows ATen's sum(0) and a cast.
 struct NormBwd { Tensor dx, dw, db; };
 
 bool norm_bwd(Tensor dy, const Tensor& x, const Tensor* dsum, const Tensor& w, const Tensor& mean,
-              const Tensor& rstd, double offset, bool rms, bool llama, bool has_b, at::ScalarType bdtype,
+              const Tensor& rstd, double offset, bool rms, bool llama, std::optional<at::ScalarType> bias,
               NormBwd& out) {
+  bool has_b = bias.has_value();
   if (!dy.is_contiguous()) dy = dy.contiguous();
   Tensor ds;
   if (dsum) ds = dsum->is_contiguous() ? *dsum : dsum->contiguous();
@@ -421,7 +422,7 @@ bool norm_bwd(Tensor dy, const Tensor& x, const Tensor* dsum, const Tensor& w, c
   bool direct = groups == 1;
   std::vector<int64_t> shape = direct ? std::vector<int64_t>{n} : std::vector<int64_t>{groups, n};
   Tensor dw = has_w ? out_empty(shape, x.options().dtype(direct ? pdtype : at::kFloat)) : Tensor();
-  Tensor db = has_b ? out_empty(shape, x.options().dtype(direct ? bdtype : at::kFloat)) : Tensor();
+  Tensor db = has_b ? out_empty(shape, x.options().dtype(direct ? *bias : at::kFloat)) : Tensor();
   args[8] = T(has_w ? dw : out.dx);
   args[9] = T(has_b ? db : out.dx);
   args[16] = I(per);
@@ -434,7 +435,7 @@ bool norm_bwd(Tensor dy, const Tensor& x, const Tensor* dsum, const Tensor& w, c
   const Entry* se = nullptr;
   if (fused) {
     if (has_w) dwo = out_empty({n}, x.options().dtype(pdtype));
-    if (has_b) dbo = out_empty({n}, x.options().dtype(bdtype));
+    if (has_b) dbo = out_empty({n}, x.options().dtype(*bias));
     const Tensor& some = has_w ? dw : db;
     const Tensor& other = has_w ? dwo : dbo;
     sargs = {T(has_w ? dw : some), T(has_b ? db : some), T(has_w ? dwo : other), T(has_b ? dbo : other),
@@ -452,7 +453,7 @@ bool norm_bwd(Tensor dy, const Tensor& x, const Tensor* dsum, const Tensor& w, c
     out.db = db;
   } else {
     if (has_w) out.dw = dw.sum(0).to(pdtype);
-    if (has_b) out.db = db.sum(0).to(bdtype);
+    if (has_b) out.db = db.sum(0).to(*bias);
   }
   return true;
 }
@@ -479,7 +480,7 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     Tensor dy = grad_or_zeros(grads[0], x);
     NormBwd g;
     if (at::GradMode::is_enabled() ||
-        !norm_bwd(dy, x, nullptr, w, Tensor(), rstd, offset, true, llama, false, x.scalar_type(), g)) {
+        !norm_bwd(dy, x, nullptr, w, Tensor(), rstd, offset, true, llama, std::nullopt, g)) {
       py::gil_scoped_acquire gil;
       auto r = fallback("rms_norm_bwd")(dy, x, w.defined() ? py::cast(w) : py::none(), rstd, offset, llama)
                    .cast<std::tuple<Tensor, Tensor>>();
@@ -501,9 +502,8 @@ struct LayerNormFn : public torch::autograd::Function<LayerNormFn> {
     const Tensor &x = s[0], &w = s[1], &mean = s[2], &rstd = s[3], &b = s[4];
     Tensor dy = grad_or_zeros(grads[0], x);
     NormBwd g;
-    auto bdtype = b.defined() ? b.scalar_type() : x.scalar_type();
-    if (at::GradMode::is_enabled() ||
-        !norm_bwd(dy, x, nullptr, w, mean, rstd, 0.0, false, false, b.defined(), bdtype, g)) {
+    auto bias = b.defined() ? std::optional<at::ScalarType>(b.scalar_type()) : std::nullopt;
+    if (at::GradMode::is_enabled() || !norm_bwd(dy, x, nullptr, w, mean, rstd, 0.0, false, false, bias, g)) {
       py::gil_scoped_acquire gil;
       auto r = fallback("layer_norm_bwd")(dy, x, w.defined() ? py::cast(w) : py::none(), mean, rstd,
                                           b.defined() ? py::cast(b) : py::none())
@@ -530,7 +530,7 @@ struct AddRmsNormFn : public torch::autograd::Function<AddRmsNormFn> {
     Tensor dn = grad_or_zeros(grads[0], h), dsum = grad_or_zeros(grads[1], h);
     NormBwd g;
     if (at::GradMode::is_enabled() ||
-        !norm_bwd(dn, h, &dsum, w, Tensor(), rstd, offset, true, false, false, h.scalar_type(), g)) {
+        !norm_bwd(dn, h, &dsum, w, Tensor(), rstd, offset, true, false, std::nullopt, g)) {
       py::gil_scoped_acquire gil;
       auto r = fallback("add_rms_norm_bwd")(dn, dsum, h, w, rstd, offset).cast<std::tuple<Tensor, Tensor>>();
       g.dx = std::get<0>(r);
