@@ -51,11 +51,11 @@ def load_sm90_copy(src: str, name: str):
     return mod
 
 
-def load_sm90_patched(edits, name: str):
-    """ops/decode_attention_sm90.py with each (old, new) of ``edits`` applied (every ``old`` found
-    exactly once), imported as module ``name``."""
+def load_sm90_patched(edits, name: str, path: str | None = None):
+    """ops/decode_attention_sm90.py (or the copy of it at ``path``) with each (old, new) of ``edits``
+    applied (every ``old`` found exactly once), imported as module ``name``."""
     from warpforge.ops import decode_attention_sm90
-    src = open(decode_attention_sm90.__file__).read()
+    src = open(path or decode_attention_sm90.__file__).read()
     for old, new in edits:
         assert src.count(old) == 1, old[:80]
         src = src.replace(old, new)

@@ -7,7 +7,7 @@ buffer, which a split call does not otherwise write (the combine kernel does, an
 Prints each stage's median time after the kernel's first entry, over programs and repetitions,
 under the bench's clean condition (flush first) and warm.
 
-    python benchmarks/probe_decode_stamps.py [--shape 1x16384] [--reps 10]
+    python benchmarks/probe_decode_stamps.py [--shapes 1x16384] [--reps 10] [--src NAME=PATH,...]
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ NAMES = {0: "kernel entry", 1: "setup done", 2: "producer entry", 3: "producer: 
          14: "producer: first TMA issued"}
 
 
-def patched_module():
+def patched_module(path=None, name="_decode_sm90_stamped"):
     reps = [
         ("\n\n@gluon.jit\ndef _unit(", "\n" + STAMP + "\n@gluon.jit\ndef _unit("),
         # producer
@@ -59,17 +59,17 @@ def patched_module():
          "            if t == 0:\n                _stamp(out_ptr, 14, t)\n"),
         # consumer
         ("    b, kvh, split, n, c0, c1 = _unit(gl.program_id(0), splits, Hkv, lens_ptr, cap, C)\n"
-         "    q = _load_q(q_ptr, b, kvh, G, s_qb, s_qh, D, ld)\n",
+         "    q = _load_q(q_ptr, b, kvh, G, s_qb, s_qh, GP, D, ld)\n",
          "    if W == 0:\n        _stamp(out_ptr, 7, gl.program_id(0))\n"
          "    b, kvh, split, n, c0, c1 = _unit(gl.program_id(0), splits, Hkv, lens_ptr, cap, C)\n"
          "    if W == 0:\n        _stamp(out_ptr, 8, n)\n"
-         "    q = _load_q(q_ptr, b, kvh, G, s_qb, s_qh, D, ld)\n"
+         "    q = _load_q(q_ptr, b, kvh, G, s_qb, s_qh, GP, D, ld)\n"
          "    if W == 0:\n        _stamp(out_ptr, 9, gl.max(gl.max(q.to(gl.float32), 1), 0).to(gl.int32, bitcast=True))\n"),
         ("            mbarrier.wait(ready.index(slot), (t // NB) & 1)\n",
          "            mbarrier.wait(ready.index(slot), (t // NB) & 1)\n"
          "            if W == 0:\n                if t == 0:\n                    _stamp(out_ptr, 10, t)\n"),
-        ("            gl.store(acc_ptr + row[:, None] * D + d[None, :], acc, mask=gmask[:, None])\n",
-         "            gl.store(acc_ptr + row[:, None] * D + d[None, :], acc, mask=gmask[:, None])\n"
+        ("            gl.store(acc_ptr + row[None, :] * D + d[:, None], acc, mask=gmask[None, :])\n",
+         "            gl.store(acc_ptr + row[None, :] * D + d[:, None], acc, mask=gmask[None, :])\n"
          "            if W == 0:\n                _stamp(out_ptr, 12, t)\n"
          "            if W == 3:\n                _stamp(out_ptr, 13, t)\n"),
         ("        if splits == 1:\n            # the whole sequence",
@@ -81,23 +81,28 @@ def patched_module():
         ("    gl.warp_specialize([(_dec_produce, args)",
          "    _stamp(out_ptr, 1, gl.program_id(0))\n    gl.warp_specialize([(_dec_produce, args)"),
     ]
-    return load_sm90_patched(reps, "_decode_sm90_stamped")
+    return load_sm90_patched(reps, name, path)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="1x16384")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--src", default="", help="NAME=PATH,...: other copies of the kernel's source file to stamp too")
     a = ap.parse_args()
-    S = patched_module()
+    mods = {"shipped": patched_module()}
+    for k, item in enumerate(x for x in a.src.split(",") if x):
+        name, path = item.split("=")
+        mods[name] = patched_module(path, f"_decode_sm90_stamped{k}")
     for sh in a.shapes.split(","):
         bsz, ctx = (int(x) for x in sh.split("x"))
         q, kc, vc, bt, sl, _ = paged_problem(bsz, ctx)
         for lens_name, lens in (("len0", torch.zeros_like(sl)), ("full", sl)):
             for cond in ("clean", "warm"):
-                samples = stamp_samples(S, q, kc, vc, bt, lens, a.reps, 64, 16, NAMES, flush=cond == "clean")
-                line = "  ".join(f"{NAMES[k]} {statistics.median(v):.2f}" for k, v in samples.items() if v)
-                print(f"B{bsz} ctx {ctx} {lens_name} [{cond}] us after first entry: {line}", flush=True)
+                for mname, S in mods.items():
+                    samples = stamp_samples(S, q, kc, vc, bt, lens, a.reps, 64, 16, NAMES, flush=cond == "clean")
+                    line = "  ".join(f"{NAMES[k]} {statistics.median(v):.2f}" for k, v in samples.items() if v)
+                    print(f"B{bsz} ctx {ctx} {lens_name} [{cond}] {mname}: us after first entry: {line}", flush=True)
 
 
 if __name__ == "__main__":

@@ -516,6 +516,35 @@ def test_sm90_bad_metadata_stays_in_bounds(monkeypatch):
         assert_close(out[0], reference(q, kc, vc, good, lens)[0], torch.bfloat16)
 
 
+@sm90_only
+def test_sm90_pdl_combine(monkeypatch):
+    """The combine launched as the Gluon kernel's programmatic dependent (it waits for that grid in
+    its first step): the same bits as with PDL off, first call and plan replays, batch 1 (16
+    splits) and 3 with short and empty sequences, and the kernel was asked for it."""
+    import warpforge.ops.decode_attention as DA
+    mod = _sm90()
+    monkeypatch.setattr(heur, "DECODE_SM90_MIN_TOKENS", 0)
+    seen = []
+    real = mod.decode_sm90
+    monkeypatch.setattr(mod, "decode_sm90", lambda *a, **k: seen.append(k.get("pdl")) or real(*a, **k))
+    hq, hkv, d, page = 32, 8, 128, 16
+    for lens in ([4000], [700, 0, 2049]):
+        mb = -(-max(lens) // page)
+        kc, vc, bt, _ = paged(len(lens), mb, page, hkv, d, torch.bfloat16)
+        lens_t = torch.tensor(lens, device=DEVICE, dtype=torch.int32)
+        q = randn(len(lens), hq, d, dtype=torch.bfloat16)
+        ref = reference(q, kc, vc, bt, lens_t)
+        outs = {}
+        for on in (False, True):
+            monkeypatch.setattr(DA, "_PDL_ON", on)
+            monkeypatch.setattr(DA, "_PLANS", {})
+            outs[on] = [decode_attention(q, kc, vc, bt, lens_t, validate=False) for _ in range(3)]
+        for o in outs[False] + outs[True]:
+            assert_close(o, ref, torch.bfloat16)
+            assert torch.equal(o, outs[False][0])
+    assert seen == [False, True] * 2, seen
+
+
 @gpu_only
 @pytest.mark.parametrize("heads", [(32, 8), (6, 2)])
 @pytest.mark.parametrize("bsz", [4, 17])

@@ -330,10 +330,11 @@ def _combine_plan(out, parts: int, pdl: bool):
 def _combine(m, l, acc, out, parts: int, pdl: bool = False) -> None:
     """out = the merge of ``parts`` (max, sum, acc) partials of each (sequence, head): a program a
     (sequence, head, DECODE_COMBINE_D slice of D), in one pass up to DECODE_COMBINE_STEP partials.
-    ``pdl``: launched as a programmatic dependent of the Triton split kernel, which lets it launch
-    from its first instruction (H200, batch 1: 4-6% off the call; after the Gluon kernel it measured
-    slower, so that path does not use it; benchmarks/NOTES.md item 65). ``m``, ``l``, ``acc`` and
-    ``out`` are fresh (aligned, contiguous) allocations."""
+    ``pdl``: launched as a programmatic dependent of the split kernel before it. The Triton split
+    kernel lets it launch from its first instruction (H200, batch 1: 4-6% off the call; NOTES item
+    65); the Gluon kernel once each of its programs is done (released at a program's start it
+    measured slower; at the end, 1.4-1.6 us off a batch-1 or batch-8 call, NOTES item 136). ``m``,
+    ``l``, ``acc`` and ``out`` are fresh (aligned, contiguous) allocations."""
     key, grid, const = _combine_plan(out, parts, pdl)
     _COMBINE_LAUNCH(key, grid, (m, l, acc, out, out.shape[1], parts, out.stride(0), out.stride(1)), const,
                     num_warps=4, num_stages=1, **({"launch_pdl": True} if pdl else {}))
@@ -355,8 +356,8 @@ _PDL_ON = os.environ.get("WARPFORGE_DECODE_PDL", "1") != "0"
 
 
 def _pdl(t: torch.Tensor) -> bool:
-    """Whether the Triton split kernel and its combine use programmatic dependent launch (sm_90+
-    GPU, not the interpreter; WARPFORGE_DECODE_PDL=0 turns it off)."""
+    """Whether the split kernels (Triton and Gluon) and their combine use programmatic dependent
+    launch (sm_90+ GPU, not the interpreter; WARPFORGE_DECODE_PDL=0 turns it off)."""
     return _PDL_ON and pdl_supported(t)
 
 
@@ -400,14 +401,15 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
     out = new_empty((bsz, hq, d), dtype=q.dtype, device=q.device)
     if sm90 is not None and bsz * hkv * block_table.shape[1] * page >= heuristics.DECODE_SM90_MIN_TOKENS \
             and sm90.covers(q, k_cache, v_cache):
+        pdl = _pdl(q)
         parts = sm90.decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale * LOG2E, num_splits or None,
-                                 key=key if not num_splits else None)
+                                 key=key if not num_splits else None, pdl=pdl)
         if parts is not None:
-            _combine(*parts, out, parts[0].shape[2])
+            _combine(*parts, out, parts[0].shape[2], pdl=pdl)
         if key is None or num_splits:          # a forced split count is a probe's or a test's: no plan
             return out, None
-        sfire = sm90.replay(key, q, k_cache, v_cache, block_table)
-        cfire = _combine_replay(out, parts[0].shape[2], False) if parts is not None else None
+        sfire = sm90.replay(key, q, k_cache, v_cache, block_table, pdl)
+        cfire = _combine_replay(out, parts[0].shape[2], pdl) if parts is not None else None
         if sfire is None or (parts is not None and cfire is None):
             return out, None
         shape, dtype, device = out.shape, out.dtype, out.device

@@ -29,7 +29,11 @@ matters is keeping enough bytes in flight on every SM for the whole call. The Tr
 - A unit that is a whole sequence (one split) merges the four warps' states through shared
   memory, each warp D / 4 columns, and writes the output: one launch. With splits, each warp's
   state is a partial and ops/decode_attention.py's combine kernel merges them (merging the warps
-  first measured slower there: 21.6 against 17.6 us at batch 1 x 4K).
+  first measured slower there: 21.6 against 17.6 us at batch 1 x 4K). The combine goes out as this
+  kernel's programmatic dependent, released once each program's partitions are done (``PDL``):
+  its launch overlaps the last programs (H200: batch 1 x 16K 28.2 -> 26.7 us, 8 x 4K 43.0 ->
+  41.6; NOTES item 136). Reading the first slot's block ids beside the length instead of after it
+  (a guess from the capacity's split) measured 0.4-0.9 us slower and was dropped.
 
 Measured (H200, 2026-11-26, benchmarks/probe_decode_sm90.py, Hq 32 / Hkv 8, D 128, pages of 16
 shuffled): 92-104% of copy at batch 16-64 (Triton kernel 79-96%, cuDNN 96-106%); 0.95-0.98x
@@ -62,6 +66,7 @@ HEAD_DIMS = (64, 128)
 MAX_GROUP = 16      # query heads a kv head serves: the MMAs' N side, 8 or 16 columns
 MIN_UNIT_SLOTS = 4  # a split covers at least this many slots of its capacity share
 FILL = 0.95         # the split count is the smallest that fills this share of the grid's rounds
+MERGE_STUB = 8      # the merge scratch's columns in a split launch (no merge compiled; D never is 8)
 
 
 
@@ -174,6 +179,7 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
     C: gl.constexpr = k_smem.type.shape[0] // NB
     D: gl.constexpr = k_desc.block_type.shape[3]
     GP: gl.constexpr = scm.type.shape[1]
+    ONE: gl.constexpr = sc.type.shape[2] == D                                 # one split: merge here
     dtype: gl.constexpr = k_desc.dtype
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -237,9 +243,11 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
             t += 1
         if n_slots == 0:                                                # an empty unit: the next one's id now
             page_nx = _page_of(bt_ptr, bn, c0n + W, c1n, sub, num_blocks, s_bb, s_bj)
-        if splits == 1:
+        if ONE:
             # the whole sequence: the C warps' states -> one, D / C columns a warp, through
-            # double-buffered scratch, and the output itself (no partials, no combine pass)
+            # double-buffered scratch, and the output itself (no partials, no combine pass).
+            # Compiled only for one-split launches: with this branch and its 32 KB of scratch in
+            # the kernel, a split launch ran 1-2.5 us slower (H200, NOTES item 137)
             buf = rr % 2
             ph = (rr // 2) & 1
             mbarrier.wait(free.index(buf), ph ^ 1)                      # a fresh barrier counts as phase 1 done
@@ -320,7 +328,10 @@ def _decode_sm90_kernel(q_ptr,                    # (B, Hq, D), D unit-stride
                         out_ptr,                  # (B, Hq, D) output (written when splits == 1)
                         m_ptr, l_ptr, acc_ptr,    # (B, Hq, S), (B, Hq, S), (B, Hq, S, D) fp32 partials (splits > 1)
                         qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh,
-                        NB: gl.constexpr, C: gl.constexpr, GP: gl.constexpr, REGS: gl.constexpr):
+                        NB: gl.constexpr, C: gl.constexpr, GP: gl.constexpr, REGS: gl.constexpr,
+                        SD: gl.constexpr, PDL: gl.constexpr = False):
+    # SD: the merge scratch's columns, D where every unit is a whole sequence (one split), else a
+    # stub: the consumers compile the merge only then (_dec_consume's ONE)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NB * C] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [NB * C] + v_desc.block_type.shape, v_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
@@ -328,7 +339,7 @@ def _decode_sm90_kernel(q_ptr,                    # (B, Hq, D), D unit-stride
     D: gl.constexpr = k_desc.block_type.shape[3]
     plain2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     plain1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    sc = gl.allocate_shared_memory(gl.float32, [2 * C, GP, D], plain2)      # the warps' states at a unit's end
+    sc = gl.allocate_shared_memory(gl.float32, [2 * C, GP, SD], plain2)     # the warps' states at a unit's end
     scm = gl.allocate_shared_memory(gl.float32, [2 * C, GP], plain1)       # (GP: the padded group, read there)
     scl = gl.allocate_shared_memory(gl.float32, [2 * C, GP], plain1)
     done = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -344,6 +355,11 @@ def _decode_sm90_kernel(q_ptr,                    # (B, Hq, D), D unit-stride
             qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh)
     gl.warp_specialize([(_dec_produce, args), (_dec_consume0, args), (_dec_consume1, args), (_dec_consume2, args),
                         (_dec_consume3, args)], [1, 1, 1, 1], [REGS, REGS, REGS, REGS])
+    if PDL:
+        # every partition is done (its stores issued): the combine, launched as this grid's
+        # programmatic dependent, may start now and waits in its first step for this grid's end
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -419,34 +435,38 @@ def _partials(q, s):
 
 
 def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: float, splits: int | None = None,
-                slots: int | None = None, nb: int | None = None, regs: int | None = None, key=None):
+                slots: int | None = None, nb: int | None = None, regs: int | None = None, key=None,
+                pdl: bool = False):
     """The kernel's pass. With one split a sequence it writes ``out`` (contiguous) and returns None;
     otherwise it returns the (m, l, acc) partials (B, Hq, P), (B, Hq, P), (B, Hq, P, D) fp32,
     P = S x C, for ops/decode_attention.py's combine kernel. ``splits``, ``slots`` (programs),
     ``nb`` (ring depth) and ``regs`` (registers a thread) override the plan, for the probes.
     ``key``: the caller's plan key (everything the launch depends on but the data pointers); the
-    compiled kernel is recorded under it, and :func:`replay` then launches it directly."""
+    compiled kernel is recorded under it, and :func:`replay` then launches it directly. ``pdl``: the
+    caller launches the combine as this grid's programmatic dependent (``launch_pdl``), and each
+    program lets it launch once all of its partitions are done."""
     s, grid, ring, nreg, ints, box = _geometry(q, k_cache, block_table, splits, slots, nb, regs)
     parts = _partials(q, s) if s > 1 else (out, out, out)       # unused pointers at one split
     layout = _smem_layout(q.shape[2], q.dtype)
     k_desc = TensorDescriptor(k_cache, list(k_cache.shape), list(k_cache.stride()), box, layout)
     v_desc = TensorDescriptor(v_cache, list(v_cache.shape), list(v_cache.stride()), box, layout)
-    _LAUNCH(None if key is None else (key, splits, slots, nb, regs), (grid,),
+    _LAUNCH(None if key is None else (key, splits, slots, nb, regs, pdl), (grid,),
             (q, k_desc, v_desc, block_table, seq_lens, out, *parts, scale_log2, *ints, out.stride(0), out.stride(1)),
-            dict(NB=ring, C=CONSUMERS, GP=_group_cols(q.shape[1] // k_cache.shape[2]), REGS=nreg),
+            dict(NB=ring, C=CONSUMERS, GP=_group_cols(q.shape[1] // k_cache.shape[2]), REGS=nreg,
+                 SD=q.shape[2] if s == 1 else MERGE_STUB, PDL=pdl and s > 1),
             num_warps=4, num_stages=None,
             **({"maxnreg": regs} if regs else {}))
     return parts if s > 1 else None
 
 
-def replay(key, q, k_cache, v_cache, block_table):
-    """After ``decode_sm90(..., key=key)`` ran once on a call like this one: a function
+def replay(key, q, k_cache, v_cache, block_table, pdl: bool = False):
+    """After ``decode_sm90(..., key=key, pdl=pdl)`` ran once on a call like this one: a function
     ``fire(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2)`` that launches the
     recorded kernel with no JIT work (the descriptors are rebuilt around the new base pointers;
     shape, strides and box are the key's) and returns None at one split, else (m, l, acc, buffer):
     the partials as pointers into one fp32 buffer, which the caller keeps until the combine is
     launched. None under the JIT."""
-    recorded = _LAUNCH.get((key, None, None, None, None))
+    recorded = _LAUNCH.get((key, None, None, None, None, pdl))
     if recorded is None:
         return None
     compiled, tail = recorded

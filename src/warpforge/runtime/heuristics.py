@@ -559,9 +559,10 @@ DECODE_BIG_TILE_BYTES = 32768   # 128 tokens x 128 dims x 2 B, where B * Hkv is 
 DECODE_BIG_TILE_MIN_PROGRAMS = 64
 DECODE_MIN_STEPS = 2            # a split covers at least this many tiles of its capacity share
 # Hopper takes ops/decode_attention_sm90.py (Gluon, TMA-fed, persistent) from this many cached
-# (token, kv head) pairs of capacity up: below, the Triton kernel's short chains win (H200, batch
-# 1 of 8 kv heads: 16.1 against 17.6 us at 4K, 20.8 against 21.2 at 8K; 31.8 against 28.6 at 16K).
-DECODE_SM90_MIN_TOKENS = 8 * 8192 + 1
+# (token, kv head) pairs of capacity up: below, the Triton kernel's short chains win or tie. H200,
+# batch 1 of 8 kv heads, with the combine launched as the Gluon kernel's programmatic dependent
+# (NOTES item 136): 15.6 against 15.6 us at 4K, 19.4 against 20.0 at 8K, 26.8 against 30.5 at 16K.
+DECODE_SM90_MIN_TOKENS = 8 * 4096 + 1
 DECODE_COMBINE_STEP = 128       # partials the combine kernel merges in one pass (more: in steps of 16)
 DECODE_COMBINE_D = 32           # head-dim slice a combine program merges (4 programs a head at D 128)
 
