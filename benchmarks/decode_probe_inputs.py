@@ -21,6 +21,20 @@ def paged_problem(bsz, ctx, hq=32, hk=8, d=128, page=16):
     return q, kc, vc, bt, sl, 2 * bsz * ctx * hk * d * 2
 
 
+def shapes(arg: str):
+    """The probes' ``--shapes`` (e.g. "1x16384,8x4096") as [(label, batch, context)]."""
+    return [(sh, *(int(x) for x in sh.split("x"))) for sh in arg.split(",") if sh]
+
+
+def timing_setup():
+    """What the decode probes time with: (the quick TimingConfig, the measured copy GB/s, the
+    softmax scale in the log2 domain at D = 128)."""
+    from warpforge.bench.timing import TimingConfig
+    from warpforge.ops.decode_attention import LOG2E
+    from warpforge.runtime.device import ceilings
+    return TimingConfig.quick(), ceilings()["copy_gbps"], 128 ** -0.5 * LOG2E
+
+
 def print_table(res, nbytes, copy_gbps, width=16):
     """The probes' closing table: {(shape, variant): [us a round]} as the best round, % of copy on
     the KV bytes ``nbytes[shape]``, and every round."""

@@ -30,12 +30,10 @@ import gc
 import torch
 import torch.nn.functional as F
 
-from decode_probe_inputs import paged_problem, print_table
+from decode_probe_inputs import paged_problem, print_table, shapes, timing_setup
 from warpforge.bench import workloads as W
-from warpforge.bench.timing import TimingConfig, device_ms
-from warpforge.ops import decode_attention as DA
+from warpforge.bench.timing import device_ms
 from warpforge.ops import decode_attention_sm90 as G
-from warpforge.runtime.device import ceilings
 
 import warpforge as wf
 
@@ -48,12 +46,9 @@ def main():
     ap.add_argument("--math", action="store_true", help="run sdpa[math] once at the end of each case (the bench does)")
     ap.add_argument("--no-fresh", action="store_true", help="skip the 'op fresh' inputs")
     a = ap.parse_args()
-    cfg = TimingConfig.quick()
-    copy = ceilings()["copy_gbps"]
-    scale2 = 128 ** -0.5 * DA.LOG2E
+    cfg, copy, scale2 = timing_setup()
     res, nbytes = {}, {}
-    for sh in a.shapes.split(","):
-        bsz, ctx = (int(x) for x in sh.split("x"))
+    for sh, bsz, ctx in shapes(a.shapes):
         case = W._decode_case(bsz, ctx)
         q, kc, vc, bt, sl, q4, k4, v4 = W._decode_make(case, torch.bfloat16, "cuda")
         kvb = 2 * bsz * ctx * 8 * 128 * 2

@@ -37,12 +37,12 @@ import argparse
 
 import torch
 
-from decode_probe_inputs import cudnn_decode, load_sm90_copy, load_sm90_patched, paged_problem, print_table
+from decode_probe_inputs import (cudnn_decode, load_sm90_copy, load_sm90_patched, paged_problem, print_table, shapes,
+                                 timing_setup)
 from probe_page_read import read_pages
-from warpforge.bench.timing import TimingConfig, device_ms
-from warpforge.ops import decode_attention as DA
+from warpforge.bench.timing import device_ms
 from warpforge.ops import decode_attention_sm90 as G
-from warpforge.runtime.device import ceilings, sm_count
+from warpforge.runtime.device import sm_count
 
 READS = [(1, 8192, 3, 8), (2, 8192, 3, 8), (4, 8192, 3, 8), (2, 8192, 4, 8)]   # (programs an SM, block, stages, warps)
 
@@ -221,14 +221,11 @@ def main():
                     help="with --old: ring depths (slots) to time the shipped kernel at, e.g. 4,5")
     ap.add_argument("--regs", default="", help="with --old: consumer registers a thread to time the shipped kernel at")
     a = ap.parse_args()
-    cfg = TimingConfig.quick()
-    copy = ceilings()["copy_gbps"]
+    cfg, copy, scale2 = timing_setup()
     ints = lambda v: tuple(int(x) for x in v.split(",") if x)                  # noqa: E731
     mods, base, cands = variants(a.chains, a.old, a.loads, a.staged, ints(a.ring), ints(a.regs))
-    scale2 = 128 ** -0.5 * DA.LOG2E
     res, nbytes = {}, {}
-    for sh in a.shapes.split(","):
-        bsz, ctx = (int(x) for x in sh.split("x"))
+    for sh, bsz, ctx in shapes(a.shapes):
         q, kc, vc, bt, sl, kvb = paged_problem(bsz, ctx)
         nbytes[sh] = kvb
         _, res[(sh, "sdpa[cudnn]")] = cudnn_decode(q, kc, vc, bt, ctx, lambda fn: [device_ms(fn, cfg, kvb) * 1e3])

@@ -20,12 +20,11 @@ import inspect
 
 import torch
 
-from decode_probe_inputs import cudnn_decode, load_sm90_copy, paged_problem, print_table
-from warpforge.bench.timing import TimingConfig, device_ms
+from decode_probe_inputs import cudnn_decode, load_sm90_copy, paged_problem, print_table, shapes, timing_setup
+from warpforge.bench.timing import device_ms
 from warpforge.ops import decode_attention as DA
 from warpforge.ops import decode_attention_sm90 as G
 from warpforge.runtime import heuristics
-from warpforge.runtime.device import ceilings
 
 
 def main():
@@ -37,12 +36,9 @@ def main():
     ap.add_argument("--splits", default="", help="split counts to force on the current kernel (PDL on), e.g. 2,4")
     a = ap.parse_args()
     old = load_sm90_copy(open(a.old).read(), "_dec_fixed_old")
-    cfg = TimingConfig.quick()
-    copy = ceilings()["copy_gbps"]
-    scale2 = 128 ** -0.5 * DA.LOG2E
+    cfg, copy, scale2 = timing_setup()
     res, nbytes = {}, {}
-    for sh in a.shapes.split(","):
-        bsz, ctx = (int(x) for x in sh.split("x"))
+    for sh, bsz, ctx in shapes(a.shapes):
         q, kc, vc, bt, sl, kvb = paged_problem(bsz, ctx)
         nbytes[sh] = kvb
 
@@ -71,13 +67,12 @@ def main():
             fns.update({"op triton": lambda: op("triton"), "op sm90": lambda: op("sm90")})
         for s in (int(x) for x in a.splits.split(",") if x):
             fns[f"new pdl s{s}"] = lambda s=s: call(G, True, splits=s)
-        ref, _ = cudnn_decode(q, kc, vc, bt, ctx, lambda fn: None)
+        ref, res[(sh, "sdpa[cudnn]")] = cudnn_decode(q, kc, vc, bt, ctx, lambda fn: [device_ms(fn, cfg, kvb) * 1e3])
         outs = {k: fns[k]().clone() for k in fns if "main" not in k}
         for k, o in outs.items():
             err = ((o.double() - ref.double()).norm() / ref.double().norm()).item()
             print(f"{sh} {k}: rel err to cudnn {err:.2e}, equal to old {torch.equal(o, outs['old'])}, "
                   f"nan {bool(o.isnan().any())}", flush=True)
-        _, res[(sh, "sdpa[cudnn]")] = cudnn_decode(q, kc, vc, bt, ctx, lambda fn: [device_ms(fn, cfg, kvb) * 1e3])
         for r in range(a.rounds):
             for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
                 res.setdefault((sh, name), []).append(device_ms(fns[name], cfg, kvb) * 1e3)

@@ -72,8 +72,8 @@ def patched_module(path=None, name="_decode_sm90_stamped"):
          "            gl.store(acc_ptr + row[None, :] * D + d[:, None], acc, mask=gmask[None, :])\n"
          "            if W == 0:\n                _stamp(out_ptr, 12, t)\n"
          "            if W == 3:\n                _stamp(out_ptr, 13, t)\n"),
-        ("        if splits == 1:\n            # the whole sequence",
-         "        if W == 0:\n            _stamp(out_ptr, 11, t)\n        if splits == 1:\n            # the whole sequence"),
+        ("        if ONE:\n            # the whole sequence",
+         "        if W == 0:\n            _stamp(out_ptr, 11, t)\n        if ONE:\n            # the whole sequence"),
         # kernel
         ("    k_smem = gl.allocate_shared_memory(k_desc.dtype, [NB * C] + k_desc.block_type.shape, k_desc.layout)\n",
          "    _stamp(out_ptr, 0, gl.program_id(0))\n"
