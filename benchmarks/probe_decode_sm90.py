@@ -148,7 +148,7 @@ def main():
         q, kc, vc, bt, sl, kv_bytes = paged_problem(bsz, ctx, hq, hk, d, page)
         res = {}
         sd, res["sdpa[cudnn]"] = cudnn_decode(q, kc, vc, bt, ctx, lambda fn: device_ms(fn, cfg_t, kv_bytes))
-        s, grid = G.plan(bsz * hk, bt.shape[1] * page, sms)
+        s, grid = G.plan(bsz * hk, bt.shape[1] * page, sms, 2 * d * q.element_size(), dev.dram_bandwidth(0))
         out = wf.decode_attention(q, kc, vc, bt, sl, validate=False)
         err = rel(out, sd)
         res[f"gluon (S={s}, grid={grid})"] = device_ms(lambda: wf.decode_attention(q, kc, vc, bt, sl, validate=False), cfg_t, kv_bytes)

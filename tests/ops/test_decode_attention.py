@@ -450,6 +450,27 @@ def test_large_gpu(dtype):
         assert_close(decode_attention(q, kc, vc, bt, lens8, num_splits=splits), ref, dtype)
 
 
+@pytest.mark.parametrize("card,dram", [("H100", 3.35e12), ("H200", 4.8e12)])
+def test_sm90_split_plan(card, dram):
+    """The Hopper kernel's split count (NOTES item 138) on 132 SMs, GQA 32/8 at D 128 in bf16 (512
+    bytes a token): batch 1 splits to fill the grid, batch >= 16 never splits, and where the pairs
+    alone come near the DRAM's rate (batch 8 at short contexts, batch 12) one split is planned
+    though two (or four) would fill the grid. The grid never exceeds the programs' slots."""
+    from warpforge.ops.decode_attention_sm90 import plan
+    picks = {(b, ctx): plan(b * 8, ctx, 132, 512, dram) for b in (1, 4, 8, 12, 16, 64)
+             for ctx in (512, 1024, 2048, 4096, 8192, 32768)}
+    for (b, ctx), (s, grid) in picks.items():
+        assert grid == min(b * 8 * s, 132), (b, ctx, s, grid)
+    assert [picks[1, c][0] for c in (512, 1024, 4096, 32768)] == [2, 4, 16, 16]
+    assert all(picks[12, c][0] == 1 for c in (512, 1024, 2048, 8192))
+    assert all(picks[b, c][0] == 1 for b in (16, 64) for c in (512, 1024, 2048, 8192, 32768))
+    assert picks[8, 512][0] == picks[8, 1024][0] == 1 and picks[8, 32768][0] == 2
+    assert picks[4, 2048][0] == 4
+    assert picks[8, 2048][0] == (1 if card == "H100" else 2)     # the faster DRAM leaves the pairs' streams short
+    assert plan(64, 4096, 132, 512, 1e15)[0] == 2                # an unbounded DRAM: the filling count
+    assert plan(64, 4096, 132, 512, 1e9)[0] == 1                 # a slow one: the pairs saturate it
+
+
 def _sm90():
     import warpforge.ops.decode_attention as DA
     return DA._sm90_kernel() if ON_GPU and torch.cuda.get_device_capability()[0] == 9 else None

@@ -1,8 +1,8 @@
 """Decode attention over a paged KV cache for Hopper (sm_90) in Gluon: a persistent, TMA-fed
 stream. ops/decode_attention.py takes this kernel for the calls it covers (bf16/fp16, head dim 64
 or 128, pages of >= 16 tokens, GQA groups of <= 16, 16-byte aligned caches, at least
-heuristics.DECODE_SM90_MIN_TOKENS cached (token, kv head) pairs of capacity) and keeps its
-Triton kernel for everything else.
+heuristics.DECODE_SM90_MIN_TOKENS cached (token, kv head) pairs of capacity, now 0) and keeps
+its Triton kernel for everything else.
 
 Why a second kernel: decode is a read stream (4 FLOP a byte at 32 query over 8 KV heads), so what
 matters is keeping enough bytes in flight on every SM for the whole call. The Triton kernel
@@ -53,7 +53,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ..runtime.device import sm_count
+from ..runtime.device import dram_bandwidth, sm_count
 from ..runtime.launch import Desc, LaunchCache, Ptr, launch
 from .attention_sm90 import tma_ok
 
@@ -65,7 +65,17 @@ REGS_DEFAULT = 232  # the consumer warps' registers a thread (one program an SM)
 HEAD_DIMS = (64, 128)
 MAX_GROUP = 16      # query heads a kv head serves: the MMAs' N side, 8 or 16 columns
 MIN_UNIT_SLOTS = 4  # a split covers at least this many slots of its capacity share
-FILL = 0.95         # the split count is the smallest that fills this share of the grid's rounds
+# The split count's cost model (plan: one split or the filling count), fitted to forced-split
+# timings on the H100 and the H200 (NOTES item 138): a program streams its unit at
+# SM_STREAM_BYTES a microsecond, all of them together at STREAM_EFF of the DRAM peak, the two
+# limits blended as a BLEND-norm; each round of units past the first adds ROUND_US (a unit's
+# start: its length, block ids and first copies), a split launch SPLIT_US (partials, the combine).
+SM_STREAM_BYTES = 65_000
+STREAM_EFF = 0.9
+BLEND = 6
+ROUND_US = 2.0
+SPLIT_US = 2.0
+FILL = 0.95         # the candidate split count is the smallest that fills this share of the grid's rounds
 MERGE_STUB = 8      # the merge scratch's columns in a split launch (no merge compiled; D never is 8)
 
 
@@ -383,11 +393,25 @@ def covers(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> boo
     return nblocks > 0 and tma_ok(k_cache) and tma_ok(v_cache)
 
 
+def _modelled_us(pairs: int, capacity: int, slots: int, token_bytes: int, chip_us: float, s: int) -> float:
+    """The split-count cost model's time of ``s`` splits (see SM_STREAM_BYTES), in microseconds
+    less the launch's fixed cost."""
+    slot_tokens = CONSUMERS * SLICE
+    rounds = triton.cdiv(pairs * s, slots)
+    unit_us = rounds * triton.cdiv(triton.cdiv(capacity, slot_tokens), s) * slot_tokens * token_bytes / SM_STREAM_BYTES
+    return (unit_us ** BLEND + chip_us ** BLEND) ** (1 / BLEND) + (rounds - 1) * ROUND_US + (SPLIT_US if s > 1 else 0.0)
+
+
 @functools.lru_cache(maxsize=4096)
-def plan(pairs: int, capacity: int, slots: int) -> tuple[int, int]:
-    """(splits, grid): the smallest split count whose pairs x splits units fill FILL of the
-    rounds of a grid of ``slots`` persistent programs (else the fullest), each split at least
-    MIN_UNIT_SLOTS slots of the capacity."""
+def plan(pairs: int, capacity: int, slots: int, token_bytes: int, dram_bytes_per_s: float) -> tuple[int, int]:
+    """(splits, grid) for ``pairs`` (sequence, kv head) pairs of ``capacity`` tokens of
+    ``token_bytes`` (K and V) on a grid of at most ``slots`` persistent programs. The candidate is
+    the smallest split count whose units fill FILL of the grid's rounds (else the fullest), each
+    split at least MIN_UNIT_SLOTS slots of the capacity. It is taken if the cost model times it
+    below one split: a unit's stream (its rounds of capacity / s tokens) and the chip's (all the
+    bytes at STREAM_EFF of ``dram_bytes_per_s``) bound the time together, and a split adds
+    SPLIT_US. At batch 1 the programs' streams bind and splitting wins; where the pairs alone come
+    near the DRAM's rate (batch 8 at short contexts, batch 12) one split does."""
     most = max(1, triton.cdiv(capacity, SLICE) // (CONSUMERS * MIN_UNIT_SLOTS))
     best, best_fill = 1, 0.0
     for s in range(1, most + 1):
@@ -397,6 +421,10 @@ def plan(pairs: int, capacity: int, slots: int) -> tuple[int, int]:
             best, best_fill = s, fill
         if fill >= FILL:
             break
+    chip_us = pairs * capacity * token_bytes / (STREAM_EFF * dram_bytes_per_s) * 1e6
+    if best > 1 and _modelled_us(pairs, capacity, slots, token_bytes, chip_us, best) >= \
+            _modelled_us(pairs, capacity, slots, token_bytes, chip_us, 1):
+        best = 1
     return best, min(pairs * best, slots)
 
 
@@ -410,7 +438,7 @@ def _geometry(q, k_cache, block_table, splits, slots, nb, regs):
     nblocks, page, hkv, _ = k_cache.shape
     capacity = block_table.shape[1] * page
     grid_slots = slots or PROGRAMS_PER_SM * sm_count(q.device.index)
-    s, grid = plan(bsz * hkv, capacity, grid_slots)
+    s, grid = plan(bsz * hkv, capacity, grid_slots, 2 * d * q.element_size(), dram_bandwidth(q.device.index))
     if splits is not None:                     # forced: clamped to the capacity's slots
         s = max(1, min(splits, triton.cdiv(triton.cdiv(capacity, SLICE), CONSUMERS)))
         grid = min(bsz * hkv * s, grid_slots)

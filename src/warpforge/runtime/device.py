@@ -27,6 +27,7 @@ class DeviceInfo:
     memory_bytes: int
     smem_per_sm: int = 0
     regs_per_sm: int = 65536
+    dram_bytes_per_s: float = 0.0    # the datasheet peak (memory clock x bus width, double data rate); 0: unknown
 
     @property
     def key(self) -> str:
@@ -49,6 +50,7 @@ def device_info(index: int | None = None) -> DeviceInfo:
         memory_bytes=p.total_memory,
         smem_per_sm=int(getattr(p, "shared_memory_per_multiprocessor", 0)),
         regs_per_sm=int(getattr(p, "regs_per_multiprocessor", 65536)),
+        dram_bytes_per_s=2.0 * getattr(p, "memory_clock_rate", 0) * 1e3 * getattr(p, "memory_bus_width", 0) / 8,
     )
 
 
@@ -63,6 +65,13 @@ def sm_count(index: int | None = None) -> int:
     if not torch.cuda.is_available():
         return 4
     return device_info(index).sm_count
+
+
+@functools.lru_cache(maxsize=None)
+def dram_bandwidth(index: int | None = None) -> float:
+    """The DRAM's peak bytes a second from the device's properties (a launch heuristic's input,
+    never a ceiling: those are measured); an H100 SXM's 3.35e12 where the properties lack it."""
+    return (device_info(index).dram_bytes_per_s or 3.35e12) if torch.cuda.is_available() else 3.35e12
 
 
 def cache_dir() -> Path:

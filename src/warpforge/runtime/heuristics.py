@@ -559,10 +559,12 @@ DECODE_BIG_TILE_BYTES = 32768   # 128 tokens x 128 dims x 2 B, where B * Hkv is 
 DECODE_BIG_TILE_MIN_PROGRAMS = 64
 DECODE_MIN_STEPS = 2            # a split covers at least this many tiles of its capacity share
 # Hopper takes ops/decode_attention_sm90.py (Gluon, TMA-fed, persistent) from this many cached
-# (token, kv head) pairs of capacity up: below, the Triton kernel's short chains win or tie. H200,
-# batch 1 of 8 kv heads, with the combine launched as the Gluon kernel's programmatic dependent
-# (NOTES item 136): 15.6 against 15.6 us at 4K, 19.4 against 20.0 at 8K, 26.8 against 30.5 at 16K.
-DECODE_SM90_MIN_TOKENS = 8 * 4096 + 1
+# (token, kv head) pairs of capacity up. With its combine launched as a programmatic dependent and
+# no merge in split launches (NOTES items 136-138) it is ahead of the Triton kernel at every size
+# re-timed, down to batch 1 x 1K: H100 1 x 1K 11.6 against 12.9 us, 1 x 4K 15.4 against 16.6;
+# H200 1 x 4K 13.7 against 15.5, 8 x 512 13.8 against 15.8 (32 x 256 excepted: 17.4 against 17.0).
+# So every call it covers takes it.
+DECODE_SM90_MIN_TOKENS = 0
 DECODE_COMBINE_STEP = 128       # partials the combine kernel merges in one pass (more: in steps of 16)
 DECODE_COMBINE_D = 32           # head-dim slice a combine program merges (4 programs a head at D 128)
 
