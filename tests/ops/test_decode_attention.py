@@ -452,7 +452,7 @@ def test_large_gpu(dtype):
 
 @pytest.mark.parametrize("card,dram", [("H100", 3.35e12), ("H200", 4.8e12)])
 def test_sm90_split_plan(card, dram):
-    """The Hopper kernel's split count (NOTES item 138) on 132 SMs, GQA 32/8 at D 128 in bf16 (512
+    """The Hopper kernel's split count (NOTES item 139) on 132 SMs, GQA 32/8 at D 128 in bf16 (512
     bytes a token): batch 1 splits to fill the grid, batch >= 16 never splits, and where the pairs
     alone come near the DRAM's rate (batch 8 at short contexts, batch 12) one split is planned
     though two (or four) would fill the grid. The grid never exceeds the programs' slots."""

@@ -66,7 +66,7 @@ HEAD_DIMS = (64, 128)
 MAX_GROUP = 16      # query heads a kv head serves: the MMAs' N side, 8 or 16 columns
 MIN_UNIT_SLOTS = 4  # a split covers at least this many slots of its capacity share
 # The split count's cost model (plan: one split or the filling count), fitted to forced-split
-# timings on the H100 and the H200 (NOTES item 138): a program streams its unit at
+# timings on the H100 and the H200 (NOTES item 139): a program streams its unit at
 # SM_STREAM_BYTES a microsecond, all of them together at STREAM_EFF of the DRAM peak, the two
 # limits blended as a BLEND-norm; each round of units past the first adds ROUND_US (a unit's
 # start: its length, block ids and first copies), a split launch SPLIT_US (partials, the combine).
