@@ -346,3 +346,75 @@ def test_compile_dynamic_shapes():
         assert torch.equal(got.ids, want.ids) and torch.equal(got.counts, want.counts)
         assert_close(got.weights, want.weights.double(), torch.float32)
         assert_close(got.aux_loss, want.aux_loss.double(), torch.float32)
+
+
+def test_top_k_all_experts():
+    """top_k = n_experts is legal (1 <= top_k <= E, not < E): every expert, in score order."""
+    x = randn(9, 7, scale=2.0)
+    r, _ = _check(x, 7, renormalize=True)
+    assert (r.ids.sort(1).values == torch.arange(7, device=DEVICE)).all()
+    assert torch.allclose(r.weights.sum(1), torch.ones(9, device=DEVICE))
+
+
+def test_softmax_large_logits():
+    """The softmax subtracts the row max: logits near 100 (exp overflows fp32) give the reference's
+    finite weights and ids, not inf / inf = NaN."""
+    _check(randn(6, 12) + 100.0, 3)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(n_group=4, topk_group=2)], ids=["flat", "grouped"])
+def test_negative_bias_with_padded_experts(kw):
+    """A correction bias below every score (balancing drives biases negative): E = 48 pads to 64
+    lanes (groups of 12 to 16), and a padding lane's choice score must stay -inf, not 0 + 0 = 0,
+    which would outrank every real expert and group."""
+    bias = randn(48, scale=0.01) - 2.0
+    _check(randn(10, 48), 4, score="sigmoid", correction_bias=bias, **kw)
+
+
+def test_minus_inf_bias_stays_in_kept_groups():
+    """An expert switched off with a -inf bias ties with nothing outside the kept groups: when
+    top_k needs every expert of the one kept group, the last pick is its -inf expert, never an
+    expert of the dropped group."""
+    x = torch.tensor([[0.0, 0.0, 0.0, 0.0, 2.0, 1.5, 1.0, 0.5]], device=DEVICE)
+    bias = torch.tensor([0.0] * 7 + [float("-inf")], device=DEVICE)
+    for score in ("softmax", "sigmoid"):
+        r, _ = _check(x, 4, score=score, n_group=2, topk_group=1, correction_bias=bias)
+        assert r.ids.tolist() == [[4, 5, 6, 7]]
+
+
+def test_renormalize_all_zero_scores():
+    """A token whose sigmoid scores all underflow to 0 (logits -200) renormalises to
+    0 / (0 + 1e-20) = 0, not 0 / 0 = NaN, in the weights and in their gradient."""
+    x = randn(4, 16)
+    x[2] = -200.0
+    x.requires_grad_()
+    kw = dict(score="sigmoid", renormalize=True, routed_scaling_factor=2.0)
+    r, _ = _check(x.detach(), 3, **kw)
+    assert (r.weights[2] == 0).all()
+    w = moe_route(x, 3, **kw).weights
+    (g,) = torch.autograd.grad(w, x, torch.randn(4, 3, device=DEVICE))
+    assert torch.isfinite(g).all() and (g[2] == 0).all()
+
+
+def test_aux_loss_float32_for_16bit_logits():
+    """aux_loss is computed and returned in float32 whatever the logits' dtype."""
+    for dtype in (torch.float16, torch.bfloat16):
+        x = randn(20, 16, dtype=dtype)
+        r = moe_route(x, 2, aux_loss_coef=0.1)
+        ref = moe_route_reference(x.double(), 2, aux_loss_coef=0.1)
+        assert torch.equal(r.ids, ref.ids)
+        assert r.aux_loss.dtype == torch.float32
+        assert_close(r.aux_loss, ref.aux_loss, torch.float32, what=str(dtype))
+
+
+def test_update_bias_mean_parameter_and_rate():
+    """The step compares each count with the MEAN, not the median: counts (1, 2, 9) have mean 4, so
+    the first two rise and the third falls; a bias that requires grad (an nn.Parameter) is updated
+    without recording history; an infinite rate is refused."""
+    counts = torch.tensor([1, 2, 9], device=DEVICE, dtype=torch.int32)
+    bias = torch.nn.Parameter(torch.zeros(3, device=DEVICE))
+    moe_update_bias_(bias, counts, rate=0.25)
+    assert bias.tolist() == [0.25, 0.25, -0.25]
+    assert bias.grad_fn is None and bias.requires_grad
+    with pytest.raises(ValueError, match="'rate' is inf"):
+        moe_update_bias_(bias, counts, rate=float("inf"))

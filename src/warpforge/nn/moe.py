@@ -71,6 +71,17 @@ class MoE(nn.Module):
         self.counts: torch.Tensor | None = None
         self.reset_parameters()
 
+    def _apply(self, fn, recurse=True):
+        # .bfloat16(), .half() and .to(dtype) cast every floating buffer; the correction bias stays
+        # float32 with its values (moe_route takes it in float32 only, and its updates, ~1e-3 a step,
+        # would vanish in bf16): it follows the device only
+        bias = self._buffers.get("correction_bias")
+        super()._apply(fn, recurse)
+        moved = self._buffers.get("correction_bias")
+        if bias is not None and moved is not None and moved.dtype != torch.float32:
+            self._buffers["correction_bias"] = bias.to(moved.device)
+        return self
+
     def reset_parameters(self) -> None:
         # nn.Linear's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for each projection
         for w, fan_in in ((self.router, self.d_model), (self.w_gate_up, self.d_model), (self.w_down, self.expert_dim)):
