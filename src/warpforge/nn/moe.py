@@ -10,6 +10,7 @@ from torch import nn
 from ..ops.moe import MAX_EXPERTS, moe_experts
 from ..ops.moe_routing import MAX_EXPERTS as MAX_ROUTED, _check_args, check_rate, moe_route, moe_update_bias_
 from ..runtime.checks import check_tensor
+from ._buffers import apply_keeping_dtype
 
 
 class MoE(nn.Module):
@@ -72,15 +73,9 @@ class MoE(nn.Module):
         self.reset_parameters()
 
     def _apply(self, fn, recurse=True):
-        # .bfloat16(), .half() and .to(dtype) cast every floating buffer; the correction bias stays
-        # float32 with its values (moe_route takes it in float32 only, and its updates, ~1e-3 a step,
-        # would vanish in bf16): it follows the device only
-        bias = self._buffers.get("correction_bias")
-        super()._apply(fn, recurse)
-        moved = self._buffers.get("correction_bias")
-        if bias is not None and moved is not None and moved.dtype != torch.float32:
-            self._buffers["correction_bias"] = bias.to(moved.device)
-        return self
+        # the correction bias stays float32 through module casts: moe_route takes it in float32
+        # only, and its updates (~1e-3 a step) would vanish in bf16
+        return apply_keeping_dtype(self, fn, recurse, ("correction_bias",))
 
     def reset_parameters(self) -> None:
         # nn.Linear's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for each projection

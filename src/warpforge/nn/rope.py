@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..ops.rope import apply_rope
+from ._buffers import apply_keeping_dtype
 
 
 class RotaryEmbedding(nn.Module):
@@ -17,7 +18,7 @@ class RotaryEmbedding(nn.Module):
     The table is kept half-size, (max_position_embeddings, head_dim / 2) in fp32 (one angle per
     pair), as non-persistent buffers ``cos_cached`` and ``sin_cached``: half the table bytes of HF's
     full-width rows, and the same result for both pairings. Angles are computed in float64 and
-    rounded once to fp32.
+    rounded once to fp32; casting the module (``.bfloat16()``) leaves the tables in fp32.
     """
 
     def __init__(self, head_dim: int, max_position_embeddings: int = 4096, base: float = 10000.0,
@@ -39,6 +40,10 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(t, inv_freq)                                   # (T, D/2)
         self.register_buffer("cos_cached", freqs.cos().float().to(device), persistent=False)
         self.register_buffer("sin_cached", freqs.sin().float().to(device), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        # the tables stay fp32 through module casts (.bfloat16() would round the angles' cos/sin)
+        return apply_keeping_dtype(self, fn, recurse, ("cos_cached", "sin_cached"))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, position_ids: int | torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
