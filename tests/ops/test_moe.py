@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import warpforge as wf
-from warpforge.ops.moe import moe_experts, moe_experts_op, moe_experts_reference
+from warpforge.ops.moe import moe_experts, moe_experts_bwd_op, moe_experts_op, moe_experts_reference
 from warpforge.ops.moe_routing import moe_route_reference
 
-from conftest import DEVICE, ON_GPU, assert_close, randn
+from conftest import DEVICE, ON_GPU, assert_close, randn, rel_err
 
 SMALL = (13, 32, 24, 6, 2) if not ON_GPU else (300, 256, 192, 12, 3)
 
@@ -469,3 +469,131 @@ def test_module_bad_options():
         m(torch.tensor(1.0, device=DEVICE))
     with pytest.raises(TypeError, match="'x' must be a torch.Tensor, got list"):
         m([1.0] * d)
+
+
+def test_bad_input_more():
+    """Checks test_bad_input leaves out, each the only one that stops its case: w_gate_up's d_model
+    not x's (with a w_down that agrees with w_gate_up), more than MAX_EXPERTS experts, and integer
+    routing weights."""
+    from warpforge.ops.moe import MAX_EXPERTS
+    x, w1, w2, wts, ids = _inputs(5, 16, 8, 4, 2, torch.float32)
+    big = MAX_EXPERTS + 1
+    cases = [
+        ((x, randn(4, 16, 32), randn(4, 32, 8), wts, ids), ValueError,
+         "'w_gate_up' has shape \\(4, 16, 32\\); expected \\(n_experts, 2 \\* expert_dim, 16\\)"),
+        ((x, torch.zeros(big, 2, 16, device=DEVICE), torch.zeros(big, 16, 1, device=DEVICE), wts, ids), ValueError,
+         f"{big} experts; at most {MAX_EXPERTS}"),
+        ((x, w1, w2, torch.ones(5, 2, dtype=torch.int64, device=DEVICE), ids), TypeError, "'topk_weights' has dtype int64"),
+    ]
+    for args, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            moe_experts(*args)
+
+
+def test_strided_routing_tensors():
+    """int32 topk_ids and float32 topk_weights as strided views (every other column of a wider
+    buffer): the two dtypes moe_experts hands to the kernels unconverted, so it must still make
+    them contiguous (the kernels index them as flat arrays)."""
+    T, d, n, E, k = 9, 16, 16, 6, 2
+    x, w1, w2, _, _ = _inputs(T, d, n, E, k, torch.float32)
+    ids = torch.rand(T, E, device=DEVICE).topk(2 * k, -1).indices.int()[:, ::2]
+    wts = torch.softmax(torch.randn(T, 2 * k, device=DEVICE), -1)[:, ::2]
+    assert not ids.is_contiguous() and not wts.is_contiguous()
+    with torch.no_grad():
+        out = moe_experts(x, w1, w2, wts, ids)
+    assert_close(out, moe_experts_reference(x.double(), w1.double(), w2.double(), wts.double(), ids), torch.float32)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's swapped-kernel boxes (test_swapped_decode_kernels covers the GPU)")
+def test_swapped_decode_row_boundaries(monkeypatch):
+    """The swapped decode kernels (forced on, as in test_swapped_decode_kernels) at the row counts
+    where a tile's passes change: one row past the short token box (TM + 1: the tile takes the TW
+    passes) and one past the first TW pass (TW + 1: a second pass for one real row), in the first
+    and in a later row tile of an expert; x stored transposed (the gather reads unit-stride
+    columns, so moe_experts must hand it a unit-stride copy)."""
+    import warpforge.ops.moe as M
+
+    tm, tw = M._swap_config("up")[:2]
+    block_m = 2 * tw
+    counts = [tm + 1, tw + 1, 0, block_m + tm + 1, block_m + tw + 1]
+    E, d, n = len(counts), 16, 16
+    ids = torch.cat([torch.full((c,), e, dtype=torch.int32) for e, c in enumerate(counts)])
+    ids = ids[torch.randperm(ids.numel())].to(DEVICE)[:, None]
+    _, w1, w2, wts, ids = _inputs(ids.shape[0], d, n, E, 1, torch.float32, ids)
+    x = randn(d, ids.shape[0]).T                                  # column stride T
+    calls = []
+    real = M._gemm_swap
+    monkeypatch.setattr(M, "_gemm_swap", lambda *a, **kw: (calls.append(kw["epi"]), real(*a, **kw))[1])
+    monkeypatch.setattr(M, "_SWAP_INTERP", True)
+    monkeypatch.setattr(M, "moe_block_m", lambda *a: block_m)
+    with torch.no_grad():
+        out = moe_experts(x, w1, w2, wts, ids)
+        ref = moe_experts_reference(x.double(), w1.double(), w2.double(), wts.double(), ids)
+    assert calls == [1, 0], "the swapped kernels ran (gate/up, then down)"
+    assert_close(out, ref, torch.float32, what="out")
+
+
+def test_combine_sums_choices_in_order():
+    """The combine adds a token's k rows in choice order j = 0, 1, ... in fp32. With expert outputs
+    that every kernel computes exactly (integer x, w_gate_up in quarters, a one-hot w_down), a
+    choice's row is what the k = 1 call returns, so the k = 3 output is those summed in that order,
+    bit for bit (any other order rounds differently somewhere)."""
+    T, d, n, E, k = 12, 16, 16, 5, 3
+    x = torch.randint(-2, 3, (T, d), device=DEVICE).float()
+    w1 = torch.randint(-2, 3, (E, 2 * n, d), device=DEVICE).float() / 4
+    w2 = torch.zeros(E, d, n, device=DEVICE).scatter_(2, torch.randint(0, n, (E, d, 1), device=DEVICE), 1.0)
+    ids = torch.rand(T, E, device=DEVICE).topk(k, -1).indices.int()
+    wts = torch.randn(T, k, device=DEVICE)
+    with torch.no_grad():
+        out = moe_experts(x, w1, w2, wts, ids)
+        rows = [moe_experts(x, w1, w2, wts[:, j:j + 1].contiguous(), ids[:, j:j + 1].contiguous()) for j in range(k)]
+    assert torch.equal(out, (rows[0] + rows[1]) + rows[2])
+
+
+def test_routing_weight_gradient_kept_in_fp32():
+    """bf16 experts, routing weights' gradient: dw = g . h is summed and kept in fp32 (the
+    operator returns it in fp32). With integer inputs every bf16 intermediate it reads (z, g) is
+    exact, so it matches the float64 reference to fp32 precision, far below bf16's rounding."""
+    T, d, n, E, k = 8, 16, 16, 4, 2
+    x = torch.randint(-2, 3, (T, d), device=DEVICE).bfloat16()
+    w1 = torch.randint(-1, 2, (E, 2 * n, d), device=DEVICE).bfloat16()
+    w2 = torch.randint(-1, 2, (E, d, n), device=DEVICE).bfloat16()
+    ids = torch.rand(T, E, device=DEVICE).topk(k, -1).indices.int()
+    wts = torch.softmax(torch.randn(T, k, device=DEVICE), -1).requires_grad_()
+    dout = torch.randint(-2, 3, (T, d), device=DEVICE).bfloat16()
+    moe_experts(x, w1, w2, wts, ids).backward(dout)
+    ref_wts = wts.detach().double().requires_grad_()
+    moe_experts_reference(x.double(), w1.double(), w2.double(), ref_wts, ids).backward(dout.double())
+    assert rel_err(wts.grad, ref_wts.grad) < 1e-4
+
+
+def test_backward_needs_saved_preactivations():
+    """The forward operator called with save_z=False (moe_experts' inference call) keeps no
+    pre-activations: a backward through it must raise rather than read an empty z."""
+    x, w1, w2, wts, ids = _inputs(6, 16, 8, 3, 2, torch.float32)
+    out = moe_experts_op(x, w1, w2, wts, ids, 16, False)[0]
+    with pytest.raises(RuntimeError, match="save_z=False"):
+        out.sum().backward()
+
+
+def test_opcheck_inference():
+    """opcheck of the forward operator as an inference call runs it (save_z=False: z is (0, 2n))."""
+    x, w1, w2, wts, ids = _inputs(7, 16, 16, 3, 2, torch.float32)
+    torch.library.opcheck(moe_experts_op.overload, (x.detach(), w1.detach(), w2.detach(), wts.detach(), ids, 16, False),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_backward_fake_layout_with_transposed_weights():
+    """The backward operator's fake gives the gradients the layout the real one allocates
+    (contiguous) when the weights are stored transposed: it kept their strides (empty_like), and
+    torch.compile's backward failed its stride assertion on such weights."""
+    T, d, n, E, k = 10, 32, 24, 5, 2
+    x = randn(T, d)
+    w1 = randn(E, d, 2 * n, scale=d ** -0.5).transpose(1, 2)
+    w2 = randn(E, n, d, scale=n ** -0.5).transpose(1, 2)
+    ids = torch.rand(T, E, device=DEVICE).topk(k, -1).indices.int()
+    wts = torch.softmax(torch.randn(T, k, device=DEVICE), -1)
+    out, z, sorted_slot, slot_pos, tile_expert, start, _ = moe_experts_op.overload(x, w1, w2, wts, ids, 16, True)
+    torch.library.opcheck(moe_experts_bwd_op.overload,
+                          (torch.randn_like(out), x, w1, w2, wts, z, sorted_slot, slot_pos, tile_expert, start, 16),
+                          test_utils=("test_schema", "test_faketensor"))

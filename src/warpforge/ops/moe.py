@@ -1162,7 +1162,9 @@ def _bwd_impl(dout: torch.Tensor, x: torch.Tensor, w_gate_up: torch.Tensor, w_do
 
 
 def _bwd_fake(dout, x, w_gate_up, w_down, weights, z, sorted_slot, slot_pos, tile_expert, start, block_m):
-    return (torch.empty_like(x), torch.empty_like(w_gate_up), torch.empty_like(w_down),
+    # contiguous, as _moe_bwd allocates them (empty_like kept a transposed weight's strides, and
+    # the compiled backward failed its stride assertion)
+    return (x.new_empty(x.shape), w_gate_up.new_empty(w_gate_up.shape), w_down.new_empty(w_down.shape),
             weights.new_empty(weights.shape, dtype=torch.float32))
 
 
