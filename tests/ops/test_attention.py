@@ -432,6 +432,33 @@ def test_row_strides_past_the_32bit_limit_are_copied(monkeypatch):
         assert torch.equal(got, want)
 
 
+
+def test_fake_layout_of_permuted_views_past_the_32bit_limit(monkeypatch):
+    """q, k, v stored sequence-first, (S, B, H, D).permute(1, 2, 0, 3) (Megatron's layout), whose
+    row stride B*H*D reaches ROW_STRIDE_LIMIT (lowered here; for real at B*H*D >= 1,677,721, e.g.
+    B = 512, H = 32, D = 128): the launchers copy them to contiguous tensors (_rows32) and allocate
+    O and dQ/dK/dV like the copies, contiguous; the fakes must agree (empty_like of the views kept
+    their permuted strides). torch.compile's forward then fails its stride assertion."""
+    import warpforge.ops.attention as A
+    from warpforge.ops.attention import attention_bwd_op
+
+    monkeypatch.setattr(A, "ROW_STRIDE_LIMIT", 64)
+    L, B, H, D = 5, 2, 3, 16                                   # row stride B*H*D = 96 >= 64
+    q, k, v = (randn(L, B, H, D, dtype=torch.float32).permute(1, 2, 0, 3) for _ in range(3))
+    args = (L, L, 0.25, -1, 0, False)
+    torch.library.opcheck(attention_op.overload, (q, k, v, None, None, None, *args),
+                          test_utils=("test_schema", "test_faketensor"))
+    o, lse = attention_op.overload(q, k, v, None, None, None, *args)
+    torch.library.opcheck(attention_bwd_op.overload, (torch.randn_like(o), q, k, v, o, lse, None, None, None, None,
+                                                      *args), test_utils=("test_schema", "test_faketensor"))
+    f = lambda q, k, v: wf.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch._dynamo.reset()
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))  # clone keeps the permuted strides
+    out = torch.compile(f, fullgraph=True)(qg, kg, vg)
+    ref = f(q, k, v)
+    assert torch.equal(out, ref)
+
+
 @gpu_only
 @pytest.mark.parametrize("window", [None, (4, 0)])
 def test_batch_heads_past_the_grid_limit(window):

@@ -597,3 +597,35 @@ def test_backward_fake_layout_with_transposed_weights():
     torch.library.opcheck(moe_experts_bwd_op.overload,
                           (torch.randn_like(out), x, w1, w2, wts, z, sorted_slot, slot_pos, tile_expert, start, 16),
                           test_utils=("test_schema", "test_faketensor"))
+
+
+def test_backward_fake_layout_with_transposed_weights_and_no_tokens():
+    """The same contract with zero tokens: the backward's early return hands back
+    torch.zeros_like(w) for the weight gradients, which keeps a transposed (or experts-inner)
+    weight's strides, while the fake allocates them contiguous."""
+    d, n, E, k = 32, 24, 5, 2
+    x = randn(0, d)
+    w1 = randn(E, d, 2 * n, scale=d ** -0.5).transpose(1, 2)
+    w2 = randn(E, n, d, scale=n ** -0.5).transpose(1, 2)
+    ids = torch.zeros(0, k, device=DEVICE, dtype=torch.int32)
+    wts = torch.zeros(0, k, device=DEVICE)
+    out, z, sorted_slot, slot_pos, tile_expert, start, _ = moe_experts_op.overload(x, w1, w2, wts, ids, 16, True)
+    torch.library.opcheck(moe_experts_bwd_op.overload,
+                          (torch.randn_like(out), x, w1, w2, wts, z, sorted_slot, slot_pos, tile_expert, start, 16),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_compile_backward_no_tokens_transposed_weights():
+    """torch.compile(fullgraph=True) of a zero-token batch (an expert-parallel rank that got no
+    tokens) with transposed weights: the compiled backward's stride assertion on dW must hold."""
+    d, n, E, k = 32, 24, 5, 2
+    x = randn(0, d, requires_grad=True)
+    w1 = randn(E, d, 2 * n, scale=d ** -0.5).transpose(1, 2).requires_grad_()
+    w2 = randn(E, n, d, scale=n ** -0.5).transpose(1, 2).requires_grad_()
+    ids = torch.zeros(0, k, device=DEVICE, dtype=torch.int32)
+    wts = torch.zeros(0, k, device=DEVICE, requires_grad=True)
+    torch._dynamo.reset()
+    out = torch.compile(lambda *a: moe_experts(*a, validate=False), fullgraph=True)(x, w1, w2, wts, ids)
+    out.sum().backward()
+    assert torch.count_nonzero(w1.grad) == 0 and torch.count_nonzero(w2.grad) == 0
+    assert w1.grad.shape == w1.shape and w2.grad.shape == w2.shape

@@ -846,7 +846,9 @@ def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
 def _fwd_fake(q, k, v, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right):
     lse_shape = (q.shape[1], q.shape[0]) if cu_q is not None else q.shape[:-1]
-    return torch.empty_like(unit_last_dim(q)), q.new_empty(lse_shape, dtype=torch.float32)
+    # laid out as the launcher allocates o: like q as the kernels take it (_kernel_inputs), which
+    # is a contiguous copy past the 32-bit row limit
+    return torch.empty_like(_rows32(unit_last_dim(q), cu_q is not None)), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 def _bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -858,7 +860,7 @@ def _bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 
 def _bwd_fake(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right):
-    return tuple(torch.empty_like(unit_last_dim(t)) for t in (q, k, v))
+    return tuple(torch.empty_like(_rows32(unit_last_dim(t), cu_q is not None)) for t in (q, k, v))
 
 
 attention_bwd_op = Op("attention_bwd", _bwd_impl, _bwd_fake)

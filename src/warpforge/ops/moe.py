@@ -1082,9 +1082,9 @@ def _moe_bwd(dout, x, w1, w2, weights, z, sorted_slot, slot_pos, tile_expert, st
     n = n2 // 2
     topk = weights.shape[1]
     dev, s = x.device, x.element_size()
-    if T * topk == 0:
-        return (torch.zeros_like(x), torch.zeros_like(w1), torch.zeros_like(w2),
-                torch.zeros(weights.shape, dtype=torch.float32, device=dev))
+    if T * topk == 0:                  # contiguous, as the main path and the fake allocate them
+        return tuple(torch.zeros(t.shape, dtype=t.dtype, device=dev) for t in (x, w1, w2)) + \
+            (torch.zeros(weights.shape, dtype=torch.float32, device=dev),)
     P = sorted_slot.numel()
     meta = (sorted_slot, tile_expert)
     # g = dout @ Wd with a plain store, then the SwiGLU backward as its own pass: fused into the GEMM's
