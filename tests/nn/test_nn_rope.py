@@ -27,3 +27,21 @@ def test_module_cast_keeps_the_tables_fp32():
     q = torch.randn(1, 2, 5, 16, dtype=torch.bfloat16)
     qr, kr = m(q, q.clone(), 30)
     assert qr.dtype == kr.dtype == torch.bfloat16 and torch.isfinite(qr.float()).all()
+
+
+def test_compile_dynamic_shapes():
+    """torch.compile(module, dynamic=True, fullgraph=True) over two sequence lengths: the module's
+    tables have static shapes while q/k's head dim is symbolic, and apply_rope's table-width check
+    (a constant tested for membership in a tuple of symbolic sizes, which Dynamo answers False)
+    raised ValueError while tracing a valid call."""
+    from conftest import DEVICE, assert_close, randn
+
+    m = RotaryEmbedding(16, 32, device=DEVICE)
+    torch._dynamo.reset()
+    f = torch.compile(m, dynamic=True, fullgraph=True)
+    for seq in (5, 9):
+        q, k = randn(2, 4, seq, 16), randn(2, 2, seq, 16)
+        qo, ko = f(q, k)
+        want_q, want_k = m(q, k)
+        assert_close(qo, want_q.double(), torch.float32, what=f"compiled q, S={seq}")
+        assert_close(ko, want_k.double(), torch.float32, what=f"compiled k, S={seq}")

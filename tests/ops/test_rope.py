@@ -269,6 +269,32 @@ def test_compile_fullgraph():
     assert_close(k.grad, kd.grad, torch.float32, scale=2.0, what="compiled dk")
 
 
+@pytest.mark.parametrize("table", ["half", "full", "batched"])
+def test_compile_dynamic_shapes_static_table(table):
+    """torch.compile(dynamic=True, fullgraph=True) over two sequence lengths with tables whose shape
+    is static (a module's buffers, as RotaryEmbedding's) and q/k of symbolic shape. The table
+    checks (``cos.shape[-1] not in (d, d // 2)``, ``cos.shape[0] not in (1, bsz)``) test a constant
+    for membership in a tuple of symbolic sizes, which Dynamo answers False: a valid call raised
+    ValueError while tracing."""
+    cos, sin = make_table(2 if table == "batched" else None, 16, 8, half=table == "half")
+    torch._dynamo.reset()
+    for t in (cos, sin):
+        torch._dynamo.mark_static(t)
+    f = torch.compile(lambda q, k, c, s: apply_rope(q, k, c, s), dynamic=True, fullgraph=True)
+    for seq in (5, 9):
+        q = randn(2, 4, seq, 8, requires_grad=True)
+        k = randn(2, 2, seq, 8, requires_grad=True)
+        qo, ko = f(q, k, cos, sin)
+        (qo.sum() + ko.sum()).backward()
+        qd, kd = q.detach().double().requires_grad_(), k.detach().double().requires_grad_()
+        a, b = rope_reference(qd, kd, cos, sin)
+        (a.sum() + b.sum()).backward()
+        assert_close(qo, a, torch.float32, what=f"compiled q, S={seq}")
+        assert_close(ko, b, torch.float32, what=f"compiled k, S={seq}")
+        assert_close(q.grad, qd.grad, torch.float32, scale=2.0, what=f"compiled dq, S={seq}")
+        assert_close(k.grad, kd.grad, torch.float32, scale=2.0, what=f"compiled dk, S={seq}")
+
+
 @pytest.mark.parametrize("variant", ["offset", "positions", "transposed"])
 def test_opcheck(variant):
     q = randn(2, 4, 5, 6, requires_grad=True)

@@ -430,10 +430,12 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
             raise ValueError(f"warpforge: '{name}' must be (T, D), (1, T, D) or (B, T, D), got shape {tuple(t.shape)}")
     if sin.shape != cos.shape:
         raise ValueError(f"warpforge: 'sin' has shape {tuple(sin.shape)} but 'cos' has {tuple(cos.shape)}; expected the same shape")
-    if cos.shape[-1] not in (d, d // 2):
+    # explicit == / != throughout: `int in (SymInt, ...)` is False under torch.compile(dynamic=True)
+    # when a static table's size meets a symbolic head dim or batch (the check refused valid tables)
+    if cos.shape[-1] != d and cos.shape[-1] != d // 2:
         raise ValueError(f"warpforge: 'cos' has last dim {cos.shape[-1]}; expected the head dim D={d} "
                          f"(or D/2={d // 2} for a half-size table)")
-    if cos.dim() == 3 and cos.shape[0] not in (1, bsz):
+    if cos.dim() == 3 and cos.shape[0] != 1 and cos.shape[0] != bsz:
         raise ValueError(f"warpforge: 'cos' has batch size {cos.shape[0]}; expected 1 or the batch size of 'q' ({bsz})")
     rows = cos.shape[-2]
 
@@ -443,7 +445,7 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
         if pos.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"warpforge: 'position_ids' has dtype {str(pos.dtype).replace('torch.', '')}; expected int32 or int64")
         check_same("position_ids", pos, "q", q, shape=False, dtype=False)
-        if not (pos.shape == (s,) or (pos.dim() == 2 and pos.shape[0] in (1, bsz) and pos.shape[1] == s)):
+        if not (pos.shape == (s,) or (pos.dim() == 2 and (pos.shape[0] == 1 or pos.shape[0] == bsz) and pos.shape[1] == s)):
             raise ValueError(f"warpforge: 'position_ids' has shape {tuple(pos.shape)}; expected ({s},), (1, {s}) or ({bsz}, {s})")
         _check_positions(pos, rows)
     elif position_ids is not None:
