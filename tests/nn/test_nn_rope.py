@@ -2,6 +2,7 @@
 import torch
 
 from warpforge.nn.rope import RotaryEmbedding
+from conftest import DEVICE, assert_close, randn
 
 
 def test_table_uses_base():
@@ -34,8 +35,6 @@ def test_compile_dynamic_shapes():
     tables have static shapes while q/k's head dim is symbolic, and apply_rope's table-width check
     (a constant tested for membership in a tuple of symbolic sizes, which Dynamo answers False)
     raised ValueError while tracing a valid call."""
-    from conftest import DEVICE, assert_close, randn
-
     m = RotaryEmbedding(16, 32, device=DEVICE)
     torch._dynamo.reset()
     f = torch.compile(m, dynamic=True, fullgraph=True)

@@ -432,7 +432,6 @@ def test_row_strides_past_the_32bit_limit_are_copied(monkeypatch):
         assert torch.equal(got, want)
 
 
-
 def test_fake_layout_of_permuted_views_past_the_32bit_limit(monkeypatch):
     """q, k, v stored sequence-first, (S, B, H, D).permute(1, 2, 0, 3) (Megatron's layout), whose
     row stride B*H*D reaches ROW_STRIDE_LIMIT (lowered here; for real at B*H*D >= 1,677,721, e.g.

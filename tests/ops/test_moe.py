@@ -154,12 +154,18 @@ def test_align_paths(monkeypatch, S, E, block_m):
             assert torch.equal(o.cpu().long(), w), f"{name}, one program: {one_max > 0}"
 
 
+def _transposed_weights(E, d, n, grad=False):
+    """w_gate_up and w_down stored transposed, (E, d, 2n).transpose(1, 2) and (E, n, d).transpose(1, 2)."""
+    w1 = randn(E, d, 2 * n, scale=d ** -0.5).transpose(1, 2)
+    w2 = randn(E, n, d, scale=n ** -0.5).transpose(1, 2)
+    return (w1.requires_grad_(), w2.requires_grad_()) if grad else (w1, w2)
+
+
 def test_layouts():
     """3-d x, strided x rows, weights stored transposed (non-contiguous), bf16 routing weights."""
     T, d, n, E, k = 10, 32, 24, 5, 2
     x = randn(2, T, 2 * d)[..., :d].requires_grad_()
-    w1 = randn(E, d, 2 * n, scale=d ** -0.5).transpose(1, 2).requires_grad_()
-    w2 = randn(E, n, d, scale=n ** -0.5).transpose(1, 2).requires_grad_()
+    w1, w2 = _transposed_weights(E, d, n, grad=True)
     ids = torch.rand(2, T, E, device=DEVICE).topk(k, -1).indices
     wts = torch.softmax(torch.randn(2, T, k, device=DEVICE), -1).to(torch.bfloat16).requires_grad_()
     out = moe_experts(x, w1, w2, wts, ids)
@@ -583,32 +589,17 @@ def test_opcheck_inference():
                           test_utils=("test_schema", "test_faketensor"))
 
 
-def test_backward_fake_layout_with_transposed_weights():
+@pytest.mark.parametrize("T", [10, 0])
+def test_backward_fake_layout_with_transposed_weights(T):
     """The backward operator's fake gives the gradients the layout the real one allocates
-    (contiguous) when the weights are stored transposed: it kept their strides (empty_like), and
-    torch.compile's backward failed its stride assertion on such weights."""
-    T, d, n, E, k = 10, 32, 24, 5, 2
+    (contiguous) when the weights are stored transposed, with tokens and with none (an early
+    return). The fake used to keep their strides (empty_like), and so did the zero-token return
+    (zeros_like): torch.compile's backward failed its stride assertion on such weights."""
+    d, n, E, k = 32, 24, 5, 2
     x = randn(T, d)
-    w1 = randn(E, d, 2 * n, scale=d ** -0.5).transpose(1, 2)
-    w2 = randn(E, n, d, scale=n ** -0.5).transpose(1, 2)
+    w1, w2 = _transposed_weights(E, d, n)
     ids = torch.rand(T, E, device=DEVICE).topk(k, -1).indices.int()
     wts = torch.softmax(torch.randn(T, k, device=DEVICE), -1)
-    out, z, sorted_slot, slot_pos, tile_expert, start, _ = moe_experts_op.overload(x, w1, w2, wts, ids, 16, True)
-    torch.library.opcheck(moe_experts_bwd_op.overload,
-                          (torch.randn_like(out), x, w1, w2, wts, z, sorted_slot, slot_pos, tile_expert, start, 16),
-                          test_utils=("test_schema", "test_faketensor"))
-
-
-def test_backward_fake_layout_with_transposed_weights_and_no_tokens():
-    """The same contract with zero tokens: the backward's early return hands back
-    torch.zeros_like(w) for the weight gradients, which keeps a transposed (or experts-inner)
-    weight's strides, while the fake allocates them contiguous."""
-    d, n, E, k = 32, 24, 5, 2
-    x = randn(0, d)
-    w1 = randn(E, d, 2 * n, scale=d ** -0.5).transpose(1, 2)
-    w2 = randn(E, n, d, scale=n ** -0.5).transpose(1, 2)
-    ids = torch.zeros(0, k, device=DEVICE, dtype=torch.int32)
-    wts = torch.zeros(0, k, device=DEVICE)
     out, z, sorted_slot, slot_pos, tile_expert, start, _ = moe_experts_op.overload(x, w1, w2, wts, ids, 16, True)
     torch.library.opcheck(moe_experts_bwd_op.overload,
                           (torch.randn_like(out), x, w1, w2, wts, z, sorted_slot, slot_pos, tile_expert, start, 16),
@@ -620,8 +611,7 @@ def test_compile_backward_no_tokens_transposed_weights():
     tokens) with transposed weights: the compiled backward's stride assertion on dW must hold."""
     d, n, E, k = 32, 24, 5, 2
     x = randn(0, d, requires_grad=True)
-    w1 = randn(E, d, 2 * n, scale=d ** -0.5).transpose(1, 2).requires_grad_()
-    w2 = randn(E, n, d, scale=n ** -0.5).transpose(1, 2).requires_grad_()
+    w1, w2 = _transposed_weights(E, d, n, grad=True)
     ids = torch.zeros(0, k, device=DEVICE, dtype=torch.int32)
     wts = torch.zeros(0, k, device=DEVICE, requires_grad=True)
     torch._dynamo.reset()

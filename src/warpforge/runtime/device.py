@@ -67,11 +67,15 @@ def sm_count(index: int | None = None) -> int:
     return device_info(index).sm_count
 
 
+_H100_DRAM_BYTES_PER_S = 3.35e12
+
+
 @functools.lru_cache(maxsize=None)
 def dram_bandwidth(index: int | None = None) -> float:
     """The DRAM's peak bytes a second from the device's properties (a launch heuristic's input,
-    never a ceiling: those are measured); an H100 SXM's 3.35e12 where the properties lack it."""
-    return (device_info(index).dram_bytes_per_s or 3.35e12) if torch.cuda.is_available() else 3.35e12
+    never a ceiling: those are measured); an H100 SXM's where the properties lack it."""
+    peak = device_info(index).dram_bytes_per_s if torch.cuda.is_available() else 0.0
+    return peak or _H100_DRAM_BYTES_PER_S
 
 
 def cache_dir() -> Path:
