@@ -4,6 +4,7 @@ Observed under the interpreter (fp32 dots for bf16, which it truncates): fp32 <=
 4e-4, bf16 <= 8e-3 on outputs and all three gradients; conftest's TOL (2e-5, 3e-3, 2e-2) sits
 5-50x above, a missed mask or rescale lands at 1e-1 or more.
 """
+import numpy as np
 import pytest
 import torch
 import triton.language as tl
@@ -264,6 +265,28 @@ def test_bad_input():
     falling = torch.tensor([0, 5, 3, 7], dtype=torch.int32, device=DEVICE)     # right ends, a step of -2
     with pytest.raises(ValueError, match="'cu_seqlens_q' must rise from 0 .* smallest step -2"):
         wf.attention_varlen(qp, kp, vp, falling, torch.tensor([0, 3, 4, 7], dtype=torch.int32, device=DEVICE), 5, 4)
+
+
+def test_varlen_compile_dynamic_max_seqlen():
+    """torch.compile(dynamic=True, fullgraph=True) over packings whose max_seqlen differs: one
+    graph for all (operator.index on the traced max_seqlen specialised it, a recompile for each
+    distinct value, so a training loop over packed batches recompiled at every step until Dynamo's
+    cache limit sent it back to eager), and forward and gradients equal to the eager call's."""
+    def f(q, k, v, cu_q, cu_k, mq, mk):
+        return wf.attention_varlen(q, k, v, cu_q, cu_k, mq, mk, causal=True)
+
+    torch._dynamo.reset()
+    cf = torch.compile(f, dynamic=True, fullgraph=True)
+    for step, (lens_q, lens_k) in enumerate((([3, 4], [5, 4]), ([6, 1], [6, 2]), ([2, 9, 1], [2, 11, 1]))):
+        q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, 2, 1, 16, torch.float32)
+        with torch._dynamo.config.patch(error_on_recompile=step > 0):
+            o = cf(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k))
+        do = torch.randn_like(o)
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        oe = f(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k))
+        assert_close(o, oe, torch.float32, what=f"compiled out, step {step}")
+        for name, g, r in zip(("dq", "dk", "dv"), grads, torch.autograd.grad(oe, (q, k, v), do)):
+            assert_close(g, r, torch.float32, what=f"compiled {name}, step {step}")
 
 
 def test_varlen_strided_offsets():
@@ -642,6 +665,11 @@ def test_bad_options_audit():
         vl(qp, kp, vp, cu_q, cu_k, -1, 4, validate=False)
     with pytest.raises(TypeError, match="'max_seqlen_k' must be an int, got NoneType"):
         vl(qp, kp, vp, cu_q, cu_k, 3, None)
+    with pytest.raises(TypeError, match="'max_seqlen_q' must be an int, got float"):
+        vl(qp, kp, vp, cu_q, cu_k, 3.0, 4)
+    # integers that are not Python ints, as numpy and a 0-d tensor give them, are taken
+    assert_close(vl(qp, kp, vp, cu_q, cu_k, np.int64(3), torch.tensor(4)), vl(qp, kp, vp, cu_q, cu_k, 3, 4),
+                 torch.float32, what="numpy and tensor max_seqlen")
     with pytest.raises(ValueError, match="'scale' is nan"):
         vl(qp, kp, vp, cu_q, cu_k, 3, 4, scale=float("nan"))
     with pytest.raises(TypeError, match="'window_size' is"):

@@ -571,6 +571,34 @@ def test_compile_fullgraph():
         assert_close(t.grad, r.grad, torch.float32, scale=2.0, what="compiled backward")
 
 
+@pytest.mark.parametrize("name", ["rms_norm", "layer_norm", "add_rms_norm"])
+def test_compile_dynamic_hidden_size(name):
+    """torch.compile(dynamic=True, fullgraph=True) with normalized_shape=x.shape[-1:] over three
+    hidden sizes: one graph (check_normalized_shape's operator.index on the traced size specialised
+    it, and the weight's size with it: a recompile for each hidden size), forward and gradients
+    equal to the eager call's."""
+    def f(x, w):
+        if name == "rms_norm":
+            return rms_norm(x, x.shape[-1:], w, 1e-6)
+        if name == "layer_norm":
+            return layer_norm(x, x.shape[-1:], w, w * 0.5)
+        normed, h = add_rms_norm(x, x * 0.5, w, 1e-6)
+        return normed + h
+
+    torch._dynamo.reset()
+    cf = torch.compile(f, dynamic=True, fullgraph=True)
+    for step, n in enumerate((12, 20, 37)):
+        x, w = randn(3, n, requires_grad=True), _param(n, torch.float32)
+        with torch._dynamo.config.patch(error_on_recompile=step > 0):
+            out = cf(x, w)
+        g = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (x, w), g)
+        ref = f(x, w)
+        assert_close(out, ref, torch.float32, what=f"compiled {name}, N={n}")
+        for t, gr, r in zip(("x", "w"), grads, torch.autograd.grad(ref, (x, w), g)):
+            assert_close(gr, r, torch.float32, scale=2.0, what=f"compiled d{t} of {name}, N={n}")
+
+
 def test_opcheck():
     n = 37
     x, dy = randn(4, n, requires_grad=True), randn(4, n)

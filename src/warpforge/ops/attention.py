@@ -1050,10 +1050,13 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     _check_heads(q.shape[1], k.shape[1], True)
     lens = []
     for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        try:
-            m = operator.index(m)
-        except TypeError:
-            raise TypeError(f"warpforge: '{name}' must be an int, got {type(m).__name__}") from None
+        if not isinstance(m, (int, torch.SymInt)):
+            # numpy and 0-d tensor integers; not on an int or a SymInt, where Dynamo specialised the
+            # value (a recompile for every distinct max_seqlen under torch.compile)
+            try:
+                m = operator.index(m)
+            except TypeError:
+                raise TypeError(f"warpforge: '{name}' must be an int, got {type(m).__name__}") from None
         if m < 0:      # a negative max_seqlen_q sized an empty grid: the output was never written
             raise ValueError(f"warpforge: '{name}' is {m}; expected the longest sequence's length (>= 0)")
         lens.append(m)

@@ -107,7 +107,10 @@ def check_normalized_shape(normalized_shape, x: torch.Tensor) -> int:
     if isinstance(normalized_shape, (int, torch.SymInt)):
         normalized_shape = (normalized_shape,)
     try:
-        normalized_shape = tuple(int(operator.index(s)) for s in normalized_shape)
+        # an int or SymInt as it is: operator.index on a SymInt made Dynamo specialise the hidden
+        # size (a recompile for each one under torch.compile(dynamic=True))
+        normalized_shape = tuple(s if isinstance(s, (int, torch.SymInt)) else int(operator.index(s))
+                                 for s in normalized_shape)
     except TypeError:        # None, a float, a string of digits: torch raises too
         raise TypeError(f"warpforge: 'normalized_shape' is {normalized_shape!r}; expected an int or a sequence "
                         f"of ints (as torch.nn.functional.layer_norm)") from None
