@@ -19,13 +19,14 @@ def test_module_cast_keeps_the_tables_fp32():
     """.bfloat16() / .half() / .to(dtype) on the module (as on a whole model) leave the tables fp32
     with their values (they were rounded to 16 bits, off the docstring's fp32 angles); the cast
     module still rotates 16-bit q and k."""
-    m = RotaryEmbedding(16, 40)
+    m = RotaryEmbedding(16, 40).to(DEVICE)
     cos, sin = m.cos_cached.clone(), m.sin_cached.clone()
-    for cast in (lambda m: m.bfloat16(), lambda m: m.half(), lambda m: m.to(torch.bfloat16)):
+    for cast in (lambda m: m.bfloat16(), lambda m: m.half(), lambda m: m.to(torch.bfloat16),
+                 lambda m: m.to(DEVICE, torch.float16)):
         m = cast(m)
         assert m.cos_cached.dtype == m.sin_cached.dtype == torch.float32
         assert torch.equal(m.cos_cached, cos) and torch.equal(m.sin_cached, sin)
-    q = torch.randn(1, 2, 5, 16, dtype=torch.bfloat16)
+    q = randn(1, 2, 5, 16, dtype=torch.bfloat16)
     qr, kr = m(q, q.clone(), 30)
     assert qr.dtype == kr.dtype == torch.bfloat16 and torch.isfinite(qr.float()).all()
 

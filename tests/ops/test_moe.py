@@ -11,7 +11,7 @@ import warpforge as wf
 from warpforge.ops.moe import moe_experts, moe_experts_bwd_op, moe_experts_op, moe_experts_reference
 from warpforge.ops.moe_routing import moe_route_reference
 
-from conftest import DEVICE, ON_GPU, assert_close, randn, rel_err
+from conftest import DEVICE, ON_GPU, assert_close, gpu_only, randn, rel_err
 
 SMALL = (13, 32, 24, 6, 2) if not ON_GPU else (300, 256, 192, 12, 3)
 
@@ -619,3 +619,226 @@ def test_compile_backward_no_tokens_transposed_weights():
     out.sum().backward()
     assert torch.count_nonzero(w1.grad) == 0 and torch.count_nonzero(w2.grad) == 0
     assert w1.grad.shape == w1.shape and w2.grad.shape == w2.shape
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU-only guards from a mutation audit of ops/moe.py (NOTES items 141, 145): three of these tests
+# each fail on a planted bug the interpreter cannot show; the one-program alignment's is exact only
+# ----------------------------------------------------------------------------------------------
+_ALIGN_NAMES = ("sorted_slot", "slot_pos", "tile_expert", "start", "counts")
+
+
+def _align_want(ids: torch.Tensor, E: int, block_m: int) -> tuple:
+    """_align's five outputs built on the host (as test_align_paths does, vectorised): slots of ids
+    outside [0, E) dropped, every kept slot at its expert's first padded row + its rank among that
+    expert's slots in slot order, padding rows -1, the owner of every tile (-1 past the used ones)."""
+    import warpforge.ops.moe as M
+
+    ids = ids.cpu().long().flatten()
+    S = ids.numel()
+    ok = (ids >= 0) & (ids < E)
+    counts = torch.bincount(ids[ok], minlength=E)
+    tiles = (counts + block_m - 1) // block_m
+    start = torch.cat([torch.zeros(1, dtype=torch.long), tiles.cumsum(0)]) * block_m
+    tiles_max = M._tiles_max(S, E, block_m)
+    owner = torch.full((tiles_max,), -1, dtype=torch.long)
+    owner[:int(tiles.sum())] = torch.repeat_interleave(torch.arange(E), tiles)
+    kept = ok.nonzero().flatten()
+    kept = kept[torch.sort(ids[kept], stable=True).indices]            # by expert, slot order within
+    e = ids[kept]
+    rows = start[e] + torch.arange(kept.numel()) - (counts.cumsum(0) - counts)[e]
+    sorted_slot = torch.full((tiles_max * block_m,), -1, dtype=torch.long)
+    sorted_slot[rows] = kept
+    pos = torch.full((S,), -1, dtype=torch.long)
+    pos[kept] = rows
+    return sorted_slot, pos, owner, start, counts
+
+
+def _assert_align(got: tuple, want: tuple, what: str) -> None:
+    for name, o, w in zip(_ALIGN_NAMES, got, want):
+        o = o.cpu().long()
+        bad = (o != w).nonzero().flatten()
+        assert bad.numel() == 0, (f"{what}: {name} differs at {bad.numel()} of {w.numel()} entries, first "
+                                  f"{bad[:8].tolist()}: got {o[bad[:8]].tolist()}, want {w[bad[:8]].tolist()}")
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_count_kernel_drops_negative_ids(monkeypatch, dtype):
+    """Guards _moe_count_kernel's ``ids >= 0`` (mutant: ``ok = (offs < S) & (ids < E)``). Slots of
+    negative ids (-1: dropped, e.g. tokens of another expert-parallel rank; any negative int32 with
+    validate=False) must not be counted, in the three-launch alignment that runs above the
+    one-program limits (T * k = 3600 > MOE_ALIGN_ONE_MAX). Why only a GPU shows it: the
+    interpreter's histogram (np.histogram over [0, NB)) ignores negative values, while the
+    compiled tl.histogram bins a value by its low log2(max(NB, 32)) bits (ballots per bit,
+    HistogramOpToLLVM). -1 lands in bin 31 >= E (here E = 12, NB = 16, 32 bins), which the store
+    drops, so -1 alone cannot catch the mutant either: ids congruent to a real expert mod 32
+    (e - 32, e - 160, -2^31 -> bin 0) are counted for that expert. The padded layout is checked
+    exactly (counts, starts, tile owners, rows; a miscount leaves -1 rows inside an expert's
+    range), then forward and every gradient against the float64/float32 loop with those slots
+    dropped (their routing weights' gradient exactly zero). float32 takes the pointer kernels,
+    bfloat16 the Hopper ones where present. int64 ids are not used: moe_experts clamps unchecked
+    int64 ids to [-1, E], which the histogram drops anyway."""
+    import warpforge.ops.moe as M
+
+    T, d, n, E, k = 1200, 256, 128, 12, 3
+    assert T * k > M.MOE_ALIGN_ONE_MAX                       # count, offsets and scatter kernels
+    x, w1, w2, wts, ids = _inputs(T, d, n, E, k, dtype)
+    bins = max(32, 1 << E.bit_length())                      # the compiled histogram's bins (NB >= E + 1)
+    pool = ([-1, E, E + 9, 2**31 - 1, -2**31, -2**31 + 7] + [e - bins for e in range(E)]
+            + [e - 5 * bins for e in range(0, E, 2)])
+    pool = torch.tensor(pool, dtype=torch.int32)
+    drop = torch.rand(T, k) < 0.3
+    bad = ids.cpu().clone()
+    bad[drop] = pool[torch.randint(0, pool.numel(), (int(drop.sum()),))]
+    bad, drop = bad.to(DEVICE), drop.to(DEVICE)
+
+    for block_m in (16, 64):                                 # the layout alone, two tile heights
+        _assert_align(M._align(bad.view(-1), E, block_m), _align_want(bad, E, block_m), f"_align, block_m {block_m}")
+
+    layouts = []
+    real = M._align
+    monkeypatch.setattr(M, "_align", lambda *a, **kw: layouts.append(real(*a, **kw)) or layouts[-1])
+    out = moe_experts(x, w1, w2, wts, bad, validate=False)
+    assert len(layouts) == 1
+    block_m = layouts[0][0].numel() // layouts[0][2].numel()
+    _assert_align(layouts[0], _align_want(bad, E, block_m), f"the forward's layout (block_m {block_m})")
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    keep = wts.detach().masked_fill(drop, 0.0)
+    leaves = [t.detach().double().requires_grad_() for t in (x, w1, w2)] + [keep.double().requires_grad_()]
+    ref = moe_experts_reference(*leaves, bad.clamp(0, E - 1))
+    ref.backward(dout.double())
+    assert_close(out, ref, dtype, what="out")
+    for name, t, r in zip(("dx", "dw_gate_up", "dw_down"), (x, w1, w2), leaves):
+        assert_close(t.grad, r.grad, dtype, scale=2, what=name)
+    assert torch.count_nonzero(wts.grad[drop]) == 0, "a dropped slot's routing weight got a gradient"
+    assert_close(wts.grad[~drop], leaves[3].grad[~drop], dtype, scale=2, what="dweights")
+
+
+@gpu_only
+def test_align_one_program_exact():
+    """The one-program alignment (_moe_align_one_kernel) exact against the host construction over
+    five shapes that stress its -1 fill: one pass holding every real row (E = 8, up to S = 1,000),
+    two passes (E = 60), five (E = 32, 64-row tiles), and up to 17 or 33 passes of 256 or 128
+    lanes where every expert gets at most one slot, so the real rows (the first of each expert's
+    tile) reach into the late passes; ids -1 and E among them (dropped slots).
+
+    It was written for the tl.debug_barrier() between the fill and the real rows' store: without
+    it a warp that lags could write -1 over a real row another warp already stored (the compiled
+    sm_90 PTX then has no bar.sync between the two). On an H200 that mutant passed this test in 3
+    of 3 runs (NOTES item 145): the warps leave the sort's last barrier together and each issues its
+    fill before its own real rows, so a warp would have to lag by a whole fill loop. So this test
+    does not guard the barrier; it guards the layout, and only a GPU runs the compiled kernel's
+    histogram and sort."""
+    import warpforge.ops.moe as M
+
+    cases = [((520, 1000), 8, 16, "random"), ((520, 1024), 60, 16, "random"), ((257, 512), 32, 64, "random"),
+             ((129, 256), 256, 16, "one each"), ((65, 128), 128, 32, "one each")]
+    g = torch.Generator().manual_seed(7)
+    runs = []
+    for (lo, hi), E, block_m, routing in cases:
+        for _ in range(16):
+            S = int(torch.randint(lo, hi + 1, (1,), generator=g))
+            assert S <= M.MOE_ALIGN_ONE_MAX and S * E <= M.MOE_ALIGN_ONE_WORK     # the one-program path
+            if routing == "random":
+                ids = torch.randint(-1, E + 1, (S,), generator=g, dtype=torch.int32)
+            else:
+                ids = torch.randperm(E, generator=g)[:S].int()
+                ids[torch.rand(S, generator=g) < 0.1] = -1
+            runs.append((f"S {S}, E {E}, block_m {block_m}", M._align(ids.to(DEVICE), E, block_m),
+                         _align_want(ids, E, block_m)))
+    failures = []
+    for what, got, want in runs:
+        try:
+            _assert_align(got, want, what)
+        except AssertionError as err:
+            failures.append(str(err))
+    assert not failures, f"{len(failures)} of {len(runs)} alignments wrong; first: {failures[0]}"
+
+
+@gpu_only
+@pytest.mark.skipif(not ON_HOPPER, reason="the TMA kernels need an sm_90+ GPU")
+@pytest.mark.parametrize("layout", ["transposed", "strided columns"])
+def test_tma_backward_noncontiguous_grad(monkeypatch, layout):
+    """Guards the ``dout.contiguous()`` in _bwd_impl (mutant: dout passed as it comes). The Hopper
+    backward gathers dout's rows with _gather_rows, which honours the row stride only (columns
+    unit-stride), so an upstream gradient whose last dim is strided -- a transposed buffer,
+    strides (1, T), or every other column, (2d, 2) -- is read wrongly without the copy; the
+    pointer kernels take both strides and never show it, and the interpreter never takes the TMA
+    path. Forward and backward on a TMA-path shape (bf16, d = 256, 2n = 384, 128-row tiles),
+    the gradient checked to reach the backward operator non-contiguous and the TMA backward
+    checked to run, every gradient against the float64/float32 loop."""
+    import warpforge.ops.moe as M
+
+    T, d, n, E, k = 640, 256, 192, 8, 2
+    dtype = torch.bfloat16
+    monkeypatch.setattr(M, "moe_block_m", lambda *a: 128)
+    seen, calls = [], []
+    real_op, real_wgrad = M.moe_experts_bwd_op, M._wgrad_tma
+    monkeypatch.setattr(M, "moe_experts_bwd_op", lambda *a: (seen.append(a[0].stride()), real_op(*a))[1])
+    monkeypatch.setattr(M, "_wgrad_tma", lambda *a, **kw: (calls.append(1), real_wgrad(*a, **kw))[1])
+    x, w1, w2, wts, ids = _inputs(T, d, n, E, k, dtype)
+    out = moe_experts(x, w1, w2, wts, ids)
+    dout = randn(d, T, dtype=dtype).t() if layout == "transposed" else randn(T, 2 * d, dtype=dtype)[:, ::2]
+    assert dout.shape == out.shape and dout.stride(-1) != 1
+    out.backward(dout)
+    assert seen and seen[0][-1] != 1, f"the gradient reached the backward operator with strides {seen}"
+    assert calls, "the TMA backward ran"
+    leaves = [t.detach().double().requires_grad_() for t in (x, w1, w2, wts)]
+    moe_experts_reference(*leaves, ids).backward(dout.double())
+    for name, t, r in zip(("dx", "dw_gate_up", "dw_down", "dweights"), (x, w1, w2, wts), leaves):
+        assert_close(t.grad, r.grad, dtype, scale=2, what=name)
+
+
+@gpu_only
+@pytest.mark.skipif(not ON_HOPPER, reason="the TMA kernels need an sm_90+ GPU")
+@pytest.mark.parametrize("config", ["pointer stores, one program", "shipped"])
+@pytest.mark.parametrize("block_m", [128, 64])
+def test_tma_wgrad_partial_tiles(monkeypatch, block_m, config):
+    """Guards the row and column masks of _moe_wgrad_tma_kernel's pointer store (its STORE_SPLIT ==
+    0 branch; mutant: the mask removed). The weight gradients' column count is n for dW_down and
+    d for dW_gate_up; with n = 320 and d = 384 the last column tile of a 256-column (block_m 128)
+    or 128-column (decode) tile is partial, and an unmasked store writes its columns past N --
+    exact zeros, the TMA boxes' fill -- over the first columns of the next row (of the next
+    expert, past the last one's end). "pointer stores, one program": the wgrad config's
+    store_split forced to 0 (the shipped 128-row config stores by TMA, store_split 2; the decode
+    one already stores by pointers) and the kernel run as one persistent program, so tile (m, 1)
+    is stored after tile (m, 0) (grouped order: column 0 of an expert's row tiles first) and the
+    zeros land over values already written: caught every run, not by a race. "shipped": the
+    configs as tuned (TMA stores at 128 rows; at 64 rows pointer stores, one program a tile,
+    where the mutant is caught when a partial tile stores after its neighbour). Only a GPU:
+    the interpreter never takes the TMA path. Outputs start NaN (conftest's poison), so an
+    element no tile writes fails too."""
+    import dataclasses
+
+    import warpforge.ops.moe as M
+
+    T, d, n, E, k = 512, 384, 320, 4, 2
+    dtype = torch.bfloat16
+    monkeypatch.setattr(M, "moe_block_m", lambda *a: block_m)
+    monkeypatch.setattr(M, "_TMA_DECODE_MIN_WEIGHTS", 0)
+    used = []
+    real_cfg, real_wgrad = M.moe_tma_config, M._wgrad_tma
+
+    def tma_config(kind, bm=128):
+        cfg = real_cfg(kind, bm)
+        if kind == "wgrad":
+            if config != "shipped":
+                cfg = (dataclasses.replace(cfg[0], store_split=0), 1, False, False)
+            used.append(cfg[0])
+        return cfg
+
+    def one_program(*a, **kw):
+        with monkeypatch.context() as mp:
+            mp.setattr(M, "sm_count", lambda: 1)
+            return real_wgrad(*a, **kw)
+
+    monkeypatch.setattr(M, "moe_tma_config", tma_config)
+    if config != "shipped":
+        monkeypatch.setattr(M, "_wgrad_tma", one_program)
+    _check(*_inputs(T, d, n, E, k, dtype), dtype)
+    assert len(used) == 2, "the TMA weight gradients ran (dW_down, dW_gate_up)"
+    if config != "shipped":
+        assert all(c.store_split == 0 for c in used)
+        assert any(N % c.block_n for N in (n, d) for c in used), "a partial column tile"
