@@ -538,6 +538,83 @@ def test_sm90_bad_metadata_stays_in_bounds(monkeypatch):
 
 
 @sm90_only
+def test_sm90_unvalidated_metadata_exact(monkeypatch):
+    """The Hopper kernel with validate=False, each bad sequence against its exact meaning (the
+    test above only asks for finite values): a block id of -1 and one past the cache drop their
+    pages' tokens (TMA zero-fills those boxes, so a token kept rather than masked scores 0, not
+    -inf, and shifts the softmax), and a length past the capacity attends to exactly the capacity
+    (the table is a slice of a wider one whose next columns hold a valid bait block: a read past
+    the row would add its keys). NaN guard blocks around the caches. A mutation audit of the
+    kernel (NOTES item 146) found each of the three checks (the length clamp, the block id's upper
+    bound, the mask of a -1 page) removable with every other test passing."""
+    import warpforge.ops.decode_attention as DA
+    mod = _sm90()
+    monkeypatch.setattr(heur, "DECODE_SM90_MIN_TOKENS", 0)
+    monkeypatch.setattr(DA, "_PLANS", {})
+    calls = []
+    real = mod.decode_sm90
+    monkeypatch.setattr(mod, "decode_sm90", lambda *a, **k: calls.append(1) or real(*a, **k))
+    hq, hkv, d, page, mb = 32, 8, 128, 16, 6
+    kc, vc, bt, _ = paged(4, mb, page, hkv, d, torch.bfloat16, guard=True)
+    nb = kc.shape[0]
+    bait = min(set(range(nb)) - set(bt.flatten().tolist()))
+    wide = torch.full((4, mb + 2), bait, device=DEVICE, dtype=torch.int32)
+    wide[:, :mb] = bt
+    good = bt.clone()
+    bt = wide[:, :mb]
+    bt[2, 2] = -1                              # sequence 2: its third page dropped
+    bt[3, 0] = nb                              # sequence 3: its first page dropped (the guard block's id)
+    lens = torch.tensor([70, 10**6, 90, 40], device=DEVICE, dtype=torch.int32)
+    # the tokens each sequence keeps, as a valid table and length for the reference
+    ref_bt = good.clone()
+    ref_bt[2, 2:mb - 1] = good[2, 3:]
+    ref_bt[3, :mb - 1] = good[3, 1:]
+    ref_lens = torch.tensor([70, mb * page, 90 - page, 40 - page], device=DEVICE, dtype=torch.int32)
+    q = randn(4, hq, d, dtype=torch.bfloat16)
+    ref = reference(q, kc, vc, ref_bt, ref_lens)
+    for splits in (None, 1, 3):
+        out = decode_attention(q, kc, vc, bt, lens, num_splits=splits, validate=False)
+        for i, what in enumerate(("good", "length past the capacity", "block id -1", "block id past the cache")):
+            assert_close(out[i], ref[i], torch.bfloat16, what=f"{what}, num_splits={splits}")
+    assert len(calls) == 3, "the sm_90 kernel took the calls"
+
+
+@sm90_only
+@pytest.mark.parametrize("why", ["pages of 8", "unaligned caches"])
+def test_sm90_declined_calls_take_triton(why, monkeypatch):
+    """Calls the Hopper kernel must decline (``covers``) go to the Triton kernel, and are right:
+    pages under its 16-token box (a box would run into the next page) and caches whose base is
+    not 16-byte aligned (TMA cannot address them). Both were routed to the Hopper kernel with
+    every other test passing (NOTES item 146)."""
+    import warpforge.ops.decode_attention as DA
+    mod = _sm90()
+    monkeypatch.setattr(heur, "DECODE_SM90_MIN_TOKENS", 0)
+    monkeypatch.setattr(DA, "_PLANS", {})
+    calls = []
+    real = mod.decode_sm90
+    monkeypatch.setattr(mod, "decode_sm90", lambda *a, **k: calls.append(1) or real(*a, **k))
+    hq, hkv, d = 32, 8, 128
+    page = 8 if why == "pages of 8" else 16
+    lens = torch.tensor([300, 1, 77], device=DEVICE, dtype=torch.int32)
+    mb = -(-300 // page)
+    kc, vc, bt, _ = paged(3, mb, page, hkv, d, torch.bfloat16)
+    if why == "unaligned caches":
+        def shifted(t):                        # the same values at a base 2 bytes past a 16-byte boundary
+            buf = torch.empty(t.numel() + 8, device=DEVICE, dtype=t.dtype)
+            out = buf[1:1 + t.numel()].view(t.shape)
+            out.copy_(t)
+            return out
+        kc, vc = shifted(kc), shifted(vc)
+        assert kc.data_ptr() % 16 != 0
+    q = randn(3, hq, d, dtype=torch.bfloat16)
+    ref = reference(q, kc, vc, bt, lens)
+    for splits in (None, 1, 3):
+        assert_close(decode_attention(q, kc, vc, bt, lens, num_splits=splits), ref, torch.bfloat16,
+                     what=f"num_splits={splits}")
+    assert not calls, "the sm_90 kernel declined the calls"
+
+
+@sm90_only
 def test_sm90_pdl_combine(monkeypatch):
     """The combine launched as the Gluon kernel's programmatic dependent (it waits for that grid in
     its first step): the same bits as with PDL off, first call and plan replays, batch 1 (16
