@@ -149,6 +149,10 @@ def test_bad_options_and_meta():
     for fn in (wf.softmax, wf.log_softmax):
         with pytest.raises(TypeError, match="'dtype' must be a torch.dtype or None, got str"):
             fn(x, dtype="float32")
+        for dt in (torch.float64, torch.int32):     # the dtype asked for, named (not 'input' after the cast)
+            with pytest.raises(TypeError, match=f"'dtype' is {str(dt)[6:]}; expected None or one of float32"):
+                fn(x, dtype=dt)
+        assert fn(x, dtype=torch.bfloat16).dtype == torch.bfloat16
         with pytest.raises(IndexError, match="'dim'=5 is out of range for a 0-d tensor"):
             fn(torch.tensor(2.0, device=DEVICE), dim=5)
         y = fn(torch.empty(3, 8, device="meta"))
