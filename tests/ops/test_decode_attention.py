@@ -490,6 +490,19 @@ SM90_CASES = [(32, 8, 128, 16, [4097, 1, 0, 1000, 17], False, torch.int32),
               (6, 2, 128, 16, [129, 0, 1, 3000], False, torch.int32)]
 
 
+def _sm90_calls(monkeypatch) -> list:
+    """Every call the Hopper kernel covers goes to it (no size threshold, no plan left by another
+    test); returns the list its calls append to, so a test can check it ran (or did not)."""
+    import warpforge.ops.decode_attention as DA
+    mod = _sm90()
+    monkeypatch.setattr(DA, "_PLANS", {})
+    monkeypatch.setattr(heur, "DECODE_SM90_MIN_TOKENS", 0)
+    calls = []
+    real = mod.decode_sm90
+    monkeypatch.setattr(mod, "decode_sm90", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
 @sm90_only
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("case", SM90_CASES)
@@ -497,13 +510,7 @@ def test_sm90_decode(case, dtype, monkeypatch):
     """The Hopper kernel (ops/decode_attention_sm90.py) against float64, checked to be the one
     that ran, at its own split plan and at forced counts."""
     hq, hkv, d, page, lens, interleave, bt_dtype = case
-    mod = _sm90()
-    import warpforge.ops.decode_attention as DA
-    monkeypatch.setattr(DA, "_PLANS", {})                     # no replay of another test's plan
-    monkeypatch.setattr(heur, "DECODE_SM90_MIN_TOKENS", 0)    # small cases too
-    calls = []
-    real = mod.decode_sm90
-    monkeypatch.setattr(mod, "decode_sm90", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = _sm90_calls(monkeypatch)
     lens_t = torch.tensor(lens, device=DEVICE, dtype=torch.int32)
     mb = -(-max(lens) // page) + 1
     kc, vc, bt, _ = paged(len(lens), mb, page, hkv, d, dtype, guard=interleave)
@@ -547,13 +554,7 @@ def test_sm90_unvalidated_metadata_exact(monkeypatch):
     the row would add its keys). NaN guard blocks around the caches. A mutation audit of the
     kernel (NOTES item 146) found each of the three checks (the length clamp, the block id's upper
     bound, the mask of a -1 page) removable with every other test passing."""
-    import warpforge.ops.decode_attention as DA
-    mod = _sm90()
-    monkeypatch.setattr(heur, "DECODE_SM90_MIN_TOKENS", 0)
-    monkeypatch.setattr(DA, "_PLANS", {})
-    calls = []
-    real = mod.decode_sm90
-    monkeypatch.setattr(mod, "decode_sm90", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = _sm90_calls(monkeypatch)
     hq, hkv, d, page, mb = 32, 8, 128, 16, 6
     kc, vc, bt, _ = paged(4, mb, page, hkv, d, torch.bfloat16, guard=True)
     nb = kc.shape[0]
@@ -586,13 +587,7 @@ def test_sm90_declined_calls_take_triton(why, monkeypatch):
     pages under its 16-token box (a box would run into the next page) and caches whose base is
     not 16-byte aligned (TMA cannot address them). Both were routed to the Hopper kernel with
     every other test passing (NOTES item 146)."""
-    import warpforge.ops.decode_attention as DA
-    mod = _sm90()
-    monkeypatch.setattr(heur, "DECODE_SM90_MIN_TOKENS", 0)
-    monkeypatch.setattr(DA, "_PLANS", {})
-    calls = []
-    real = mod.decode_sm90
-    monkeypatch.setattr(mod, "decode_sm90", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = _sm90_calls(monkeypatch)
     hq, hkv, d = 32, 8, 128
     page = 8 if why == "pages of 8" else 16
     lens = torch.tensor([300, 1, 77], device=DEVICE, dtype=torch.int32)
