@@ -289,6 +289,22 @@ def test_varlen_compile_dynamic_max_seqlen():
             assert_close(g, r, torch.float32, what=f"compiled {name}, step {step}")
 
 
+def test_varlen_max_seqlen_past_the_total():
+    """max_seqlen is an upper bound (as FlashAttention's): one far past the packed total (2**40,
+    when a caller passes a generous constant) gives the exact call's output and gradients, and
+    sizes no bigger a grid than the total (it sized cdiv(2**40, 128) rows of idle programs: a
+    launch past the grid limit on a GPU, an endless loop under the interpreter)."""
+    lens_q, lens_k = [3, 0, 6], [4, 2, 6]
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, 2, 1, 16, torch.float32)
+    o = wf.attention_varlen(q, k, v, cu_q, cu_k, 2**40, 2**40, causal=True)
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    ref = wf.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
+    assert_close(o, ref, torch.float32, what="out")
+    for name, g, r in zip(("dq", "dk", "dv"), grads, torch.autograd.grad(ref, (q, k, v), do)):
+        assert_close(g, r, torch.float32, what=name)
+
+
 def test_varlen_strided_offsets():
     """cu_seqlens as strided views (every other entry of a wider tensor): the same result as the
     contiguous offsets (the kernels read them densely, so the function copies them)."""

@@ -580,7 +580,10 @@ class _Problem:
         if self.varlen:
             self.B = cu_q.shape[0] - 1
             self.H, self.HK, self.D = q.shape[1], k.shape[1], q.shape[2]
-            self.len_q, self.len_k = max_q, max_k           # grid only; programs read their own
+            # grid only (programs read their own lengths), and no sequence outruns the packed total:
+            # a max_seqlen far past it (FlashAttention takes any upper bound) sized a grid of idle
+            # programs, cdiv(2**40, 128) rows of them for max_seqlen=2**40
+            self.len_q, self.len_k = min(max_q, q.shape[0]), min(max_k, k.shape[0])
             self.total_q, self.total_k = q.shape[0], k.shape[0]
         else:
             self.B, self.H, self.len_q, self.D = q.shape
