@@ -61,7 +61,7 @@ import triton.language as tl
 from .. import runtime
 from ..runtime import interpreting, unit_last_dim
 from ..runtime.amp import autocast_inputs
-from ..runtime.checks import check_finite, check_same, check_tensor, host_sync_unavailable
+from ..runtime.checks import as_index, check_finite, check_same, check_tensor, host_sync_unavailable
 from ..runtime.heuristics import AttentionConfig, attention_config, attention_pattern
 from ..runtime.launch import LaunchCache
 from ..runtime.registry import Op
@@ -1053,13 +1053,10 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     _check_heads(q.shape[1], k.shape[1], True)
     lens = []
     for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if not isinstance(m, (int, torch.SymInt)):
-            # numpy and 0-d tensor integers; not on an int or a SymInt, where Dynamo specialised the
-            # value (a recompile for every distinct max_seqlen under torch.compile)
-            try:
-                m = operator.index(m)
-            except TypeError:
-                raise TypeError(f"warpforge: '{name}' must be an int, got {type(m).__name__}") from None
+        try:
+            m = as_index(m)
+        except TypeError:
+            raise TypeError(f"warpforge: '{name}' must be an int, got {type(m).__name__}") from None
         if m < 0:      # a negative max_seqlen_q sized an empty grid: the output was never written
             raise ValueError(f"warpforge: '{name}' is {m}; expected the longest sequence's length (>= 0)")
         lens.append(m)

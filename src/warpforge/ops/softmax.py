@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ..runtime import fastpath, new_empty
-from ..runtime.checks import FLOAT_DTYPES, check_backend, check_tensor, normalize_dim
+from ..runtime.checks import FLOAT_DTYPES, check_backend, check_tensor, dtype_names, normalize_dim
 from ..runtime.device import device_name, sm_count
 from ..runtime.heuristics import NORM_LOOP_ROWS_PER_SM, softmax_cluster_config, softmax_config
 from ..runtime.registry import Op
@@ -420,10 +420,9 @@ def _softmax_public(x: torch.Tensor, dim: int, dtype: torch.dtype | None, log: b
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"warpforge: 'dtype' must be a torch.dtype or None, got {type(dtype).__name__}")
         if dtype not in FLOAT_DTYPES:      # named here: after the cast, the error blamed 'input'
-            names = ", ".join(str(d).replace("torch.", "") for d in FLOAT_DTYPES)
-            raise TypeError(f"warpforge: 'dtype' is {str(dtype).replace('torch.', '')}; expected None or one of {names}")
+            raise TypeError(f"warpforge: 'dtype' is {str(dtype).replace('torch.', '')}; expected None or one of "
+                            f"{dtype_names(FLOAT_DTYPES)}")
         x = x.to(dtype)
-        check_tensor("input", x, min_dim=0)
     d = normalize_dim("dim", dim, x.dim())       # before the 0-d case: torch takes only dim 0 or -1 there
     if x.dim() == 0:
         return op(x.reshape(1), log).reshape(())

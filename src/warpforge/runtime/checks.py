@@ -20,6 +20,19 @@ def is_finite(v) -> bool:
     return -math.inf < v < math.inf
 
 
+def as_index(v):
+    """An integer size or length argument: an int or a SymInt as it is, anything else through
+    ``operator.index`` (numpy and 0-d tensor integers; TypeError for the rest). operator.index on
+    a SymInt makes Dynamo evaluate it and guard on its value, so torch.compile recompiled for every
+    value (attention_varlen's max_seqlen, a norm's hidden size; NOTES item 144)."""
+    return v if isinstance(v, (int, torch.SymInt)) else operator.index(v)
+
+
+def dtype_names(dtypes: Sequence[torch.dtype]) -> str:
+    """``float32, float16, bfloat16``: dtypes as the error messages name them."""
+    return ", ".join(dict.fromkeys(str(d).replace("torch.", "") for d in dtypes))
+
+
 def host_sync_unavailable(t: torch.Tensor) -> bool:
     """Where a validation's device-to-host copy is impossible, so the check is skipped: while
     torch.compile traces, on meta tensors, and while a CUDA graph captures (the kernels still never
@@ -53,8 +66,8 @@ def check_tensor(name: str, t, *, dtypes: Sequence[torch.dtype] = FLOAT_DTYPES, 
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"warpforge: '{name}' must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
-        names = ", ".join(dict.fromkeys(str(d).replace("torch.", "") for d in dtypes))
-        raise TypeError(f"warpforge: '{name}' has dtype {str(t.dtype).replace('torch.', '')}; expected one of {names}")
+        raise TypeError(f"warpforge: '{name}' has dtype {str(t.dtype).replace('torch.', '')}; expected one of "
+                        f"{dtype_names(dtypes)}")
     if t.dim() < min_dim:
         raise ValueError(f"warpforge: '{name}' must have at least {min_dim} dimension(s), got a {t.dim()}-d tensor")
     check_device(name, t)
@@ -107,10 +120,7 @@ def check_normalized_shape(normalized_shape, x: torch.Tensor) -> int:
     if isinstance(normalized_shape, (int, torch.SymInt)):
         normalized_shape = (normalized_shape,)
     try:
-        # an int or SymInt as it is: operator.index on a SymInt made Dynamo specialise the hidden
-        # size (a recompile for each one under torch.compile(dynamic=True))
-        normalized_shape = tuple(s if isinstance(s, (int, torch.SymInt)) else int(operator.index(s))
-                                 for s in normalized_shape)
+        normalized_shape = tuple(as_index(s) for s in normalized_shape)
     except TypeError:        # None, a float, a string of digits: torch raises too
         raise TypeError(f"warpforge: 'normalized_shape' is {normalized_shape!r}; expected an int or a sequence "
                         f"of ints (as torch.nn.functional.layer_norm)") from None
