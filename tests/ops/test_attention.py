@@ -267,6 +267,15 @@ def test_bad_input():
         wf.attention_varlen(qp, kp, vp, falling, torch.tensor([0, 3, 4, 7], dtype=torch.int32, device=DEVICE), 5, 4)
 
 
+def _same_with_grads(o, ref, inputs, what):
+    """fp32 output ``o`` and its gradients into (q, k, v) ``inputs`` as another call's, ``ref``."""
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, inputs, do)
+    assert_close(o, ref, torch.float32, what=f"{what} out")
+    for name, g, r in zip(("dq", "dk", "dv"), grads, torch.autograd.grad(ref, inputs, do)):
+        assert_close(g, r, torch.float32, what=f"{what} {name}")
+
+
 def test_varlen_compile_dynamic_max_seqlen():
     """torch.compile(dynamic=True, fullgraph=True) over packings whose max_seqlen differs: one
     graph for all (operator.index on the traced max_seqlen specialised it, a recompile for each
@@ -281,12 +290,7 @@ def test_varlen_compile_dynamic_max_seqlen():
         q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, 2, 1, 16, torch.float32)
         with torch._dynamo.config.patch(error_on_recompile=step > 0):
             o = cf(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k))
-        do = torch.randn_like(o)
-        grads = torch.autograd.grad(o, (q, k, v), do)
-        oe = f(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k))
-        assert_close(o, oe, torch.float32, what=f"compiled out, step {step}")
-        for name, g, r in zip(("dq", "dk", "dv"), grads, torch.autograd.grad(oe, (q, k, v), do)):
-            assert_close(g, r, torch.float32, what=f"compiled {name}, step {step}")
+        _same_with_grads(o, f(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k)), (q, k, v), f"compiled, step {step}")
 
 
 def test_varlen_max_seqlen_past_the_total():
@@ -297,12 +301,8 @@ def test_varlen_max_seqlen_past_the_total():
     lens_q, lens_k = [3, 0, 6], [4, 2, 6]
     q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, 2, 1, 16, torch.float32)
     o = wf.attention_varlen(q, k, v, cu_q, cu_k, 2**40, 2**40, causal=True)
-    do = torch.randn_like(o)
-    grads = torch.autograd.grad(o, (q, k, v), do)
     ref = wf.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
-    assert_close(o, ref, torch.float32, what="out")
-    for name, g, r in zip(("dq", "dk", "dv"), grads, torch.autograd.grad(ref, (q, k, v), do)):
-        assert_close(g, r, torch.float32, what=name)
+    _same_with_grads(o, ref, (q, k, v), "max_seqlen 2**40")
 
 
 def test_varlen_strided_offsets():

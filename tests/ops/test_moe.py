@@ -119,6 +119,45 @@ def test_swapped_decode_kernels(monkeypatch, dtype):
     assert_close(out, ref, dtype, what="out")
 
 
+_ALIGN_NAMES = ("sorted_slot", "slot_pos", "tile_expert", "start", "counts")
+
+
+def _align_want(ids: torch.Tensor, E: int, block_m: int) -> tuple:
+    """_align's five outputs built on the host: slots of ids outside [0, E) dropped, every kept
+    slot at its expert's first padded row + its rank among that expert's slots in slot order,
+    padding rows -1, the owner of every tile (-1 past the used ones)."""
+    import warpforge.ops.moe as M
+
+    ids = ids.cpu().long().flatten()
+    S = ids.numel()
+    ok = (ids >= 0) & (ids < E)
+    counts = torch.bincount(ids[ok], minlength=E)
+    tiles = (counts + block_m - 1) // block_m
+    start = torch.cat([torch.zeros(1, dtype=torch.long), tiles.cumsum(0)]) * block_m
+    tiles_max = M._tiles_max(S, E, block_m)
+    owner = torch.full((tiles_max,), -1, dtype=torch.long)
+    owner[:int(tiles.sum())] = torch.repeat_interleave(torch.arange(E), tiles)
+    kept = ok.nonzero().flatten()
+    kept = kept[torch.sort(ids[kept], stable=True).indices]            # by expert, slot order within
+    e = ids[kept]
+    rows = start[e] + torch.arange(kept.numel()) - (counts.cumsum(0) - counts)[e]
+    sorted_slot = torch.full((tiles_max * block_m,), -1, dtype=torch.long)
+    sorted_slot[rows] = kept
+    pos = torch.full((S,), -1, dtype=torch.long)
+    pos[kept] = rows
+    return sorted_slot, pos, owner, start, counts
+
+
+def _assert_align(got: tuple, want: tuple, what: str) -> None:
+    """_align's outputs exactly as :func:`_align_want`'s, the first differing entries named."""
+    for name, o, w in zip(_ALIGN_NAMES, got, want):
+        o = o.cpu().long()
+        assert o.shape == w.shape, f"{what}: {name} has shape {tuple(o.shape)}, want {tuple(w.shape)}"
+        bad = (o != w).nonzero().flatten()
+        assert bad.numel() == 0, (f"{what}: {name} differs at {bad.numel()} of {w.numel()} entries, first "
+                                  f"{bad[:8].tolist()}: got {o[bad[:8]].tolist()}, want {w[bad[:8]].tolist()}")
+
+
 @pytest.mark.parametrize("S,E,block_m", [(1, 5, 16), (77, 5, 16), (128, 60, 16), (300, 5, 64), (512, 60, 16),
                                            (700, 5, 64), (2048, 128, 16), (300, 1100, 16)])
 def test_align_paths(monkeypatch, S, E, block_m):
@@ -131,27 +170,11 @@ def test_align_paths(monkeypatch, S, E, block_m):
 
     g = torch.Generator().manual_seed(S * 100 + E)
     ids = torch.randint(-1, E + 1, (S,), generator=g, dtype=torch.int32)
-    ok = (ids >= 0) & (ids < E)
-    counts = torch.bincount(ids[ok].long(), minlength=E)
-    tiles = (counts + block_m - 1) // block_m
-    start = torch.cat([torch.zeros(1, dtype=torch.long), tiles.cumsum(0)]) * block_m
-    tiles_max = M._tiles_max(S, E, block_m)
-    owner = torch.full((tiles_max,), -1, dtype=torch.long)
-    for e in range(E):
-        owner[start[e] // block_m:start[e + 1] // block_m] = e
-    sorted_slot = torch.full((tiles_max * block_m,), -1, dtype=torch.long)
-    pos = torch.full((S,), -1, dtype=torch.long)
-    for e in range(E):
-        mine = (ids == e).nonzero().flatten()
-        sorted_slot[start[e]:start[e] + mine.numel()] = mine
-        pos[mine] = start[e] + torch.arange(mine.numel())
-    want = (sorted_slot, pos, owner, start, counts)
+    want = _align_want(ids, E, block_m)
     for one_max in (0, 1 << 20):
         monkeypatch.setattr(M, "MOE_ALIGN_ONE_MAX", one_max)
         monkeypatch.setattr(M, "MOE_ALIGN_ONE_WORK", one_max * E)
-        got = M._align(ids.to(DEVICE), E, block_m)
-        for name, w, o in zip(("sorted_slot", "slot_pos", "tile_expert", "start", "counts"), want, got):
-            assert torch.equal(o.cpu().long(), w), f"{name}, one program: {one_max > 0}"
+        _assert_align(M._align(ids.to(DEVICE), E, block_m), want, f"one program: {one_max > 0}")
 
 
 def _transposed_weights(E, d, n, grad=False):
@@ -625,43 +648,6 @@ def test_compile_backward_no_tokens_transposed_weights():
 # GPU-only guards from a mutation audit of ops/moe.py (NOTES items 141, 145): three of these tests
 # each fail on a planted bug the interpreter cannot show; the one-program alignment's is exact only
 # ----------------------------------------------------------------------------------------------
-_ALIGN_NAMES = ("sorted_slot", "slot_pos", "tile_expert", "start", "counts")
-
-
-def _align_want(ids: torch.Tensor, E: int, block_m: int) -> tuple:
-    """_align's five outputs built on the host (as test_align_paths does, vectorised): slots of ids
-    outside [0, E) dropped, every kept slot at its expert's first padded row + its rank among that
-    expert's slots in slot order, padding rows -1, the owner of every tile (-1 past the used ones)."""
-    import warpforge.ops.moe as M
-
-    ids = ids.cpu().long().flatten()
-    S = ids.numel()
-    ok = (ids >= 0) & (ids < E)
-    counts = torch.bincount(ids[ok], minlength=E)
-    tiles = (counts + block_m - 1) // block_m
-    start = torch.cat([torch.zeros(1, dtype=torch.long), tiles.cumsum(0)]) * block_m
-    tiles_max = M._tiles_max(S, E, block_m)
-    owner = torch.full((tiles_max,), -1, dtype=torch.long)
-    owner[:int(tiles.sum())] = torch.repeat_interleave(torch.arange(E), tiles)
-    kept = ok.nonzero().flatten()
-    kept = kept[torch.sort(ids[kept], stable=True).indices]            # by expert, slot order within
-    e = ids[kept]
-    rows = start[e] + torch.arange(kept.numel()) - (counts.cumsum(0) - counts)[e]
-    sorted_slot = torch.full((tiles_max * block_m,), -1, dtype=torch.long)
-    sorted_slot[rows] = kept
-    pos = torch.full((S,), -1, dtype=torch.long)
-    pos[kept] = rows
-    return sorted_slot, pos, owner, start, counts
-
-
-def _assert_align(got: tuple, want: tuple, what: str) -> None:
-    for name, o, w in zip(_ALIGN_NAMES, got, want):
-        o = o.cpu().long()
-        bad = (o != w).nonzero().flatten()
-        assert bad.numel() == 0, (f"{what}: {name} differs at {bad.numel()} of {w.numel()} entries, first "
-                                  f"{bad[:8].tolist()}: got {o[bad[:8]].tolist()}, want {w[bad[:8]].tolist()}")
-
-
 @gpu_only
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_count_kernel_drops_negative_ids(monkeypatch, dtype):
