@@ -421,10 +421,11 @@ def plan(pairs: int, capacity: int, slots: int, token_bytes: int, dram_bytes_per
             best, best_fill = s, fill
         if fill >= FILL:
             break
-    chip_us = pairs * capacity * token_bytes / (STREAM_EFF * dram_bytes_per_s) * 1e6
-    if best > 1 and _modelled_us(pairs, capacity, slots, token_bytes, chip_us, best) >= \
-            _modelled_us(pairs, capacity, slots, token_bytes, chip_us, 1):
-        best = 1
+    if best > 1:
+        chip_us = pairs * capacity * token_bytes / (STREAM_EFF * dram_bytes_per_s) * 1e6
+        if _modelled_us(pairs, capacity, slots, token_bytes, chip_us, best) >= \
+                _modelled_us(pairs, capacity, slots, token_bytes, chip_us, 1):
+            best = 1
     return best, min(pairs * best, slots)
 
 
