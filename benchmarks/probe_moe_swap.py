@@ -9,7 +9,7 @@ kernel's with gate/up at its default, each kernel alone and in the whole call, a
 smaller experts); the shipped route is timed first either way.
 
     python benchmarks/probe_moe_swap.py [--shape mixtral] [--T 256] [--routings balanced,random,zipf]
-        [--force] [--defaults-only]
+        [--force] [--defaults-only] [--up 'TM,TW,BJ,BK,warps,stages;...'] [--down ...]
 """
 import argparse
 
@@ -26,9 +26,19 @@ p.add_argument("--routings", default="balanced,random,zipf")
 p.add_argument("--force", action="store_true")
 p.add_argument("--shape", default="mixtral", choices=sorted(SHAPES))
 p.add_argument("--defaults-only", action="store_true", help="time MOE_SWAP's configs only, no sweep")
+p.add_argument("--up", help="gate/up configs to sweep, 'TM,TW,BJ,BK,warps,stages;...' (default: a built-in list)")
+p.add_argument("--down", help="down configs to sweep, as --up")
 a = p.parse_args()
 UP = [(64, 128, 64, 64, 4, 4), (64, 128, 128, 64, 8, 4), (64, 128, 64, 64, 4, 3), (64, 128, 64, 128, 4, 3)]
 DOWN = [(64, 128, 128, 128, 4, 3), (64, 128, 128, 128, 8, 3), (64, 128, 64, 128, 4, 4), (64, 128, 128, 64, 4, 4)]
+
+
+def configs(text):
+    return [tuple(int(v) for v in c.split(",")) for c in text.split(";") if c.strip()]
+
+
+UP = configs(a.up) if a.up else UP
+DOWN = configs(a.down) if a.down else DOWN
 
 d, n, E, k = SHAPES[a.shape]
 x, w1, w2, _, _ = make(a.T, d, n, E, k)

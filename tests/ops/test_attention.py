@@ -628,7 +628,8 @@ def test_sm90_backward_strided(causal, monkeypatch):
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon backward kernels (ops/attention_sm90.py) run on sm_90 only")
 def test_sm90_backward_deterministic_mode():
-    """Under torch.use_deterministic_algorithms(True) the Hopper backward is bitwise repeatable."""
+    """Under torch.use_deterministic_algorithms(True) the Hopper backward is bitwise repeatable,
+    and right (the repeats alone would pass a kernel that is wrong the same way each time)."""
     q, k, v = _inputs(2, 8, 2, 1000, 1000, 128, torch.bfloat16)
     do = torch.randn(2, 8, 1000, 128, device=DEVICE, dtype=torch.bfloat16)
     saved = torch.are_deterministic_algorithms_enabled()
@@ -642,6 +643,10 @@ def test_sm90_backward_deterministic_mode():
         assert torch.equal(a, b)
     for a, b in zip(runs[0], runs[2]):
         assert torch.equal(a, b)
+    qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
+    orf, _ = attention_reference(qr, kr, vr, is_causal=True, enable_gqa=True)
+    for name, g, r in zip(("dq", "dk", "dv"), runs[0], torch.autograd.grad(orf, (qr, kr, vr), do.double())):
+        assert_close(g, r, torch.bfloat16, scale=2.0, what=f"deterministic {name}")
 
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels (ops/attention_sm90.py) run on sm_90 only")
@@ -664,6 +669,112 @@ def test_sm90_tile_boundaries(shape, causal):
     o.float().sum().backward()
     for t in (q, k, v):
         assert t.grad.shape == t.shape and torch.equal(t.grad, torch.zeros_like(t))
+
+
+class _Launches:
+    """Stands in for a Gluon kernel object: records each launch's grid and options, then launches."""
+
+    def __init__(self, kernel):
+        self.kernel, self.seen = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.seen.append((grid, kw))
+            return self.kernel[grid](*args, **kw)
+        return launch
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernels (ops/attention_sm90.py) run on sm_90 only")
+@pytest.mark.parametrize("shape,causal,route", [
+    ((4, 8, 2, 600, 650, 128), False, "persistent"), ((5, 8, 4, 520, 480, 64), False, "persistent"),
+    ((1, 2, 2, 2100, 2300, 64), False, "tiles"), ((1, 2, 1, 2300, 2100, 128), False, "tiles"),
+    ((1, 2, 1, 2100, 2200, 64), True, "tiles"), ((1, 4, 2, 300, 200, 64), True, "short")],
+    ids=["persistent-d128", "persistent-d64", "tiles-d64-L<S", "tiles-d128-L>S", "causal-d64-long", "short-L>S"])
+def test_sm90_forward_routes(shape, causal, route, monkeypatch):
+    """Each of the Hopper forward's three launches is taken where it should be (checked from the
+    launches themselves) and is right, forward, lse and gradients, on the shapes no other test
+    gave it: the persistent kernel with more work items than SMs over 5 query tiles (which 132
+    does not divide: with 3 tiles a program's items all shared its first item's tile, so a kernel
+    reusing that tile passed), at D 128 and with gradients; a program a tile past
+    PERSISTENT_MAX_LEN non-causal, with L != S both ways; causal D 64 past SHORT_CAUSAL_MAX_LEN
+    (128-key tiles); and the short causal form with L > S."""
+    from warpforge.ops import attention as A
+    sm90 = A._sm90_kernels()
+    pers = _Launches(sm90._attn_fwd_sm90_persistent_kernel)
+    tiles = _Launches(sm90._attn_fwd_sm90_kernel)
+    monkeypatch.setattr(sm90, "_attn_fwd_sm90_persistent_kernel", pers)
+    monkeypatch.setattr(sm90, "_attn_fwd_sm90_kernel", tiles)
+    B, H, HK, L, S, D = shape
+    q, k, v = _inputs(*shape, torch.bfloat16)
+    _check(q, k, v, torch.bfloat16, what=f"route {route}", is_causal=causal, enable_gqa=True)
+    if route == "persistent":
+        assert pers.seen and not tiles.seen
+        items = -(-L // sm90.BLOCK_M) * B * H
+        assert items > pers.seen[0][0][0], "fewer work items than programs: one item a program"
+    else:
+        assert tiles.seen and not pers.seen
+        short = tiles.seen[0][1]["maxnreg"] == sm90.SHORT_CAUSAL["maxnreg"]
+        assert short == (route == "short")
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon backward kernels (ops/attention_sm90.py) run on sm_90 only")
+@pytest.mark.parametrize("causal", [False, True])
+def test_sm90_backward_reverse_order(causal, monkeypatch):
+    """The fused backward's REVERSE option (key tiles walked last to first, which the probes
+    time) computes the same gradients: the forward order's dK and dV bit for bit (a key tile's
+    sums do not depend on the order of the programs), dQ within rounding, all against float64."""
+    from functools import partial
+    from warpforge.ops import attention as A
+    sm90 = A._sm90_kernels()
+    q, k, v = _inputs(1, 4, 2, 700, 900, 128, torch.bfloat16)
+    do = torch.randn(1, 4, 700, 128, device=DEVICE, dtype=torch.bfloat16)
+    run = lambda: torch.autograd.grad(  # noqa: E731
+        wf.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True), (q, k, v), do)
+    fwd = run()
+    monkeypatch.setattr(sm90, "attention_bwd_fused_sm90", partial(sm90.attention_bwd_fused_sm90, reverse=True))
+    rev = run()
+    assert torch.equal(rev[1], fwd[1]) and torch.equal(rev[2], fwd[2])
+    qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
+    orf, _ = attention_reference(qr, kr, vr, is_causal=causal, enable_gqa=True)
+    for name, g, r in zip(("dq", "dk", "dv"), rev, torch.autograd.grad(orf, (qr, kr, vr), do.double())):
+        assert_close(g, r, torch.bfloat16, scale=2.0, what=f"reverse {name}")
+
+
+@gpu_only
+def test_covered_call_with_broadcast_gradient(monkeypatch):
+    """A gradient handed in as an expanded tensor (o.backward(w.expand_as(o)): zero strides, as
+    autograd passes it on) cannot be addressed by a TMA descriptor: a call the Hopper kernels
+    cover otherwise must send that backward to the Triton kernels (checked on Hopper), and be
+    right. (A loss (o * w).sum() does not test this: its Mul backward materialises dO.)"""
+    q, k, v = _inputs(1, 4, 2, 300, 300, 128, torch.bfloat16)
+    fused = []
+    sm90 = None
+    if _hopper():
+        from warpforge.ops import attention as A
+        sm90 = A._sm90_kernels()
+        real = sm90.attention_bwd_fused_sm90
+        monkeypatch.setattr(sm90, "attention_bwd_fused_sm90", lambda *a, **kw: (fused.append(1), real(*a, **kw)))
+    w = torch.randn(128, device=DEVICE, dtype=torch.bfloat16)
+    o = wf.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    do = w.expand_as(o)
+    assert do.stride()[:-1] == (0, 0, 0)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
+    orf, _ = attention_reference(qr, kr, vr, is_causal=True, enable_gqa=True)
+    rgrads = torch.autograd.grad(orf, (qr, kr, vr), do.double())
+    for name, g, r in zip(("dq", "dk", "dv"), grads, rgrads):
+        assert_close(g, r, torch.bfloat16, scale=2.0, what=f"broadcast dO {name}")
+    assert not fused, "an expanded dO reached the TMA kernel"
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("window,causal", [((0, 0), False), ((0, 3), False), ((5, 0), True)])
+def test_window_left_zero_half_precision(window, causal, D):
+    """Windows with a left bound of 0 (or a right bound) in bf16 at head dims 64 and 128, where the
+    Hopper kernels would take a dense call: they must decline it (they have no window) and the
+    Triton kernels keep the bound (0 is a bound, -1 unbounded)."""
+    q, k, v = _inputs(1, 2, 1, 37, 41, D, torch.bfloat16)
+    _check(q, k, v, torch.bfloat16, what=f"window {window}", window_size=window, is_causal=causal, enable_gqa=True)
 
 
 def test_sm90_tma_contract():
