@@ -307,6 +307,29 @@ def test_cluster_norm_backward(cfg, m, rms):
             assert_close(db, rdb, torch.float32, scale=50, what=f"{cfg} m={m} parts={parts} db")
 
 
+@needs_hopper
+@pytest.mark.parametrize("cfg,m", [((2, 128, 1, 2, 2), 5), ((2, 256, 8, 1, 3), 301), ((8, 256, 4, 2, 3), 67)], ids=str)
+@pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
+def test_cluster_norm_backward_strided_rows(cfg, m, rms):
+    """x and dy as column slices of buffers of different widths (each its own row stride, as a
+    gradient narrowed out of a concatenation arrives): every other backward test gave the two
+    the same stride, so a kernel reading dy's rows with x's stride passed them (NOTES item 153)."""
+    c, t, v, _, _ = cfg
+    n = c * t * v * 8
+    dtype = torch.bfloat16
+    x = (torch.randn(m, n + 64, device=DEV) * 2 + 0.5).to(dtype)[:, 32:32 + n]
+    dy = torch.randn(m, n + 256, device=DEV).to(dtype)[:, 128:128 + n]
+    assert x.stride(0) != dy.stride(0) != n
+    w = (torch.rand(n, device=DEV) + 0.5).to(dtype)
+    b = None if rms else torch.randn(n, device=DEV).to(dtype)
+    (rdx, rdw, rdb), mean, rstd = reference_bwd(x, dy, w, b, rms)
+    dx, dw, db = cluster_bwd(x, dy, w, mean, rstd, rms, not rms, cfg, max(1, 132 // c))
+    assert_close(dx, rdx, dtype, scale=2, what=f"{cfg} m={m} dx")
+    assert_close(dw, rdw, torch.float32, scale=50, what=f"{cfg} m={m} dw")
+    if not rms:
+        assert_close(db, rdb, torch.float32, scale=50, what=f"{cfg} m={m} db")
+
+
 # add+RMSNorm's backward (a residual gradient added to dx): the shapes the kernel instantiates it at
 # (256 threads, 1 or 2 rows a group, at most 8 vectors a thread over them), RMSNorm's two H200
 # route shapes (65K: 8 x 256 x 4, 2 rows; 262K: 16 x 256 x 8, 1 row) among them
@@ -317,8 +340,12 @@ DSUM_SHAPES = [
 
 
 @needs_hopper
+@pytest.mark.parametrize("offset", [0.0, 1.0])
 @pytest.mark.parametrize("cfg,m", DSUM_SHAPES, ids=str)
-def test_cluster_norm_backward_residual_grad(cfg, m):
+def test_cluster_norm_backward_residual_grad(cfg, m, offset):
+    """offset 1.0 (Gemma's 1 + w) also on the kernels that hold w packed in registers (1 row a
+    group, 8 vectors a thread): every other offset test reached only the fp32-held weight, so a
+    packed weight adding the offset to every other element passed them (NOTES item 153)."""
     c, t, v, _, _ = cfg
     n = c * t * v * 8
     dtype = torch.float16 if m == 5 else torch.bfloat16
@@ -327,13 +354,13 @@ def test_cluster_norm_backward_residual_grad(cfg, m):
     w = (torch.rand(n, device=DEV) + 0.5).to(dtype)
     # a strided dsum (rows of a wider buffer): its own row stride
     ds = (torch.randn(m, n + 64, device=DEV) * 3).to(dtype)[:, 32:32 + n]
-    (rdx, rdw, _), _, rstd = reference_bwd(x, dy, w, None, True)
+    (rdx, rdw, _), _, rstd = reference_bwd(x, dy, w, None, True, offset)
     for parts in sorted({max(1, 132 // c), 3}):
-        dx, dw, _ = cluster_bwd(x, dy, w, None, rstd, True, False, cfg, parts, ds=ds)
+        dx, dw, _ = cluster_bwd(x, dy, w, None, rstd, True, False, cfg, parts, offset, ds=ds)
         assert_close(dx, rdx + ds.double(), dtype, scale=2, what=f"{cfg} m={m} parts={parts} dx")
         assert_close(dw, rdw, torch.float32, scale=50, what=f"{cfg} m={m} parts={parts} dw")
     # and without it, the same call gives the plain gradient (the kernel without dsum)
-    dx, _, _ = cluster_bwd(x, dy, w, None, rstd, True, False, cfg, 3)
+    dx, _, _ = cluster_bwd(x, dy, w, None, rstd, True, False, cfg, 3, offset)
     assert_close(dx, rdx, dtype, scale=2, what=f"{cfg} m={m} no dsum")
 
 
@@ -485,6 +512,24 @@ def test_norm_backward_routes_to_cluster_kernel(small_bwd_route, op):
     assert_close(w.grad, w64.grad, torch.bfloat16, scale=2, what="dw")
     if op == "layer":
         assert_close(b.grad, b64.grad, torch.bfloat16, scale=2, what="db")
+
+
+@needs_hopper
+def test_norm_backward_route_narrowed_gradient(small_bwd_route):
+    """y concatenated with another tensor: the backward hands the norm a dy narrowed out of the
+    concatenation's gradient (row stride 2n, x's n). The route takes it and the gradients are right."""
+    n = 2048
+    x = torch.randn(12, n, device=DEV).to(torch.bfloat16).requires_grad_()
+    w = (torch.rand(n, device=DEV) + 0.5).to(torch.bfloat16).requires_grad_()
+    x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+    y = wf.rms_norm(x, (n,), w, eps=1e-6)
+    ref = x64 * (x64.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt() * w64
+    g = torch.randn(12, 2 * n, device=DEV).to(torch.bfloat16)
+    torch.cat([y, torch.zeros_like(y)], -1).backward(g)
+    ref.backward(g[:, :n].double())
+    assert small_bwd_route == [(2, 128, 1, 2, 2)]
+    assert_close(x.grad, x64.grad, torch.bfloat16, scale=2, what="dx")
+    assert_close(w.grad, w64.grad, torch.bfloat16, scale=2, what="dw")
 
 
 @needs_hopper
