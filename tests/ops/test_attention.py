@@ -340,9 +340,7 @@ def test_batch_past_the_grid_limit_runs_in_slices(monkeypatch):
         gp = torch.autograd.grad(op, (qp, kp, vp), torch.randn_like(op))
         return (o, lse, *grads, op, *gp)
 
-    calls = []
-    real = A._attention_fwd_into
-    monkeypatch.setattr(A, "_attention_fwd_into", lambda *a: calls.append(1) or real(*a))
+    calls = _spy(monkeypatch, A, "_attention_fwd_into")
     sliced = run(5)
     assert len(calls) == 3 + 4, "one forward launch set a slice: 3 dense (one batch each), 4 packed"
     for got, want in zip(sliced, run(65535)):
@@ -531,6 +529,13 @@ def _hopper():
     return ON_GPU and torch.cuda.get_device_capability()[0] == 9
 
 
+def _spy(monkeypatch, obj, name: str) -> list:
+    """Replaces ``obj.name`` with a wrapper that calls it and appends 1 to the returned list."""
+    calls, real = [], getattr(obj, name)
+    monkeypatch.setattr(obj, name, lambda *a, **kw: (calls.append(1), real(*a, **kw))[1])
+    return calls
+
+
 @pytest.mark.skipif(not _hopper(), reason="the Gluon forward (ops/attention_sm90.py) runs on sm_90 only")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal", [False, True])
@@ -544,9 +549,7 @@ def test_sm90_forward(shape, causal, dtype, monkeypatch):
     from warpforge.ops import attention as A
     sm90 = A._sm90_kernels()
     assert sm90 is not None, "Gluon's Hopper API did not import"
-    calls = []
-    real = sm90.attention_fwd_sm90
-    monkeypatch.setattr(sm90, "attention_fwd_sm90", lambda *a, **kw: (calls.append(1), real(*a, **kw)))
+    calls = _spy(monkeypatch, sm90, "attention_fwd_sm90")
     q, k, v = _inputs(*shape, dtype, grad=False)
     o, lse = wf.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True, return_lse=True)
     assert calls, "the call did not take the sm90 kernel"
@@ -596,10 +599,8 @@ def test_sm90_backward(shape, dtype, causal, form, monkeypatch):
     match the float64 reference: ragged ends, L != S both ways, GQA/MQA, D 64 and 128."""
     from warpforge.ops import attention as A
     sm90 = A._sm90_kernels()
-    calls = []
     name = "attention_bwd_fused_sm90" if form == "fused" else "attention_bwd_dq_sm90"
-    real = getattr(sm90, name)
-    monkeypatch.setattr(sm90, name, lambda *a, **kw: (calls.append(1), real(*a, **kw)))
+    calls = _spy(monkeypatch, sm90, name)
     q, k, v = _inputs(*shape, dtype)
     saved = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(form == "deterministic", warn_only=True)
@@ -617,9 +618,7 @@ def test_sm90_backward_strided(causal, monkeypatch):
     (checked) through strided TMA descriptors, and dq, dk, dv come back in that layout, correct."""
     from warpforge.ops import attention as A
     sm90 = A._sm90_kernels()
-    calls = []
-    real = sm90.attention_bwd_fused_sm90
-    monkeypatch.setattr(sm90, "attention_bwd_fused_sm90", lambda *a, **kw: (calls.append(1), real(*a, **kw)))
+    calls = _spy(monkeypatch, sm90, "attention_bwd_fused_sm90")
     qkv = randn(2, 333, 3, 4, 128, dtype=torch.bfloat16, requires_grad=True)
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
     _check(q, k, v, torch.bfloat16, what="sm90 strided bwd", is_causal=causal)
@@ -748,12 +747,9 @@ def test_covered_call_with_broadcast_gradient(monkeypatch):
     right. (A loss (o * w).sum() does not test this: its Mul backward materialises dO.)"""
     q, k, v = _inputs(1, 4, 2, 300, 300, 128, torch.bfloat16)
     fused = []
-    sm90 = None
     if _hopper():
         from warpforge.ops import attention as A
-        sm90 = A._sm90_kernels()
-        real = sm90.attention_bwd_fused_sm90
-        monkeypatch.setattr(sm90, "attention_bwd_fused_sm90", lambda *a, **kw: (fused.append(1), real(*a, **kw)))
+        fused = _spy(monkeypatch, A._sm90_kernels(), "attention_bwd_fused_sm90")
     w = torch.randn(128, device=DEVICE, dtype=torch.bfloat16)
     o = wf.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     do = w.expand_as(o)
