@@ -43,6 +43,15 @@ def _check(q, k, v, dtype, what="", ref_kw=None, **kw):
         assert_close(g, r, dtype, scale=2.0, what=f"{what} {name}")
 
 
+def _check_grads(grads, q, k, v, do, dtype, what, **ref_kw):
+    """A call's dq, dk, dv ``grads`` for upstream gradient ``do`` against attention_reference's in
+    float64 (``ref_kw``: the reference's options)."""
+    qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
+    orf, _ = attention_reference(qr, kr, vr, **ref_kw)
+    for name, g, r in zip(("dq", "dk", "dv"), grads, torch.autograd.grad(orf, (qr, kr, vr), do.double())):
+        assert_close(g, r, dtype, scale=2.0, what=f"{what} {name}")
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
@@ -642,10 +651,7 @@ def test_sm90_backward_deterministic_mode():
         assert torch.equal(a, b)
     for a, b in zip(runs[0], runs[2]):
         assert torch.equal(a, b)
-    qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
-    orf, _ = attention_reference(qr, kr, vr, is_causal=True, enable_gqa=True)
-    for name, g, r in zip(("dq", "dk", "dv"), runs[0], torch.autograd.grad(orf, (qr, kr, vr), do.double())):
-        assert_close(g, r, torch.bfloat16, scale=2.0, what=f"deterministic {name}")
+    _check_grads(runs[0], q, k, v, do, torch.bfloat16, "deterministic", is_causal=True, enable_gqa=True)
 
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels (ops/attention_sm90.py) run on sm_90 only")
@@ -733,10 +739,7 @@ def test_sm90_backward_reverse_order(causal, monkeypatch):
     monkeypatch.setattr(sm90, "attention_bwd_fused_sm90", partial(sm90.attention_bwd_fused_sm90, reverse=True))
     rev = run()
     assert torch.equal(rev[1], fwd[1]) and torch.equal(rev[2], fwd[2])
-    qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
-    orf, _ = attention_reference(qr, kr, vr, is_causal=causal, enable_gqa=True)
-    for name, g, r in zip(("dq", "dk", "dv"), rev, torch.autograd.grad(orf, (qr, kr, vr), do.double())):
-        assert_close(g, r, torch.bfloat16, scale=2.0, what=f"reverse {name}")
+    _check_grads(rev, q, k, v, do, torch.bfloat16, "reverse", is_causal=causal, enable_gqa=True)
 
 
 @gpu_only
@@ -755,11 +758,7 @@ def test_covered_call_with_broadcast_gradient(monkeypatch):
     do = w.expand_as(o)
     assert do.stride()[:-1] == (0, 0, 0)
     grads = torch.autograd.grad(o, (q, k, v), do)
-    qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
-    orf, _ = attention_reference(qr, kr, vr, is_causal=True, enable_gqa=True)
-    rgrads = torch.autograd.grad(orf, (qr, kr, vr), do.double())
-    for name, g, r in zip(("dq", "dk", "dv"), grads, rgrads):
-        assert_close(g, r, torch.bfloat16, scale=2.0, what=f"broadcast dO {name}")
+    _check_grads(grads, q, k, v, do, torch.bfloat16, "broadcast dO", is_causal=True, enable_gqa=True)
     assert not fused, "an expanded dO reached the TMA kernel"
 
 
