@@ -4,13 +4,15 @@ Observed under the interpreter (fp32 dots for bf16, which it truncates): fp32 <=
 4e-4, bf16 <= 8e-3 on outputs and all three gradients; conftest's TOL (2e-5, 3e-3, 2e-2) sits
 5-50x above, a missed mask or rescale lands at 1e-1 or more.
 """
+import functools
+
 import numpy as np
 import pytest
 import torch
 import triton.language as tl
 
 import warpforge as wf
-from warpforge.ops.attention import attention_op, attention_reference
+from warpforge.ops.attention import attention_op, attention_reference, dropout_keep_mask, dropout_seed
 from conftest import DTYPES, ON_GPU, DEVICE, assert_close, gpu_only, noncontig, randn
 
 # (B, Hq, Hkv, L, S, D): one query and key, odd lengths, L != S both ways, GQA and MQA, D not a power of 2
@@ -206,8 +208,10 @@ def test_compile_fullgraph_and_opcheck():
     ref = torch.autograd.grad(f(q, k, v), (q, k, v))
     for g, r in zip(grads, ref):
         assert_close(g, r, torch.float32)
-    args = (q.detach(), k.detach(), v.detach(), None, None, None, 13, 20, 0.25, -1, 0, False)
+    args = (q.detach(), k.detach(), v.detach(), None, None, None, 13, 20, 0.25, -1, 0, False, 0.0, None)
     torch.library.opcheck(attention_op.overload, args, test_utils=("test_schema", "test_faketensor"))
+    seed = torch.tensor([7], dtype=torch.int64, device=DEVICE)
+    torch.library.opcheck(attention_op.overload, (*args[:-2], 0.25, seed), test_utils=("test_schema", "test_faketensor"))
 
 
 @gpu_only
@@ -232,8 +236,11 @@ def test_bad_input():
         sdpa(q, k, v)
     with pytest.raises(ValueError, match="4 query heads cannot be grouped over 3"):
         sdpa(q, randn(1, 3, 8, 16), randn(1, 3, 8, 16), enable_gqa=True)
-    with pytest.raises(ValueError, match="dropout_p=0.1 is not supported"):
-        sdpa(q, k, v, dropout_p=0.1, enable_gqa=True)
+    for p in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="'dropout_p' is .*; expected a probability in \\[0, 1\\]"):
+            sdpa(q, k, v, dropout_p=p, enable_gqa=True)
+    with pytest.raises(TypeError, match="'dropout_p' must be a float, got str"):
+        sdpa(q, k, v, dropout_p="0.1", enable_gqa=True)
     with pytest.raises(ValueError, match="either 'attn_mask' or is_causal"):
         sdpa(q, k, v, attn_mask=torch.ones(8, 8, dtype=torch.bool, device=DEVICE), is_causal=True, enable_gqa=True)
     with pytest.raises(ValueError, match="'attn_mask' of shape \\(5, 8\\) cannot broadcast"):
@@ -331,7 +338,8 @@ def test_varlen_strided_offsets():
 def test_batch_past_the_grid_limit_runs_in_slices(monkeypatch):
     """A batch x heads count past the launch grid's y extent (65,535) runs as launches over batch
     slices (dense: views; packed: slices of cu_seqlens). The limit lowered to 5 here: outputs, lse
-    and every gradient equal to the unsliced run, dense (a bool mask, GQA, causal) and packed."""
+    and every gradient equal to the unsliced run, dense (a bool mask, GQA, causal) and packed, with
+    dropout (a slice's programs draw the mask of their whole-call batch index)."""
     import warpforge.ops.attention as A
 
     def run(limit):
@@ -340,12 +348,13 @@ def test_batch_past_the_grid_limit_runs_in_slices(monkeypatch):
         q, k, v = _inputs(3, 4, 2, 9, 11, 16, torch.float32)
         mask = torch.rand(3, 1, 9, 11, device=DEVICE) > 0.3
         mask[..., 0] = True
-        o, lse = wf.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True, return_lse=True)
+        o, lse = wf.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True, return_lse=True,
+                                                 dropout_p=0.3)
         do = torch.randn_like(o)
         grads = torch.autograd.grad(o, (q, k, v), do)
         lens = [5, 0, 7, 3]
         qp, kp, vp, cu, _ = _packed(lens, lens, 4, 2, 16, torch.float32)
-        op = wf.attention_varlen(qp, kp, vp, cu, cu, max(lens), max(lens), causal=True)
+        op = wf.attention_varlen(qp, kp, vp, cu, cu, max(lens), max(lens), causal=True, dropout_p=0.3)
         gp = torch.autograd.grad(op, (qp, kp, vp), torch.randn_like(op))
         return (o, lse, *grads, op, *gp)
 
@@ -490,7 +499,7 @@ def test_fake_layout_of_permuted_views_past_the_32bit_limit(monkeypatch):
     monkeypatch.setattr(A, "ROW_STRIDE_LIMIT", 64)
     L, B, H, D = 5, 2, 3, 16                                   # row stride B*H*D = 96 >= 64
     q, k, v = (randn(L, B, H, D, dtype=torch.float32).permute(1, 2, 0, 3) for _ in range(3))
-    args = (L, L, 0.25, -1, 0, False)
+    args = (L, L, 0.25, -1, 0, False, 0.0, None)
     torch.library.opcheck(attention_op.overload, (q, k, v, None, None, None, *args),
                           test_utils=("test_schema", "test_faketensor"))
     o, lse = attention_op.overload(q, k, v, None, None, None, *args)
@@ -826,3 +835,190 @@ def test_bad_options_audit():
     o, lse = vl(*meta, 3, 4, return_lse=True)
     assert o.shape == qp.shape and lse.shape == (2, 5), f"packed lse {tuple(lse.shape)}: expected (heads, total_q)"
     assert sdpa(*(t.to("meta") for t in (q, k, v))).shape == q.shape
+
+
+# ----------------------------------------------------------------------------------------------
+# Dropout
+# ----------------------------------------------------------------------------------------------
+def _call_seed(torch_seed: int):
+    """The Philox key a dropout call made right after torch.manual_seed(torch_seed) draws."""
+    torch.manual_seed(torch_seed)
+    return dropout_seed(torch.device(DEVICE))
+
+
+def test_dropout_mask_statistics():
+    """The mask the kernels draw: each score kept with probability 1 - p (within 5 sigma over 64K
+    scores), neighbours independent (the four keys of a Philox draw take its four numbers: a key
+    group sharing one number would correlate adjacent keys fully), a different mask for every
+    batch entry, head and row, a new one for a new key, the same one for the same key; p = 0 keeps
+    all, p = 1 none."""
+    seed = _call_seed(0)
+    B, H, L, S = 2, 4, 32, 256
+    for p in (0.1, 0.5, 0.9):
+        keep = dropout_keep_mask(seed, B, H, L, S, p).float()
+        n = keep.numel()
+        assert abs(keep.mean().item() - (1 - p)) < 5 * (p * (1 - p) / n) ** 0.5, f"p={p}: kept {keep.mean():.4f}"
+        x = keep - keep.mean()
+        for name, a, b in (("keys", x[..., :-1], x[..., 1:]), ("keys 4 apart", x[..., :-4], x[..., 4:]),
+                           ("rows", x[..., :-1, :], x[..., 1:, :]), ("heads", x[:, :-1], x[:, 1:]),
+                           ("batch", x[:-1], x[1:])):
+            corr = (a * b).mean() / (x * x).mean()
+            assert abs(corr.item()) < 0.05, f"p={p}: {name} correlate ({corr:.3f})"
+    assert torch.equal(dropout_keep_mask(seed, B, H, L, S, 0.3), dropout_keep_mask(seed.clone(), B, H, L, S, 0.3))
+    other = dropout_keep_mask(_call_seed(1), B, H, L, S, 0.3)
+    assert (other != dropout_keep_mask(seed, B, H, L, S, 0.3)).float().mean() > 0.3
+    assert dropout_keep_mask(seed, B, H, L, S, 0.0).all()
+    assert not dropout_keep_mask(seed, B, H, L, S, 1.0).any()
+
+
+def _check_dropout(q, k, v, dtype, p, what, **kw):
+    """A dropout call's output, lse and gradients against attention_reference with the mask the
+    call drew (rebuilt from the same torch seed)."""
+    B, H, L = q.shape[:3]
+    S = k.shape[2]
+    torch.manual_seed(11)
+    o, lse = wf.scaled_dot_product_attention(q, k, v, dropout_p=p, return_lse=True, **kw)
+    keep = dropout_keep_mask(_call_seed(11), B, H, L, S, p)
+    ref_kw = dict(is_causal=kw.get("is_causal", False), attn_mask=kw.get("attn_mask"),
+                  window_size=kw.get("window_size"))
+    qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
+    orf, lref = attention_reference(qr, kr, vr, dropout_keep=keep, dropout_p=p, **ref_kw)
+    assert_close(o, orf, dtype, what=f"{what} out")
+    assert_close(lse, lref, torch.float32, scale=10.0, what=f"{what} lse (undropped)")
+    # a draw between the forward and the backward must not move the backward's mask
+    torch.rand(3, device=DEVICE)
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    for name, g, r in zip(("dq", "dk", "dv"), grads, torch.autograd.grad(orf, (qr, kr, vr), do.double())):
+        assert_close(g, r, dtype, scale=2.0, what=f"{what} {name}")
+    # and the mask matters: the reference without it is far off
+    assert (o.double() - attention_reference(qr, kr, vr, **ref_kw)[0]).norm() > 0.05 * orf.norm()
+
+
+DROPOUT_SHAPES = [(2, 4, 2, 17, 23, 16), (1, 3, 1, 40, 9, 32)]
+if ON_GPU:
+    DROPOUT_SHAPES += [(2, 8, 2, 1000, 1000, 64), (1, 4, 4, 300, 4097, 128)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] + ([torch.float16] if ON_GPU else []))
+@pytest.mark.parametrize("shape", DROPOUT_SHAPES)
+def test_dropout_forward_backward(shape, dtype, causal):
+    """Dropout's output and three gradients against the float64 reference with the same mask:
+    odd lengths, L != S, GQA and MQA; on the GPU, bar-like head dims (the Hopper calls go to the
+    Triton kernels with dropout)."""
+    q, k, v = _inputs(*shape, dtype)
+    _check_dropout(q, k, v, dtype, 0.2, f"p=0.2 {shape}", is_causal=causal, enable_gqa=True)
+
+
+@pytest.mark.parametrize("kw", [dict(attn_mask="bool"), dict(attn_mask="float"), dict(window_size=(5, 2))])
+def test_dropout_with_masks_and_windows(kw):
+    """Dropout on the masked paths (every tile masked) and a sliding window."""
+    q, k, v = _inputs(1, 2, 2, 19, 21, 16, torch.float32)
+    if kw.get("attn_mask") == "bool":
+        mask = torch.rand(19, 21, device=DEVICE) > 0.4
+        mask[:, 0] = True
+        kw = dict(attn_mask=mask)
+    elif kw.get("attn_mask") == "float":
+        kw = dict(attn_mask=randn(2, 19, 21))
+    _check_dropout(q, k, v, torch.float32, 0.35, str(sorted(kw)), **kw)
+
+
+def test_dropout_extremes_and_reproducibility():
+    """p = 0 is the plain call, bit for bit; p = 1 drops everything (zeros, zero gradients); the
+    same torch seed gives the same output, the next call a new mask; a generator draws the key."""
+    q, k, v = _inputs(1, 2, 1, 13, 30, 16, torch.float32)
+    sdpa = functools.partial(wf.scaled_dot_product_attention, enable_gqa=True)
+    assert torch.equal(sdpa(q, k, v, dropout_p=0.0), sdpa(q, k, v))
+    o = sdpa(q, k, v, dropout_p=1.0)
+    assert torch.equal(o, torch.zeros_like(o))
+    for g in torch.autograd.grad(o, (q, k, v), torch.randn_like(o)):
+        assert torch.equal(g, torch.zeros_like(g))
+    torch.manual_seed(4)
+    a, b = sdpa(q, k, v, dropout_p=0.5), sdpa(q, k, v, dropout_p=0.5)
+    torch.manual_seed(4)
+    assert torch.equal(sdpa(q, k, v, dropout_p=0.5), a)
+    assert not torch.equal(a, b), "the second call must draw a new mask"
+    gen = torch.Generator(DEVICE).manual_seed(9)
+    c = sdpa(q, k, v, dropout_p=0.5, generator=gen)
+    gen.manual_seed(9)
+    assert torch.equal(sdpa(q, k, v, dropout_p=0.5, generator=gen), c)
+    keep = dropout_keep_mask(dropout_seed(torch.device(DEVICE), torch.Generator(DEVICE).manual_seed(9)), 1, 2, 13, 30, 0.5)
+    assert_close(c, attention_reference(q, k, v, enable_gqa=True, dropout_keep=keep, dropout_p=0.5)[0], torch.float32)
+
+
+def test_dropout_varlen():
+    """Packed sequences (one empty, one of length 1) with dropout: sequence b takes batch entry b's
+    mask over its own positions, against the per-sequence reference; forward and gradients."""
+    lens_q, lens_k = [5, 0, 1, 23, 12], [5, 3, 1, 26, 9]
+    H, p = 4, 0.25
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, H, 2, 16, torch.float32)
+    torch.manual_seed(2)
+    o = wf.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True, dropout_p=p)
+    keep = dropout_keep_mask(_call_seed(2), len(lens_q), H, max(lens_q), max(lens_k), p)
+    qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
+    outs = []
+    for b in range(len(lens_q)):
+        sq, sk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        ob, _ = attention_reference(qr[sq].transpose(0, 1), kr[sk].transpose(0, 1), vr[sk].transpose(0, 1),
+                                    is_causal=True, bottom_right=True, enable_gqa=True,
+                                    dropout_keep=keep[b, :, :lens_q[b], :lens_k[b]], dropout_p=p)
+        outs.append(ob.transpose(0, 1))
+    orf = torch.cat(outs)
+    assert_close(o, orf, torch.float32, what="out")
+    do = torch.randn_like(o)
+    for name, g, r in zip(("dq", "dk", "dv"), torch.autograd.grad(o, (q, k, v), do),
+                          torch.autograd.grad(orf, (qr, kr, vr), do.double())):
+        assert_close(g, r, torch.float32, scale=2.0, what=name)
+
+
+def test_dropout_compile_fullgraph():
+    """Under torch.compile(fullgraph=True) the key is drawn in the graph: with Inductor's
+    fallback_random (its RNG then matches eager's), the compiled forward and gradients equal the
+    eager call's from the same torch seed."""
+    q, k, v = _inputs(1, 2, 1, 13, 20, 16, torch.float32)
+
+    def f(q, k, v):
+        return wf.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, dropout_p=0.3)
+
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fallback_random=True):
+        torch.manual_seed(6)
+        o = torch.compile(f, fullgraph=True)(q, k, v)
+    torch.manual_seed(6)
+    _same_with_grads(o, f(q, k, v), (q, k, v), "compiled dropout")
+
+
+@gpu_only
+def test_dropout_cuda_graph_replays_draw_new_masks():
+    """Captured in a CUDA graph, a dropout call draws its key in the graph: each replay a new mask
+    (as torch's dropout), never NaN, and the backward captured with it takes its replay's mask:
+    with gv = d sum(o) / dv, the column sums of the kept, scaled probabilities, sum(gv * v) equals
+    sum(o) only when both used the same mask (another mask misses by about sum(o) itself)."""
+    q, k, v = _inputs(2, 4, 4, 128, 128, 64, torch.bfloat16, grad=False)
+    v = v.detach().requires_grad_()
+    static = {}
+
+    def step():
+        o = wf.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+        (gv,) = torch.autograd.grad(o.float().sum(), (v,))
+        static["o"], static["gv"] = o, gv
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()                                      # warm-up: compile outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    outs = []
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        o, gv = static["o"].float().clone(), static["gv"].float().clone()
+        assert o.isfinite().all() and gv.isfinite().all()
+        # sum(o) = sum over (b, h, i, j) of P'_ij v_j . 1 = sum over (b, h, j) of gv_j . 1: same mask
+        assert torch.allclose(o.sum(), (gv * v.float()).sum(), rtol=2e-2, atol=1.0)
+        outs.append(o)
+    assert not torch.equal(outs[0], outs[1]) and not torch.equal(outs[1], outs[2])

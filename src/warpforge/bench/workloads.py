@@ -153,6 +153,9 @@ class Workload:
     # a 100 ms measurement -- moves by 5-10% between consecutive timings of the same kernel
     device_rounds: int = 1
     rounds_for_variants: bool = True   # False: the named variants' rows (a ladder) are timed once
+    # ours and the peers each draw their own random numbers (dropout masks): only ours can be checked
+    # against the reference (it rebuilds our mask); a peer's values can only be checked in shape
+    stochastic: bool = False
 
     def dtypes_of(self, dtypes) -> list[torch.dtype]:
         """The requested dtypes this workload runs in."""
@@ -700,6 +703,48 @@ def sdpa_peers(call: Callable, math_max_s: int | None = None) -> Callable[[], di
             out[f"sdpa[{name}]"] = Peer(fn, context=lambda b=backend: sdpa_kernel(b))
         return out
     return peers
+
+
+ATTN_DROPOUT = 0.1       # attention dropout's bench rate (BERT/GPT-2's attention_probs_dropout_prob)
+DROPOUT_KEY = 1234       # the generator seed every timed call of ours restarts from (the same mask each call)
+
+
+def attention_dropout_cases(quick: bool) -> list[Case]:
+    """Dropout at the bar shape B4 H32 S4096 D128 (causal and not; headline: not) and, in the full
+    sweep, two sweep points: S 1024 and 16384 at D 128 (16k tokens at hidden 2048)."""
+    bar = [_attn_case(4, 32, 32, 4096, 128, False, headline=True), _attn_case(4, 32, 32, 4096, 128, True)]
+    if quick:
+        return bar
+    return bar + [_attn_case(16384 // s, 16, 16, s, 128, c) for s in (1024, 16384) for c in (False, True)]
+
+
+def _attn_dropout_make(case, dtype, device):
+    """_attn_make's q, k, v, causal, gqa, then the rate and a generator for our key (restarted
+    from DROPOUT_KEY on every call of ours, so the reference can rebuild the mask)."""
+    return (*_attn_make(case, dtype, device), ATTN_DROPOUT, torch.Generator(device))
+
+
+def _sdpa_dropout(q, k, v, causal, gqa, p, gen):
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal, enable_gqa=gqa)
+
+
+def _attn_dropout_ours(get):
+    f = get("scaled_dot_product_attention")
+
+    def call(q, k, v, causal, gqa, p, gen):
+        gen.manual_seed(DROPOUT_KEY)          # host only: sets the generator's state, no kernel
+        return f(q, k, v, dropout_p=p, is_causal=causal, enable_gqa=gqa, generator=gen)
+    return {"warpforge": call}
+
+
+def attention_dropout_reference(q, k, v, causal, gqa, p, gen):
+    """Plain attention with the mask our kernels draw for the key DROPOUT_KEY gives
+    (ops.attention.dropout_keep_mask), kept probabilities scaled by 1 / (1 - p)."""
+    from ..ops.attention import attention_reference as ref, dropout_keep_mask, dropout_seed
+
+    key = dropout_seed(q.device, torch.Generator(gen.device).manual_seed(DROPOUT_KEY))
+    keep = dropout_keep_mask(key, q.shape[0], q.shape[1], q.shape[2], k.shape[2], p)
+    return ref(q, k, v, is_causal=causal, enable_gqa=gqa, dropout_keep=keep, dropout_p=p)[0]
 
 
 DECODE_HQ, DECODE_HKV, DECODE_D, DECODE_BLOCK = 32, 8, 128, 16
@@ -1276,6 +1321,16 @@ _register(Workload(
           "materialises B*H*S^2 scores); FLOPs 4*B*Hq*S^2*D forward (half causal), backward 2.5x; the "
           "sweep is 16k tokens at hidden 2048 (B = 16384 / S, H = 2048 / D), plus the bar shape B4 H32 "
           "S4096 D128 and GQA 32/8 heads at it",
+))
+_register(Workload(
+    name="attention_dropout", module="warpforge.ops.attention",
+    cases=attention_dropout_cases, check_cases=attention_check_cases, make=_attn_dropout_make, grad_args=(0, 1, 2),
+    ours_fn=_attn_dropout_ours, eager=_sdpa_dropout, reference=attention_dropout_reference,
+    peers=sdpa_peers(_sdpa_dropout, math_max_s=MATH_MAX_S), compile_peer=False, stochastic=True,
+    bytes_fn=attention_bytes, flops_fn=attention_flops, only_dtypes=(torch.bfloat16, torch.float16),
+    notes=f"attention with dropout_p = {ATTN_DROPOUT}, as the attention workload otherwise (q, k, v (B, H, S, D), "
+          "the same FLOP and byte models); ours draws its mask in the kernels from a Philox key (its generator "
+          "restarted each call, host only), SDPA's backends from torch's generator; " + SDPA_PEER_NOTES,
 ))
 _register(Workload(
     name="decode_attention", module="warpforge.ops.decode_attention",

@@ -76,9 +76,11 @@ MAX_HEAD_DIM = 256
 # Reference
 # ----------------------------------------------------------------------------------------------
 def attention_reference(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
-                        window_size=None, bottom_right=False):
+                        window_size=None, bottom_right=False, dropout_keep=None, dropout_p=0.0):
     """Plain attention in float64 on the CPU (float32 elsewhere), for (..., H, L, D) inputs.
-    Returns (out in q's dtype, lse in float32). Rows with no visible key give 0 and lse +inf."""
+    Returns (out in q's dtype, lse in float32). Rows with no visible key give 0 and lse +inf.
+    ``dropout_keep``: a bool mask broadcastable to the scores (dropout_keep_mask's); the kept
+    probabilities are scaled by 1 / (1 - dropout_p), the others dropped (lse is unchanged)."""
     wd = torch.float64 if q.device.type == "cpu" else torch.float32
     qf, kf, vf = q.to(wd), k.to(wd), v.to(wd)
     if qf.shape[-3] != kf.shape[-3]:
@@ -107,6 +109,8 @@ def attention_reference(q, k, v, attn_mask=None, is_causal=False, scale=None, en
     lse = torch.logsumexp(s, -1)
     p = torch.exp(s - torch.where(torch.isneginf(lse), 0.0, lse)[..., None])    # empty rows: all zeros
     lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+    if dropout_keep is not None:
+        p = torch.where(dropout_keep, p / (1.0 - dropout_p) if dropout_p < 1.0 else 0.0, 0.0)
     return (p @ vf).to(q.dtype), lse.float()
 
 
@@ -196,13 +200,35 @@ def _wide(x, WIDE: tl.constexpr):
 
 
 @triton.jit
+def _dropout_keep(seed, b, h, rows, n0, thr, BLOCK_N: tl.constexpr):
+    """Which scores of a tile survive dropout: a (len(rows), BLOCK_N) bool tile for query rows
+    ``rows`` (positions in their sequence) and keys n0 .. n0 + BLOCK_N (n0 a multiple of 4) of query
+    head h in batch entry b. One Philox-4x32-10 draw, keyed by the 64-bit ``seed`` with counter
+    (key group n // 4, row, head, batch), gives four 32-bit numbers, one for each key of the group:
+    a quarter of the draws a per-score counter would cost. A score is kept when its number's top 31
+    bits are >= ``thr`` (dropout_p * 2^31). So a score's fate is a function of (seed, b, h, i, j)
+    alone, not of the tile shape: the forward and both backward kernels (other tiles, one of them
+    transposed) draw the same mask, and dropout_keep_mask rebuilds it for tests."""
+    g = n0 // 4 + tl.arange(0, BLOCK_N // 4)
+    zero = rows[:, None] * 0 + g[None, :] * 0
+    c0 = (g[None, :] + zero).to(tl.uint32)
+    c1 = (rows[:, None] + zero).to(tl.uint32)
+    c2 = (zero + h).to(tl.uint32)
+    c3 = (zero + b).to(tl.uint32)
+    r0, r1, r2, r3 = tl.philox(seed, c0, c1, c2, c3)
+    r = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (rows.shape[0], BLOCK_N))   # key j: r_{j % 4}
+    return (r >> 1).to(tl.int32) >= thr
+
+
+@triton.jit
 def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
                lo, hi, m0, len_q, len_k, off, win_left, win_right, scale_log2,
                offs_m, offs_n, offs_d,
                MASKED: tl.constexpr, MASK_KIND: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
-               WIDE: tl.constexpr):
-    """Key tiles [lo, hi) into the running (acc, l, m) of one query tile."""
+               WIDE: tl.constexpr, seed, drop_b, drop_h, drop_thr, DROPOUT: tl.constexpr):
+    """Key tiles [lo, hi) into the running (acc, l, m) of one query tile. With DROPOUT, l sums every
+    probability and the accumulator only the kept ones (the 1 / (1 - p) scale comes last)."""
     dmask = offs_d < D
     for n0 in range(lo, hi, BLOCK_N):
         n = n0 + offs_n
@@ -242,6 +268,8 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
+        if DROPOUT:
+            p = tl.where(_dropout_keep(seed, drop_b, drop_h, m0 + offs_m, n0, drop_thr, BLOCK_N), p, 0.0)
         acc = _mm(p.to(v.dtype), v, acc, DOT_PREC)
         m_i = m_new
     return acc, l_i, m_i
@@ -284,9 +312,10 @@ def _attn_fwd_kernel(
     slb, slh, slm, smb, smh, smm, smn,   # lse and mask strides (mask: 0 on broadcast dims)
     H, GROUP, len_q_fixed, len_k_fixed, total_q, total_k,
     scale_log2, win_left, win_right,
+    seed_ptr, drop_thr, drop_scale, drop_b0,   # dropout (DROPOUT only): int64 seed, p * 2^31, 1 / (1 - p), batch offset
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr, WIDE: tl.constexpr = True,
+    MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr, WIDE: tl.constexpr = True, DROPOUT: tl.constexpr = False,
 ):
     b, h, hk, q_start, len_q, k_start, len_k, m0, off = _query_tile(
         cu_q_ptr, cu_k_ptr, H, GROUP, len_q_fixed, len_k_fixed, total_q, total_k,
@@ -312,17 +341,25 @@ def _attn_fwd_kernel(
         if MASK_KIND != 0:                              # a user mask: every tile takes the masked path
             a = lo
             bb = lo
+        seed = 0
+        if DROPOUT:
+            seed = tl.load(seed_ptr)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
                                    lo, a, m0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
-                                   True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE)
+                                   True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE,
+                                   seed, b + drop_b0, h, drop_thr, DROPOUT)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
                                    a, bb, m0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
-                                   False, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE)
+                                   False, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE,
+                                   seed, b + drop_b0, h, drop_thr, DROPOUT)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
                                    bb, hi, m0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
-                                   True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE)
+                                   True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE,
+                                   seed, b + drop_b0, h, drop_thr, DROPOUT)
         empty = l_i == 0.0
         out = acc / tl.where(empty, 1.0, l_i)[:, None]
+        if DROPOUT:
+            out = out * drop_scale
         tl.store(o_base + rw[:, None] * som + offs_d[None, :], out.to(o_ptr.dtype.element_ty), mask=qmask)
         lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
         lse_base = lse_ptr + b64 * slb + h.to(tl.int64) * slh + q_start.to(tl.int64) * slm
@@ -361,9 +398,11 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sdm, s
                 lo, hi, n0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
                 MASKED: tl.constexpr, MASK_KIND: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                 D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, DOT_PREC: tl.constexpr,
-                WIDE: tl.constexpr):
+                WIDE: tl.constexpr, seed, drop_b, drop_h, drop_thr, drop_scale, BLOCK_N: tl.constexpr,
+                DROPOUT: tl.constexpr):
     """Query tiles [lo, hi) of one head into the dK, dV of one key tile (everything transposed:
-    rows are keys, columns queries)."""
+    rows are keys, columns queries). With DROPOUT, dV takes the kept probabilities scaled by
+    1 / (1 - p), and dP the same mask and scale before dS = P (dP - delta)."""
     dmask = offs_d < D
     n = n0 + offs_n
     for m0 in range(lo, hi, BLOCK_M):
@@ -401,8 +440,13 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sdm, s
                 st += tl.load(mask_tile + rm[None, :] * smm + offs_n[:, None] * smn, mask=ok, other=0.0).to(tl.float32) * 1.4426950408889634
             st = tl.where(ok, st, -float("inf"))
         pt = tl.math.exp2(st - lse[None, :] * 1.4426950408889634)
-        dv = _mm(pt.to(do.dtype), do, dv, DOT_PREC)
-        dpt = _mm(v, tl.trans(do), None, DOT_PREC)
+        if DROPOUT:
+            keep = tl.trans(_dropout_keep(seed, drop_b, drop_h, i, n0, drop_thr, BLOCK_N))
+            dv = _mm(tl.where(keep, pt * drop_scale, 0.0).to(do.dtype), do, dv, DOT_PREC)
+            dpt = tl.where(keep, _mm(v, tl.trans(do), None, DOT_PREC) * drop_scale, 0.0)
+        else:
+            dv = _mm(pt.to(do.dtype), do, dv, DOT_PREC)
+            dpt = _mm(v, tl.trans(do), None, DOT_PREC)
         dst = pt * (dpt - delta[None, :])
         dk = _mm(dst.to(q.dtype), q, dk, DOT_PREC)
     return dk, dv
@@ -416,9 +460,10 @@ def _attn_bwd_dkdv_kernel(
     slb, slh, slm, smb, smh, smm, smn,
     HK, GROUP, len_q_fixed, len_k_fixed, total_q, total_k,
     scale, scale_log2, win_left, win_right,
+    seed_ptr, drop_thr, drop_scale, drop_b0,   # dropout (DROPOUT only), as the forward's
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr, WIDE: tl.constexpr = True,
+    MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr, WIDE: tl.constexpr = True, DROPOUT: tl.constexpr = False,
 ):
     bhk = tl.program_id(1)
     b = bhk // HK
@@ -451,6 +496,9 @@ def _attn_bwd_dkdv_kernel(
         if n0 + BLOCK_N > len_k:                        # the ragged last key tile: masked throughout
             a = lo
             bb = lo
+        seed = 0
+        if DROPOUT:
+            seed = tl.load(seed_ptr)
         for g in range(GROUP):
             h = (hk * GROUP + g).to(tl.int64)
             q_base = q_ptr + b64 * sqb + h * sqh + q0 * sqm
@@ -460,13 +508,16 @@ def _attn_bwd_dkdv_kernel(
             mask_base = mask_ptr + b64 * smb + h * smh
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sdm, slm, mask_base, smm, smn,
                                  lo, a, n0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
-                                 True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_M, DOT_PREC, WIDE)
+                                 True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_M, DOT_PREC, WIDE,
+                                 seed, b + drop_b0, h, drop_thr, drop_scale, BLOCK_N, DROPOUT)
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sdm, slm, mask_base, smm, smn,
                                  a, bb, n0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
-                                 False, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_M, DOT_PREC, WIDE)
+                                 False, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_M, DOT_PREC, WIDE,
+                                 seed, b + drop_b0, h, drop_thr, drop_scale, BLOCK_N, DROPOUT)
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sdm, slm, mask_base, smm, smn,
                                  bb, hi, n0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
-                                 True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_M, DOT_PREC, WIDE)
+                                 True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_M, DOT_PREC, WIDE,
+                                 seed, b + drop_b0, h, drop_thr, drop_scale, BLOCK_N, DROPOUT)
         dk = dk * scale
         tl.store(dk_ptr + b64 * sdkb + hk64 * sdkh + (k0 + n[:, None]) * sdkn + offs_d[None, :], dk.to(dk_ptr.dtype.element_ty), mask=kmask)
         tl.store(dv_ptr + b64 * sdvb + hk64 * sdvh + (k0 + n[:, None]) * sdvn + offs_d[None, :], dv.to(dv_ptr.dtype.element_ty), mask=kmask)
@@ -477,8 +528,9 @@ def _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, s
               lo, hi, m0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
               MASKED: tl.constexpr, MASK_KIND: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
               D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
-              WIDE: tl.constexpr):
-    """Key tiles [lo, hi) into the dQ of one query tile."""
+              WIDE: tl.constexpr, seed, drop_b, drop_h, drop_thr, drop_scale, DROPOUT: tl.constexpr):
+    """Key tiles [lo, hi) into the dQ of one query tile (DROPOUT: dP masked and scaled as in
+    _dkdv_tiles)."""
     dmask = offs_d < D
     i = m0 + offs_m
     for n0 in range(lo, hi, BLOCK_N):
@@ -510,6 +562,8 @@ def _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, s
             s = tl.where(ok, s, -float("inf"))
         p = tl.math.exp2(s - lse[:, None])
         dp = _mm(do, tl.trans(v), None, DOT_PREC)
+        if DROPOUT:
+            dp = tl.where(_dropout_keep(seed, drop_b, drop_h, i, n0, drop_thr, BLOCK_N), dp * drop_scale, 0.0)
         ds = p * (dp - delta[:, None])
         dq = _mm(ds.to(k.dtype), k, dq, DOT_PREC)
     return dq
@@ -522,9 +576,10 @@ def _attn_bwd_dq_kernel(
     slb, slh, slm, smb, smh, smm, smn,
     H, GROUP, len_q_fixed, len_k_fixed, total_q, total_k,
     scale, scale_log2, win_left, win_right,
+    seed_ptr, drop_thr, drop_scale, drop_b0,   # dropout (DROPOUT only), as the forward's
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr, WIDE: tl.constexpr = True,
+    MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr, WIDE: tl.constexpr = True, DROPOUT: tl.constexpr = False,
 ):
     b, h, hk, q_start, len_q, k_start, len_k, m0, off = _query_tile(
         cu_q_ptr, cu_k_ptr, H, GROUP, len_q_fixed, len_k_fixed, total_q, total_k,
@@ -549,19 +604,25 @@ def _attn_bwd_dq_kernel(
         v_base = v_ptr + b64 * svb + hk.to(tl.int64) * svh + k0 * svn
         mask_base = mask_ptr + b64 * smb + h64 * smh
         dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+        seed = 0
+        if DROPOUT:
+            seed = tl.load(seed_ptr)
         lo, a, bb, hi = _visible_span(m0, len_k, off, win_left, win_right, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT)
         if MASK_KIND != 0:
             a = lo
             bb = lo
         dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, smn,
                        lo, a, m0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
-                       True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE)
+                       True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE,
+                       seed, b + drop_b0, h, drop_thr, drop_scale, DROPOUT)
         dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, smn,
                        a, bb, m0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
-                       False, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE)
+                       False, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE,
+                       seed, b + drop_b0, h, drop_thr, drop_scale, DROPOUT)
         dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, smn,
                        bb, hi, m0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
-                       True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE)
+                       True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE,
+                       seed, b + drop_b0, h, drop_thr, drop_scale, DROPOUT)
         dq = dq * scale
         tl.store(dq_ptr + b64 * sdqb + h64 * sdqh + (q0 + i[:, None]) * sdqm + offs_d[None, :], dq.to(dq_ptr.dtype.element_ty), mask=qmask)
 
@@ -712,13 +773,14 @@ def _sliced(b0: int, b1: int, varlen: bool, *tensors):
 
 
 def _launch_sets(p: _Problem, cu_q, cu_k):
-    """(cu_q, cu_k, cut) of each launch set of a call: the whole call, or its batch slices where
+    """(cu_q, cu_k, cut, b0) of each launch set of a call: the whole call, or its batch slices where
     batch x heads passes the grid's y extent (_batch_slices); ``cut(*tensors)`` is the set's part
-    of the call's tensors (_sliced: packed ones whole, with the set's slice of cu_seqlens)."""
+    of the call's tensors (_sliced: packed ones whole, with the set's slice of cu_seqlens), ``b0``
+    its first batch entry (dropout's counter takes the whole call's batch index)."""
     slices = _batch_slices(p.B, p.H)
     for b0, b1 in slices or [(0, p.B)]:
         cq, ck = (cu_q, cu_k) if cu_q is None or slices is None else (cu_q[b0:b1 + 1], cu_k[b0:b1 + 1])
-        yield cq, ck, functools.partial(_sliced, b0, b1, p.varlen or slices is None)
+        yield cq, ck, functools.partial(_sliced, b0, b1, p.varlen or slices is None), b0
 
 
 ROW_STRIDE_LIMIT = 2**31 // (ROW_CHUNK.value + 256)   # the Triton kernels' 32-bit row offsets (_split_row)
@@ -746,26 +808,43 @@ def _kernel_inputs(mask, cu_q, cu_k, *tensors):
             _dense_offsets(cu_q), _dense_offsets(cu_k))
 
 
+DROP_BITS = 31    # a score is kept when the top 31 bits of its Philox number are >= p * 2^31 (_dropout_keep)
+
+
+def _dropout_args(dropout_p: float, seed, fallback) -> tuple:
+    """(seed pointer, threshold, keep scale) as the kernels take them, and whether DROPOUT is on.
+    Off: ``fallback`` stands for the unread seed pointer."""
+    if not dropout_p:
+        return (fallback, 0, 1.0), False
+    return (seed, _drop_threshold(dropout_p), 0.0 if dropout_p >= 1.0 else 1.0 / (1.0 - dropout_p)), True
+
+
+def _drop_threshold(dropout_p: float) -> int:
+    return min(round(dropout_p * 2**DROP_BITS), 2**DROP_BITS - 1)
+
+
 def _attention_fwd(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
-                   win_left: int, win_right: int, bottom_right: bool):
+                   win_left: int, win_right: int, bottom_right: bool, dropout_p: float = 0.0, seed=None):
     q, k, v, mask, cu_q, cu_k = _kernel_inputs(mask, cu_q, cu_k, q, k, v)
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
     o = _out_like(q)
     lse = runtime.new_empty(p.lse_shape(), dtype=torch.float32, device=q.device)
     if p.len_q == 0 or p.B == 0 or p.H == 0:
         return o, lse
-    for cq, ck, cut in _launch_sets(p, cu_q, cu_k):
+    for cq, ck, cut, b0 in _launch_sets(p, cu_q, cu_k):
         qs, ks, vs, ms, os_, ls = cut(q, k, v, mask, o, lse)
         _attention_fwd_into(qs, ks, vs, ms, cq, ck, max_q, max_k, scale, win_left, win_right, bottom_right,
-                            os_, ls)
+                            os_, ls, dropout_p, seed, b0)
     return o, lse
 
 
 def _attention_fwd_into(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
-                        win_left: int, win_right: int, bottom_right: bool, o, lse):
+                        win_left: int, win_right: int, bottom_right: bool, o, lse,
+                        dropout_p: float = 0.0, seed=None, b0: int = 0):
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
+    drop, dropout = _dropout_args(dropout_p, seed, lse)
     sm90 = _sm90_kernels()
-    if sm90 is not None and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) and sm90.tma_ok(o):
+    if sm90 is not None and not dropout and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) and sm90.tma_ok(o):
         sm90.attention_fwd_sm90(q, k, v, o, lse, scale, causal=win_right == 0)
         return
     pattern = attention_pattern(mask is not None, win_left, win_right)
@@ -776,26 +855,30 @@ def _attention_fwd_into(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale
         _dummy(lse) if cu_q is None else cu_q, _dummy(lse) if cu_k is None else cu_k,
         *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(o), *p.lse_strides(lse), *p.mask_strides(mask),
         p.H, p.group, p.len_q, p.len_k, p.total_q, p.total_k,
-        scale * LOG2E, win_left, win_right), cfg,
-        **_flags(p, q, mask, win_left, win_right, bottom_right, (q, k, v, o)), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+        scale * LOG2E, win_left, win_right, *drop, b0), cfg,
+        **_flags(p, q, mask, win_left, win_right, bottom_right, (q, k, v, o)), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        DROPOUT=dropout)
 
 
 def _attention_bwd(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
-                   win_left: int, win_right: int, bottom_right: bool):
+                   win_left: int, win_right: int, bottom_right: bool, dropout_p: float = 0.0, seed=None):
     do, q, k, v, o, mask, cu_q, cu_k = _kernel_inputs(mask, cu_q, cu_k, do, q, k, v, o)
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
     dq, dk, dv = _out_like(q), _out_like(k), _out_like(v)
     if p.B == 0 or p.H == 0 or p.len_q == 0 or p.len_k == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    for cq, ck, cut in _launch_sets(p, cu_q, cu_k):
+    for cq, ck, cut, b0 in _launch_sets(p, cu_q, cu_k):
         part = cut(do, q, k, v, o, lse, dlse, mask, dq, dk, dv)
-        _attention_bwd_into(*part[:8], cq, ck, max_q, max_k, scale, win_left, win_right, bottom_right, *part[8:])
+        _attention_bwd_into(*part[:8], cq, ck, max_q, max_k, scale, win_left, win_right, bottom_right, *part[8:],
+                            dropout_p, seed, b0)
     return dq, dk, dv
 
 
 def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
-                        win_left: int, win_right: int, bottom_right: bool, dq, dk, dv):
+                        win_left: int, win_right: int, bottom_right: bool, dq, dk, dv,
+                        dropout_p: float = 0.0, seed=None, b0: int = 0):
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
+    drop, dropout = _dropout_args(dropout_p, seed, lse)
     delta = torch.empty_like(lse)
     if dlse is not None:
         dlse = dlse.contiguous() if dlse.stride() != lse.stride() else dlse
@@ -805,7 +888,7 @@ def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int,
         *p.strides(o), *p.strides(do), *p.lse_strides(lse), p.H, p.len_q, p.total_q), _DELTA_CFG,
         D=p.D, BLOCK_D=p.block_d, BLOCK_M=block, VARLEN=p.varlen, HAS_DLSE=dlse is not None)
     sm90 = _sm90_kernels()
-    hopper = sm90 is not None and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) \
+    hopper = sm90 is not None and not dropout and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) \
         and do.dtype == q.dtype and sm90.tma_ok(do) and sm90.tma_ok(dq)
     if hopper and sm90.FUSED_BACKWARD and not torch.are_deterministic_algorithms_enabled() \
             and sm90.tma_ok(dk) and sm90.tma_ok(dv):
@@ -825,8 +908,8 @@ def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int,
     _launch(_DKDV, (triton.cdiv(p.len_k, cfg.block_n), p.B * p.HK), (
         q, k, v, do, lse, delta, dk, dv, mptr, *cu,
         *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(do), *p.strides(dk), *p.strides(dv), *common,
-        p.HK, p.group, p.len_q, p.len_k, p.total_q, p.total_k, scale, scale * LOG2E, win_left, win_right), cfg,
-        **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+        p.HK, p.group, p.len_q, p.len_k, p.total_q, p.total_k, scale, scale * LOG2E, win_left, win_right,
+        *drop, b0), cfg, **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DROPOUT=dropout)
     if hopper:
         sm90.attention_bwd_dq_sm90(do, q, k, v, lse, delta, dq, scale, causal=win_right == 0)
         return
@@ -834,8 +917,8 @@ def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int,
     _launch(_DQ, (triton.cdiv(p.len_q, cfg.block_m), p.B * p.H), (
         q, k, v, do, lse, delta, dq, mptr, *cu,
         *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(do), *p.strides(dq), *common,
-        p.H, p.group, p.len_q, p.len_k, p.total_q, p.total_k, scale, scale * LOG2E, win_left, win_right), cfg,
-        **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+        p.H, p.group, p.len_q, p.len_k, p.total_q, p.total_k, scale, scale * LOG2E, win_left, win_right,
+        *drop, b0), cfg, **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DROPOUT=dropout)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -843,11 +926,13 @@ def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int,
 # ----------------------------------------------------------------------------------------------
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
               cu_q: torch.Tensor | None, cu_k: torch.Tensor | None, max_q: int, max_k: int, scale: float,
-              win_left: int, win_right: int, bottom_right: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return _attention_fwd(q, k, v, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right)
+              win_left: int, win_right: int, bottom_right: bool, dropout_p: float,
+              seed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    return _attention_fwd(q, k, v, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right,
+                          dropout_p, seed)
 
 
-def _fwd_fake(q, k, v, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right):
+def _fwd_fake(q, k, v, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right, dropout_p, seed):
     lse_shape = (q.shape[1], q.shape[0]) if cu_q is not None else q.shape[:-1]
     # laid out as the launcher allocates o: like q as the kernels take it (_kernel_inputs), which
     # is a contiguous copy past the 32-bit row limit
@@ -857,12 +942,14 @@ def _fwd_fake(q, k, v, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_righ
 def _bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
               lse: torch.Tensor, dlse: torch.Tensor | None, mask: torch.Tensor | None,
               cu_q: torch.Tensor | None, cu_k: torch.Tensor | None, max_q: int, max_k: int, scale: float,
-              win_left: int, win_right: int, bottom_right: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              win_left: int, win_right: int, bottom_right: bool, dropout_p: float,
+              seed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _attention_bwd(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right,
-                          bottom_right)
+                          bottom_right, dropout_p, seed)
 
 
-def _bwd_fake(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right):
+def _bwd_fake(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right,
+              dropout_p, seed):
     return tuple(torch.empty_like(_rows32(unit_last_dim(t), cu_q is not None)) for t in (q, k, v))
 
 
@@ -870,18 +957,18 @@ attention_bwd_op = Op("attention_bwd", _bwd_impl, _bwd_fake)
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right = inputs
+    q, k, v, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right, dropout_p, seed = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, mask, cu_q, cu_k)
-    ctx.args = (max_q, max_k, scale, win_left, win_right, bottom_right)
+    ctx.save_for_backward(q, k, v, o, lse, mask, cu_q, cu_k, seed)
+    ctx.args = (max_q, max_k, scale, win_left, win_right, bottom_right, dropout_p)
 
 
 def _backward(ctx, do, dlse):
-    q, k, v, o, lse, mask, cu_q, cu_k = ctx.saved_tensors
+    q, k, v, o, lse, mask, cu_q, cu_k, seed = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(o)
-    dq, dk, dv = attention_bwd_op(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+    dq, dk, dv = attention_bwd_op(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, *ctx.args, seed)
+    return dq, dk, dv, *(None,) * 11
 
 
 attention_op = Op("attention", _fwd_impl, _fwd_fake, backward=_backward, setup_context=_setup)
@@ -931,6 +1018,48 @@ def _window(window_size, causal: bool) -> tuple[int, int]:
     return left, right
 
 
+def _check_dropout(dropout_p) -> float:
+    """dropout_p as a float in [0, 1] (NaN and other values refused by name)."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"warpforge: 'dropout_p' must be a float, got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"warpforge: 'dropout_p' is {dropout_p}; expected a probability in [0, 1]")
+    return float(dropout_p)
+
+
+def dropout_seed(device, generator: torch.Generator | None = None) -> torch.Tensor:
+    """A dropout mask's 64-bit Philox key: one int64 on ``device``, drawn from ``generator``
+    (default: the device's default generator). On the device, so no host sync, and a CUDA graph
+    replay draws a new one, as torch's own dropout does."""
+    where = device if generator is None else generator.device
+    return torch.randint(0, 2**62, (1,), dtype=torch.int64, device=where, generator=generator).to(device)
+
+
+@triton.jit
+def _dropout_mask_kernel(seed_ptr, out_ptr, H, L, S, thr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    bh = tl.program_id(2)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n0 = tl.program_id(1) * BLOCK_N
+    cols = n0 + tl.arange(0, BLOCK_N)
+    keep = _dropout_keep(tl.load(seed_ptr), bh // H, bh % H, rows, n0, thr, BLOCK_N)
+    at = bh.to(tl.int64) * L * S + rows[:, None].to(tl.int64) * S + cols[None, :]
+    tl.store(out_ptr + at, keep.to(tl.int8), mask=(rows[:, None] < L) & (cols[None, :] < S))
+
+
+def dropout_keep_mask(seed: torch.Tensor, batch: int, heads: int, L: int, S: int, dropout_p: float) -> torch.Tensor:
+    """The (batch, heads, L, S) bool mask of kept scores that the attention kernels draw for Philox
+    key ``seed`` (dropout_seed's one-element int64 tensor) at ``dropout_p``: query head h, query
+    position i, key position j of batch entry b (of a packed call: sequence b, positions within it).
+    For tests and for reproducing a call: seed with torch.manual_seed, draw ``dropout_seed`` as the
+    call would."""
+    dropout_p = _check_dropout(dropout_p)
+    out = torch.empty((batch, heads, L, S), dtype=torch.int8, device=seed.device)
+    if out.numel():
+        grid = (triton.cdiv(L, 32), triton.cdiv(S, 32), batch * heads)
+        _dropout_mask_kernel[grid](seed, out, heads, L, S, _drop_threshold(dropout_p), BLOCK_M=32, BLOCK_N=32)
+    return out.bool()
+
+
 def _prepare_mask(attn_mask, B, H, L, S, q):
     if attn_mask is None:
         return None
@@ -954,7 +1083,8 @@ def _prepare_mask(attn_mask, B, H, L, S, q):
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                  attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
-                                 *, return_lse: bool = False, window_size: tuple[int, int] | None = None):
+                                 *, return_lse: bool = False, window_size: tuple[int, int] | None = None,
+                                 generator: torch.Generator | None = None):
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` (FlashAttention kernels).
 
     query (..., Hq, L, D), key and value (..., Hkv, S, D); fp16, bf16 or fp32; D up to 256; any
@@ -970,17 +1100,23 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     in an order that varies; ``torch.use_deterministic_algorithms(True)`` sends those calls to
     the deterministic kernels (no atomics; ~19% slower at B=4 H=32 S=4096 D=128).
 
-    Not supported, with a clear error: ``dropout_p > 0``, head dims that differ between query, key
-    and value, a mask that requires grad.
+    ``dropout_p``: attention dropout as torch's (applied whenever it is > 0; modules pass 0 in
+    eval): each probability is dropped with probability ``dropout_p`` and the kept ones scaled by
+    1 / (1 - dropout_p), with a mask drawn in the kernels from a Philox key that is itself drawn
+    from ``generator`` (default: the device's default generator, so ``torch.manual_seed``
+    reproduces a call). The backward redraws the same mask; ``lse`` stays that of the undropped
+    scores. Dropout runs on the Triton kernels (the Hopper Gluon kernels take dropout_p = 0 only);
+    ``dropout_keep_mask`` rebuilds a call's mask.
+
+    Not supported, with a clear error: head dims that differ between query, key and value, a mask
+    that requires grad.
 
     Inside ``torch.autocast``, query, key, value and a float mask are cast to the region's dtype
     first, as torch's SDPA casts them (runtime/amp.py).
     """
     query, key, value, attn_mask = autocast_inputs(query, key, value, attn_mask)
     _check_qkv(query, key, value, "(..., heads, S)")
-    if dropout_p != 0.0:
-        raise ValueError(f"warpforge: dropout_p={dropout_p} is not supported (attention dropout is not "
-                         f"implemented); expected 0.0")
+    dropout_p = _check_dropout(dropout_p)
     if is_causal and attn_mask is not None:
         raise ValueError("warpforge: pass either 'attn_mask' or is_causal=True, not both (as torch requires)")
     if query.dim() < 3 or query.dim() != key.dim():
@@ -1013,7 +1149,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         o = torch.zeros_like(query) + (query[..., :0].sum() + key.sum() + value.sum())
         lse = torch.full((*query.shape[:-1],), float("inf"), device=q.device, dtype=torch.float32)
     else:
-        o, lse = attention_op(q, k, v, mask, None, None, L, S, scale, left, right, False)
+        seed = dropout_seed(q.device, generator) if dropout_p else None
+        o, lse = attention_op(q, k, v, mask, None, None, L, S, scale, left, right, False, dropout_p, seed)
         o, lse = o.reshape(query.shape), lse.reshape(query.shape[:-1])
     return (o, lse) if return_lse else o
 
@@ -1021,7 +1158,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *,
                      causal: bool = False, scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
-                     return_lse: bool = False, validate: bool = True):
+                     return_lse: bool = False, validate: bool = True, dropout_p: float = 0.0,
+                     generator: torch.Generator | None = None):
     """Attention over a packed batch of sequences of different lengths (FlashAttention's varlen API).
 
     q (total_q, Hq, D), k and v (total_k, Hkv, D): the sequences one after another; sequence b is
@@ -1033,8 +1171,10 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     are fine. ``validate`` checks cu_seqlens against the packed lengths and max_seqlen (one
     device-to-host copy; skipped under torch.compile and CUDA graph capture); without it a bad
     cu_seqlens still never reads outside q, k, v (programs
-    clamp to them), but its rows are undefined. The backward is deterministic. Inside
-    ``torch.autocast``, q, k and v are cast to the region's dtype first (runtime/amp.py).
+    clamp to them), but its rows are undefined. The backward is deterministic. ``dropout_p`` and
+    ``generator``: attention dropout, as scaled_dot_product_attention's (a sequence's mask is that
+    of batch entry b of a dense call, over its own positions). Inside ``torch.autocast``, q, k and v
+    are cast to the region's dtype first (runtime/amp.py).
     """
     q, k, v = autocast_inputs(q, k, v)
     _check_qkv(q, k, v, "(total, heads)", ("q", "k", "v"))
@@ -1066,8 +1206,10 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         _validate_cu(cu_seqlens_k, k.shape[0], max_seqlen_k, "k")
     left, right = _window(window_size, causal)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else check_finite("scale", scale)
+    dropout_p = _check_dropout(dropout_p)
+    seed = dropout_seed(q.device, generator) if dropout_p else None
     o, lse = attention_op(q, k, v, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                          scale, left, right, True)
+                          scale, left, right, True, dropout_p, seed)
     return (o, lse) if return_lse else o
 
 
