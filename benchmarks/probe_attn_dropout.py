@@ -5,6 +5,12 @@ Triton kernels (the path dropout takes, without it), ours at p; SDPA's cuDNN, Fl
 and efficient backends at p.
 
     python benchmarks/probe_attn_dropout.py [--shapes 4,32,4096,128] [--p 0.1] [--rounds 2]
+        [--variant r7x16|r10x8] [--ours-only]
+
+``--variant`` swaps the mask draw (attention._dropout_keep) before anything compiles, to time
+other draws than the shipped one (Philox-4x32-10, 16 bits a score): r7x16 (7 rounds), r10x8 (8
+bits a score, 16 scores a draw, the threshold p * 2^8; FlashAttention-2's width). Outputs of a
+variant are not the shipped kernels' (another mask); only its time is of interest.
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 import triton
+import triton.language as tl
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import warpforge as wf
@@ -31,16 +38,49 @@ def _triton_only(fn):
     return run
 
 
+@triton.jit
+def _keep_r7x16(seed, b, h, rows, n0, thr, BLOCK_N: tl.constexpr):
+    g = n0 // 8 + tl.arange(0, BLOCK_N // 8)
+    zero = rows[:, None] * 0 + g[None, :] * 0
+    r0, r1, r2, r3 = tl.philox(seed, (g[None, :] + zero).to(tl.uint32), (rows[:, None] + zero).to(tl.uint32),
+                               (zero + h).to(tl.uint32), (zero + b).to(tl.uint32), n_rounds=7)
+    lo = tl.join(tl.join(r0 & 0xFFFF, r0 >> 16), tl.join(r1 & 0xFFFF, r1 >> 16))
+    hi = tl.join(tl.join(r2 & 0xFFFF, r2 >> 16), tl.join(r3 & 0xFFFF, r3 >> 16))
+    return tl.reshape(tl.join(lo, hi), (rows.shape[0], BLOCK_N)).to(tl.int32) >= thr
+
+
+@triton.jit
+def _bytes(r):
+    return tl.join(tl.join(r & 0xFF, (r >> 8) & 0xFF), tl.join((r >> 16) & 0xFF, r >> 24))
+
+
+@triton.jit
+def _keep_r10x8(seed, b, h, rows, n0, thr, BLOCK_N: tl.constexpr):
+    g = n0 // 16 + tl.arange(0, BLOCK_N // 16)
+    zero = rows[:, None] * 0 + g[None, :] * 0
+    r0, r1, r2, r3 = tl.philox(seed, (g[None, :] + zero).to(tl.uint32), (rows[:, None] + zero).to(tl.uint32),
+                               (zero + h).to(tl.uint32), (zero + b).to(tl.uint32))
+    r = tl.join(tl.join(_bytes(r0), _bytes(r1)), tl.join(_bytes(r2), _bytes(r3)))
+    return tl.reshape(r, (rows.shape[0], BLOCK_N)).to(tl.int32) >= (thr >> 8)
+
+
+VARIANTS = {"r7x16": _keep_r7x16, "r10x8": _keep_r10x8}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["4,32,4096,128"])
     ap.add_argument("--p", type=float, default=0.1)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--variant", choices=sorted(VARIANTS))
+    ap.add_argument("--ours-only", action="store_true", help="only ours at p (the variant's row)")
     args = ap.parse_args()
+    if args.variant:
+        attn._dropout_keep = VARIANTS[args.variant]
     bench = lambda fn: triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median")  # noqa: E731
     attn._sm90_kernels()
     p = args.p
-    print(f"{'shape':>22} {'causal':>6} {'row':>16} {'fwd ms':>8} {'fwd+bwd ms':>10} {'fwd TF/s':>8}")
+    print(f"{'shape':>22} {'causal':>6} {'row':>24} {'fwd ms':>8} {'fwd+bwd ms':>10} {'fwd TF/s':>8}")
     for shape in args.shapes:
         B, H, S, D = (int(x) for x in shape.split(","))
         torch.manual_seed(0)
@@ -60,6 +100,8 @@ def main():
                     f"ours p={p}": ours(p), "sdpa[cudnn]": sdpa(SDPBackend.CUDNN_ATTENTION),
                     "sdpa[flash]": sdpa(SDPBackend.FLASH_ATTENTION),
                     "sdpa[efficient]": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
+            if args.ours_only:
+                rows = {f"ours p={p} {args.variant or 'shipped'}": ours(p)}
             best = {}
             for _ in range(args.rounds):
                 for name, fn in rows.items():
@@ -78,9 +120,9 @@ def main():
             flops = 4 * B * H * S * S * D // (2 if causal else 1)
             for name, (f, fb, err) in best.items():
                 if f is None:
-                    print(f"{shape:>22} {str(causal):>6} {name:>16} failed: {err}")
+                    print(f"{shape:>22} {str(causal):>6} {name:>24} failed: {err}")
                 else:
-                    print(f"{shape:>22} {str(causal):>6} {name:>16} {f:8.3f} {fb:10.3f} {flops / f / 1e9:8.0f}")
+                    print(f"{shape:>22} {str(causal):>6} {name:>24} {f:8.3f} {fb:10.3f} {flops / f / 1e9:8.0f}")
 
 
 if __name__ == "__main__":

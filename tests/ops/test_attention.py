@@ -848,8 +848,8 @@ def _call_seed(torch_seed: int):
 
 def test_dropout_mask_statistics():
     """The mask the kernels draw: each score kept with probability 1 - p (within 5 sigma over 64K
-    scores), neighbours independent (the four keys of a Philox draw take its four numbers: a key
-    group sharing one number would correlate adjacent keys fully), a different mask for every
+    scores), neighbours independent (the eight keys of a Philox draw take its eight 16-bit halves: a
+    key group sharing one would correlate adjacent keys fully), a different mask for every
     batch entry, head and row, a new one for a new key, the same one for the same key; p = 0 keeps
     all, p = 1 none."""
     seed = _call_seed(0)
@@ -859,7 +859,8 @@ def test_dropout_mask_statistics():
         n = keep.numel()
         assert abs(keep.mean().item() - (1 - p)) < 5 * (p * (1 - p) / n) ** 0.5, f"p={p}: kept {keep.mean():.4f}"
         x = keep - keep.mean()
-        for name, a, b in (("keys", x[..., :-1], x[..., 1:]), ("keys 4 apart", x[..., :-4], x[..., 4:]),
+        for name, a, b in (("keys", x[..., :-1], x[..., 1:]), ("keys 2 apart", x[..., :-2], x[..., 2:]),
+                           ("keys 4 apart", x[..., :-4], x[..., 4:]), ("keys 8 apart", x[..., :-8], x[..., 8:]),
                            ("rows", x[..., :-1, :], x[..., 1:, :]), ("heads", x[:, :-1], x[:, 1:]),
                            ("batch", x[:-1], x[1:])):
             corr = (a * b).mean() / (x * x).mean()

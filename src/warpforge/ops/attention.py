@@ -202,22 +202,26 @@ def _wide(x, WIDE: tl.constexpr):
 @triton.jit
 def _dropout_keep(seed, b, h, rows, n0, thr, BLOCK_N: tl.constexpr):
     """Which scores of a tile survive dropout: a (len(rows), BLOCK_N) bool tile for query rows
-    ``rows`` (positions in their sequence) and keys n0 .. n0 + BLOCK_N (n0 a multiple of 4) of query
+    ``rows`` (positions in their sequence) and keys n0 .. n0 + BLOCK_N (n0 a multiple of 8) of query
     head h in batch entry b. One Philox-4x32-10 draw, keyed by the 64-bit ``seed`` with counter
-    (key group n // 4, row, head, batch), gives four 32-bit numbers, one for each key of the group:
-    a quarter of the draws a per-score counter would cost. A score is kept when its number's top 31
-    bits are >= ``thr`` (dropout_p * 2^31). So a score's fate is a function of (seed, b, h, i, j)
-    alone, not of the tile shape: the forward and both backward kernels (other tiles, one of them
-    transposed) draw the same mask, and dropout_keep_mask rebuilds it for tests."""
-    g = n0 // 4 + tl.arange(0, BLOCK_N // 4)
+    (key group n // 8, row, head, batch), gives 128 bits: 16 for each key of the group. A score is
+    kept when its 16 bits are >= ``thr`` (round(dropout_p * 2^16)), so the drop rate is p to within
+    2^-17 (FlashAttention-2 takes 8 bits, p to within 2^-9). The draws are the cost: one for every
+    4 scores (32 bits each) took the Triton forward from 2.29 to 4.89 ms (B4 H32 S4096 D128, H200;
+    benchmarks/NOTES.md item 155). A score's fate is a function of (seed, b, h, i, j) alone, not
+    of the tile shape: the forward and both backward kernels (other tiles, one of them transposed)
+    draw the same mask, and dropout_keep_mask rebuilds it for tests."""
+    g = n0 // 8 + tl.arange(0, BLOCK_N // 8)
     zero = rows[:, None] * 0 + g[None, :] * 0
     c0 = (g[None, :] + zero).to(tl.uint32)
     c1 = (rows[:, None] + zero).to(tl.uint32)
     c2 = (zero + h).to(tl.uint32)
     c3 = (zero + b).to(tl.uint32)
     r0, r1, r2, r3 = tl.philox(seed, c0, c1, c2, c3)
-    r = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (rows.shape[0], BLOCK_N))   # key j: r_{j % 4}
-    return (r >> 1).to(tl.int32) >= thr
+    lo = tl.join(tl.join(r0 & 0xFFFF, r0 >> 16), tl.join(r1 & 0xFFFF, r1 >> 16))
+    hi = tl.join(tl.join(r2 & 0xFFFF, r2 >> 16), tl.join(r3 & 0xFFFF, r3 >> 16))
+    r = tl.reshape(tl.join(lo, hi), (rows.shape[0], BLOCK_N))   # key 8g + t: half t % 2 of r_{t // 2}
+    return r.to(tl.int32) >= thr
 
 
 @triton.jit
@@ -312,7 +316,7 @@ def _attn_fwd_kernel(
     slb, slh, slm, smb, smh, smm, smn,   # lse and mask strides (mask: 0 on broadcast dims)
     H, GROUP, len_q_fixed, len_k_fixed, total_q, total_k,
     scale_log2, win_left, win_right,
-    seed_ptr, drop_thr, drop_scale, drop_b0,   # dropout (DROPOUT only): int64 seed, p * 2^31, 1 / (1 - p), batch offset
+    seed_ptr, drop_thr, drop_scale, drop_b0,   # dropout (DROPOUT only): int64 seed, p * 2^16, 1 / (1 - p), batch offset
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr, WIDE: tl.constexpr = True, DROPOUT: tl.constexpr = False,
@@ -808,7 +812,7 @@ def _kernel_inputs(mask, cu_q, cu_k, *tensors):
             _dense_offsets(cu_q), _dense_offsets(cu_k))
 
 
-DROP_BITS = 31    # a score is kept when the top 31 bits of its Philox number are >= p * 2^31 (_dropout_keep)
+DROP_BITS = 16    # a score is kept when its 16 random bits are >= p * 2^16 (_dropout_keep)
 
 
 def _dropout_args(dropout_p: float, seed, fallback) -> tuple:
