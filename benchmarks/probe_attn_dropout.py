@@ -64,7 +64,64 @@ def _keep_r10x8(seed, b, h, rows, n0, thr, BLOCK_N: tl.constexpr):
     return tl.reshape(r, (rows.shape[0], BLOCK_N)).to(tl.int32) >= (thr >> 8)
 
 
-VARIANTS = {"r7x16": _keep_r7x16, "r10x8": _keep_r10x8}
+@triton.jit
+def _keep_sel16(seed, b, h, rows, n0, thr, BLOCK_N: tl.constexpr):
+    """The shipped mask (key 8g + t: half t % 2 of word t // 2), unpacked by selects on a
+    (R, G, 8) broadcast instead of joins: no layout conversions (offline sm_90: none against
+    ~15 a kernel), but the draw is recomputed by each thread holding a column pair of its group
+    (mul.hi 531 against 131 in the forward)."""
+    g = (n0 // 8 + tl.arange(0, BLOCK_N // 8))[None, :, None]
+    i = rows[:, None, None]
+    zero = i * 0 + g * 0
+    r0, r1, r2, r3 = tl.philox(seed, (g + zero).to(tl.uint32), (i + zero).to(tl.uint32),
+                               (zero + h).to(tl.uint32), (zero + b).to(tl.uint32))
+    t = tl.arange(0, 8)[None, None, :]
+    word = tl.where(t < 4, tl.where(t < 2, r0, r1), tl.where(t < 6, r2, r3))
+    half = tl.where((t % 2) == 0, word & 0xFFFF, word >> 16)
+    return tl.reshape(half, (rows.shape[0], BLOCK_N)).to(tl.int32) >= thr
+
+
+@triton.jit
+def _keep_sel32(seed, b, h, rows, n0, thr, BLOCK_N: tl.constexpr):
+    """Groups of 4 keys, a 32-bit word each (top 16 bits against thr): a thread's column pair
+    shares a draw with one other thread, not three."""
+    g = (n0 // 4 + tl.arange(0, BLOCK_N // 4))[None, :, None]
+    i = rows[:, None, None]
+    zero = i * 0 + g * 0
+    r0, r1, r2, r3 = tl.philox(seed, (g + zero).to(tl.uint32), (i + zero).to(tl.uint32),
+                               (zero + h).to(tl.uint32), (zero + b).to(tl.uint32))
+    t = tl.arange(0, 4)[None, None, :]
+    word = tl.where(t < 2, tl.where(t < 1, r0, r1), tl.where(t < 3, r2, r3))
+    return tl.reshape(word >> 16, (rows.shape[0], BLOCK_N)).to(tl.int32) >= thr
+
+
+@triton.jit
+def _keep_cheap(seed, b, h, rows, n0, thr, BLOCK_N: tl.constexpr):
+    """No random numbers (a fixed pattern keeping 7 of 8): what the masking alone costs."""
+    cols = n0 + tl.arange(0, BLOCK_N)
+    return ((rows[:, None] * 3 + cols[None, :] + h) & 7) != 0
+
+
+VARIANTS = {"r7x16": _keep_r7x16, "r10x8": _keep_r10x8, "sel16": _keep_sel16, "sel32": _keep_sel32,
+            "cheap": _keep_cheap}
+
+
+def _check_variant(p: float) -> str:
+    """Ours at p against the reference with the mask dropout_keep_mask rebuilds (it draws with the
+    swapped _dropout_keep too): forward and gradients' relative errors, bf16."""
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(1, 4, 300, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    torch.manual_seed(2)
+    o = wf.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+    torch.manual_seed(2)
+    keep = attn.dropout_keep_mask(attn.dropout_seed(q.device), 1, 4, 300, 300, p)
+    qr, kr, vr = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref, _ = attn.attention_reference(qr, kr, vr, is_causal=True, dropout_keep=keep, dropout_p=p)
+    do = torch.randn_like(o)
+    errs = [((o.float() - ref).norm() / ref.norm()).item()]
+    for g, r in zip(torch.autograd.grad(o, (q, k, v), do), torch.autograd.grad(ref, (qr, kr, vr), do.float())):
+        errs.append(((g.float() - r).norm() / r.norm()).item())
+    return "check fwd/dq/dk/dv rel err " + " ".join(f"{e:.2e}" for e in errs) + f", kept {keep.float().mean():.4f}"
 
 
 def main():
@@ -80,6 +137,7 @@ def main():
     bench = lambda fn: triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median")  # noqa: E731
     attn._sm90_kernels()
     p = args.p
+    print(f"variant {args.variant or 'shipped'}: {_check_variant(p)}")
     print(f"{'shape':>22} {'causal':>6} {'row':>24} {'fwd ms':>8} {'fwd+bwd ms':>10} {'fwd TF/s':>8}")
     for shape in args.shapes:
         B, H, S, D = (int(x) for x in shape.split(","))

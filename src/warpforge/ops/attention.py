@@ -220,7 +220,7 @@ def _dropout_keep(seed, b, h, rows, n0, thr, BLOCK_N: tl.constexpr):
     r0, r1, r2, r3 = tl.philox(seed, c0, c1, c2, c3)
     lo = tl.join(tl.join(r0 & 0xFFFF, r0 >> 16), tl.join(r1 & 0xFFFF, r1 >> 16))
     hi = tl.join(tl.join(r2 & 0xFFFF, r2 >> 16), tl.join(r3 & 0xFFFF, r3 >> 16))
-    r = tl.reshape(tl.join(lo, hi), (rows.shape[0], BLOCK_N))   # key 8g + t: half t % 2 of r_{t // 2}
+    r = tl.reshape(tl.join(lo, hi), (rows.shape[0], BLOCK_N))   # key 8g + t: half (t // 2) % 2 of r_{t // 4 + 2 (t % 2)}
     return r.to(tl.int32) >= thr
 
 
@@ -824,7 +824,7 @@ def _dropout_args(dropout_p: float, seed, fallback) -> tuple:
 
 
 def _drop_threshold(dropout_p: float) -> int:
-    return min(round(dropout_p * 2**DROP_BITS), 2**DROP_BITS - 1)
+    return min(round(dropout_p * 2**DROP_BITS), 2**DROP_BITS)    # p = 1: 2^16, no score kept
 
 
 def _attention_fwd(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
