@@ -10,7 +10,8 @@ and efficient backends at p.
 ``--variant`` swaps the mask draw (attention._dropout_keep) before anything compiles, to time
 other draws than the shipped one (Philox-4x32-10, 16 bits a score): r7x16 (7 rounds), r10x8 (8
 bits a score, 16 scores a draw, the threshold p * 2^8; FlashAttention-2's width). Outputs of a
-variant are not the shipped kernels' (another mask); only its time is of interest.
+variant are not the shipped kernels' (another mask); only its time is of interest. (The variants
+share _draw since their run in session 51: the same operations, written once.)
 """
 from __future__ import annotations
 
@@ -39,11 +40,17 @@ def _triton_only(fn):
 
 
 @triton.jit
+def _draw(seed, b, h, i, g, N_ROUNDS: tl.constexpr = 10):
+    """Philox-4x32 words for counters (g, i, h, b), g and i broadcastable to each other."""
+    zero = i * 0 + g * 0
+    return tl.philox(seed, (g + zero).to(tl.uint32), (i + zero).to(tl.uint32), (zero + h).to(tl.uint32),
+                     (zero + b).to(tl.uint32), n_rounds=N_ROUNDS)
+
+
+@triton.jit
 def _keep_r7x16(seed, b, h, rows, n0, thr, BLOCK_N: tl.constexpr):
     g = n0 // 8 + tl.arange(0, BLOCK_N // 8)
-    zero = rows[:, None] * 0 + g[None, :] * 0
-    r0, r1, r2, r3 = tl.philox(seed, (g[None, :] + zero).to(tl.uint32), (rows[:, None] + zero).to(tl.uint32),
-                               (zero + h).to(tl.uint32), (zero + b).to(tl.uint32), n_rounds=7)
+    r0, r1, r2, r3 = _draw(seed, b, h, rows[:, None], g[None, :], 7)
     lo = tl.join(tl.join(r0 & 0xFFFF, r0 >> 16), tl.join(r1 & 0xFFFF, r1 >> 16))
     hi = tl.join(tl.join(r2 & 0xFFFF, r2 >> 16), tl.join(r3 & 0xFFFF, r3 >> 16))
     return tl.reshape(tl.join(lo, hi), (rows.shape[0], BLOCK_N)).to(tl.int32) >= thr
@@ -57,9 +64,7 @@ def _bytes(r):
 @triton.jit
 def _keep_r10x8(seed, b, h, rows, n0, thr, BLOCK_N: tl.constexpr):
     g = n0 // 16 + tl.arange(0, BLOCK_N // 16)
-    zero = rows[:, None] * 0 + g[None, :] * 0
-    r0, r1, r2, r3 = tl.philox(seed, (g[None, :] + zero).to(tl.uint32), (rows[:, None] + zero).to(tl.uint32),
-                               (zero + h).to(tl.uint32), (zero + b).to(tl.uint32))
+    r0, r1, r2, r3 = _draw(seed, b, h, rows[:, None], g[None, :])
     r = tl.join(tl.join(_bytes(r0), _bytes(r1)), tl.join(_bytes(r2), _bytes(r3)))
     return tl.reshape(r, (rows.shape[0], BLOCK_N)).to(tl.int32) >= (thr >> 8)
 
@@ -71,10 +76,7 @@ def _keep_sel16(seed, b, h, rows, n0, thr, BLOCK_N: tl.constexpr):
     ~15 a kernel), but the draw is recomputed by each thread holding a column pair of its group
     (mul.hi 531 against 131 in the forward)."""
     g = (n0 // 8 + tl.arange(0, BLOCK_N // 8))[None, :, None]
-    i = rows[:, None, None]
-    zero = i * 0 + g * 0
-    r0, r1, r2, r3 = tl.philox(seed, (g + zero).to(tl.uint32), (i + zero).to(tl.uint32),
-                               (zero + h).to(tl.uint32), (zero + b).to(tl.uint32))
+    r0, r1, r2, r3 = _draw(seed, b, h, rows[:, None, None], g)
     t = tl.arange(0, 8)[None, None, :]
     word = tl.where(t < 4, tl.where(t < 2, r0, r1), tl.where(t < 6, r2, r3))
     half = tl.where((t % 2) == 0, word & 0xFFFF, word >> 16)
@@ -86,10 +88,7 @@ def _keep_sel32(seed, b, h, rows, n0, thr, BLOCK_N: tl.constexpr):
     """Groups of 4 keys, a 32-bit word each (top 16 bits against thr): a thread's column pair
     shares a draw with one other thread, not three."""
     g = (n0 // 4 + tl.arange(0, BLOCK_N // 4))[None, :, None]
-    i = rows[:, None, None]
-    zero = i * 0 + g * 0
-    r0, r1, r2, r3 = tl.philox(seed, (g + zero).to(tl.uint32), (i + zero).to(tl.uint32),
-                               (zero + h).to(tl.uint32), (zero + b).to(tl.uint32))
+    r0, r1, r2, r3 = _draw(seed, b, h, rows[:, None, None], g)
     t = tl.arange(0, 4)[None, None, :]
     word = tl.where(t < 2, tl.where(t < 1, r0, r1), tl.where(t < 3, r2, r3))
     return tl.reshape(word >> 16, (rows.shape[0], BLOCK_N)).to(tl.int32) >= thr
