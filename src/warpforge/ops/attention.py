@@ -206,9 +206,10 @@ def _dropout_keep(seed, b, h, rows, n0, thr, BLOCK_N: tl.constexpr):
     head h in batch entry b. One Philox-4x32-10 draw, keyed by the 64-bit ``seed`` with counter
     (key group n // 8, row, head, batch), gives 128 bits: 16 for each key of the group. A score is
     kept when its 16 bits are >= ``thr`` (round(dropout_p * 2^16)), so the drop rate is p to within
-    2^-17 (FlashAttention-2 takes 8 bits, p to within 2^-9). The draws are the cost: one for every
-    4 scores (32 bits each) took the Triton forward from 2.29 to 4.89 ms (B4 H32 S4096 D128, H200;
-    benchmarks/NOTES.md item 155). A score's fate is a function of (seed, b, h, i, j) alone, not
+    2^-17 (FlashAttention-2 takes 8 bits, p to within 2^-9). The draws are the cost: at B4 H32
+    S4096 D128 on an H200 they take the Triton forward from 2.26 to 4.65 ms, where a fixed pattern
+    in their place runs 2.50 (the integer pipe: ~100 operations a draw); unpacking by selects
+    instead of joins, and 8 bits a score, measured slower (benchmarks/NOTES.md item 155). A score's fate is a function of (seed, b, h, i, j) alone, not
     of the tile shape: the forward and both backward kernels (other tiles, one of them transposed)
     draw the same mask, and dropout_keep_mask rebuilds it for tests."""
     g = n0 // 8 + tl.arange(0, BLOCK_N // 8)
@@ -820,6 +821,8 @@ def _dropout_args(dropout_p: float, seed, fallback) -> tuple:
     Off: ``fallback`` stands for the unread seed pointer."""
     if not dropout_p:
         return (fallback, 0, 1.0), False
+    if seed is None:
+        raise ValueError("warpforge: dropout_p > 0 needs the mask's key: a one-element int64 tensor (dropout_seed)")
     return (seed, _drop_threshold(dropout_p), 0.0 if dropout_p >= 1.0 else 1.0 / (1.0 - dropout_p)), True
 
 
