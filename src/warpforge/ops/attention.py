@@ -61,7 +61,7 @@ import triton.language as tl
 from .. import runtime
 from ..runtime import interpreting, unit_last_dim
 from ..runtime.amp import autocast_inputs
-from ..runtime.checks import as_index, check_finite, check_same, check_tensor, host_sync_unavailable
+from ..runtime.checks import as_index, check_finite, check_same, check_tensor, host_sync_unavailable, to_float
 from ..runtime.heuristics import AttentionConfig, attention_config, attention_pattern
 from ..runtime.launch import LaunchCache
 from ..runtime.registry import Op
@@ -209,9 +209,10 @@ def _dropout_keep(seed, b, h, rows, n0, thr, BLOCK_N: tl.constexpr):
     2^-17 (FlashAttention-2 takes 8 bits, p to within 2^-9). The draws are the cost: at B4 H32
     S4096 D128 on an H200 they take the Triton forward from 2.26 to 4.65 ms, where a fixed pattern
     in their place runs 2.50 (the integer pipe: ~100 operations a draw); unpacking by selects
-    instead of joins, and 8 bits a score, measured slower (benchmarks/NOTES.md item 155). A score's fate is a function of (seed, b, h, i, j) alone, not
-    of the tile shape: the forward and both backward kernels (other tiles, one of them transposed)
-    draw the same mask, and dropout_keep_mask rebuilds it for tests."""
+    instead of joins, and 8 bits a score, measured slower (benchmarks/NOTES.md item 155). A
+    score's fate is a function of (seed, b, h, i, j) alone, not of the tile shape: the forward and
+    both backward kernels (other tiles, one of them transposed) draw the same mask, and
+    dropout_keep_mask rebuilds it for tests."""
     g = n0 // 8 + tl.arange(0, BLOCK_N // 8)
     zero = rows[:, None] * 0 + g[None, :] * 0
     c0 = (g[None, :] + zero).to(tl.uint32)
@@ -1026,12 +1027,11 @@ def _window(window_size, causal: bool) -> tuple[int, int]:
 
 
 def _check_dropout(dropout_p) -> float:
-    """dropout_p as a float in [0, 1] (NaN and other values refused by name)."""
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
-        raise TypeError(f"warpforge: 'dropout_p' must be a float, got {type(dropout_p).__name__}")
-    if not 0.0 <= dropout_p <= 1.0:
-        raise ValueError(f"warpforge: 'dropout_p' is {dropout_p}; expected a probability in [0, 1]")
-    return float(dropout_p)
+    """dropout_p as a float in [0, 1] (to_float's real numbers; NaN and the rest refused by name)."""
+    p = to_float("dropout_p", dropout_p)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"warpforge: 'dropout_p' is {p}; expected a probability in [0, 1]")
+    return p
 
 
 def dropout_seed(device, generator: torch.Generator | None = None) -> torch.Tensor:
