@@ -169,6 +169,23 @@ def _packed(lens_q, lens_k, H, HK, D, dtype):
     return q, k, v, cu[0], cu[1]
 
 
+def _varlen_reference(q, k, v, cu_q, cu_k, keep=None, **kw):
+    """attention_reference sequence by sequence over packed q, k, v, in float64: (qr, kr, vr) (the
+    leaves), the packed output and each sequence's lse. ``keep``: a dropout mask over (sequence,
+    head, query, key), cut to each sequence's lengths; ``kw``: the reference's options."""
+    qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
+    outs, lses = [], []
+    for b in range(cu_q.shape[0] - 1):
+        sq, sk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        if keep is not None:
+            kw["dropout_keep"] = keep[b, :, :sq.stop - sq.start, :sk.stop - sk.start]
+        ob, lb = attention_reference(qr[sq].transpose(0, 1), kr[sk].transpose(0, 1), vr[sk].transpose(0, 1),
+                                     bottom_right=True, **kw)
+        outs.append(ob.transpose(0, 1))
+        lses.append(lb)
+    return (qr, kr, vr), torch.cat(outs), lses
+
+
 @pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (True, (6, -1)), (False, (4, 9))])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_varlen(dtype, causal, window):
@@ -180,18 +197,12 @@ def test_varlen(dtype, causal, window):
     assert o.shape == q.shape and lse.shape == (4, sum(lens_q))
     do = torch.randn_like(o)
     grads = torch.autograd.grad(o, (q, k, v), do)
-    qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
-    outs = []
-    for b in range(len(lens_q)):
-        sq, sk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
-        ob, lb = attention_reference(qr[sq].transpose(0, 1), kr[sk].transpose(0, 1), vr[sk].transpose(0, 1),
-                                     is_causal=causal, window_size=window, bottom_right=True)
-        outs.append(ob.transpose(0, 1))
+    leaves, orf, lses = _varlen_reference(q, k, v, cu_q, cu_k, is_causal=causal, window_size=window)
+    for b, lb in enumerate(lses):
         if lens_q[b]:
-            assert_close(lse[:, sq], lb, torch.float32, scale=10.0, what=f"lse of sequence {b}")
-    orf = torch.cat(outs)
+            assert_close(lse[:, cu_q[b]:cu_q[b + 1]], lb, torch.float32, scale=10.0, what=f"lse of sequence {b}")
     assert_close(o, orf, dtype, what="out")
-    rgrads = torch.autograd.grad(orf, (qr, kr, vr), do.double())
+    rgrads = torch.autograd.grad(orf, leaves, do.double())
     for name, g, r in zip(("dq", "dk", "dv"), grads, rgrads):
         assert_close(g, r, dtype, scale=2.0, what=name)
 
@@ -239,7 +250,7 @@ def test_bad_input():
     for p in (-0.1, 1.5, float("nan")):
         with pytest.raises(ValueError, match="'dropout_p' is .*; expected a probability in \\[0, 1\\]"):
             sdpa(q, k, v, dropout_p=p, enable_gqa=True)
-    with pytest.raises(TypeError, match="'dropout_p' must be a float, got str"):
+    with pytest.raises(TypeError, match="'dropout_p' must be a real number, got str"):
         sdpa(q, k, v, dropout_p="0.1", enable_gqa=True)
     with pytest.raises(ValueError, match="either 'attn_mask' or is_causal"):
         sdpa(q, k, v, attn_mask=torch.ones(8, 8, dtype=torch.bool, device=DEVICE), is_causal=True, enable_gqa=True)
@@ -872,7 +883,7 @@ def test_dropout_mask_statistics():
     assert not dropout_keep_mask(seed, B, H, L, S, 1.0).any()
 
 
-def _check_dropout(q, k, v, dtype, p, what, **kw):
+def _check_with_dropout(q, k, v, dtype, p, what, **kw):
     """A dropout call's output, lse and gradients against attention_reference with the mask the
     call drew (rebuilt from the same torch seed)."""
     B, H, L = q.shape[:3]
@@ -889,9 +900,8 @@ def _check_dropout(q, k, v, dtype, p, what, **kw):
     # a draw between the forward and the backward must not move the backward's mask
     torch.rand(3, device=DEVICE)
     do = torch.randn_like(o)
-    grads = torch.autograd.grad(o, (q, k, v), do)
-    for name, g, r in zip(("dq", "dk", "dv"), grads, torch.autograd.grad(orf, (qr, kr, vr), do.double())):
-        assert_close(g, r, dtype, scale=2.0, what=f"{what} {name}")
+    _check_grads(torch.autograd.grad(o, (q, k, v), do), q, k, v, do, dtype, what, dropout_keep=keep, dropout_p=p,
+                 **ref_kw)
     # and the mask matters: the reference without it is far off
     assert (o.double() - attention_reference(qr, kr, vr, **ref_kw)[0]).norm() > 0.05 * orf.norm()
 
@@ -909,7 +919,7 @@ def test_dropout_forward_backward(shape, dtype, causal):
     odd lengths, L != S, GQA and MQA; on the GPU, bar-like head dims (the Hopper calls go to the
     Triton kernels with dropout)."""
     q, k, v = _inputs(*shape, dtype)
-    _check_dropout(q, k, v, dtype, 0.2, f"p=0.2 {shape}", is_causal=causal, enable_gqa=True)
+    _check_with_dropout(q, k, v, dtype, 0.2, f"p=0.2 {shape}", is_causal=causal, enable_gqa=True)
 
 
 @pytest.mark.parametrize("kw", [dict(attn_mask="bool"), dict(attn_mask="float"), dict(window_size=(5, 2))])
@@ -922,7 +932,7 @@ def test_dropout_with_masks_and_windows(kw):
         kw = dict(attn_mask=mask)
     elif kw.get("attn_mask") == "float":
         kw = dict(attn_mask=randn(2, 19, 21))
-    _check_dropout(q, k, v, torch.float32, 0.35, str(sorted(kw)), **kw)
+    _check_with_dropout(q, k, v, torch.float32, 0.35, str(sorted(kw)), **kw)
 
 
 def test_dropout_extremes_and_reproducibility():
@@ -957,19 +967,11 @@ def test_dropout_varlen():
     torch.manual_seed(2)
     o = wf.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True, dropout_p=p)
     keep = dropout_keep_mask(_call_seed(2), len(lens_q), H, max(lens_q), max(lens_k), p)
-    qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
-    outs = []
-    for b in range(len(lens_q)):
-        sq, sk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
-        ob, _ = attention_reference(qr[sq].transpose(0, 1), kr[sk].transpose(0, 1), vr[sk].transpose(0, 1),
-                                    is_causal=True, bottom_right=True, enable_gqa=True,
-                                    dropout_keep=keep[b, :, :lens_q[b], :lens_k[b]], dropout_p=p)
-        outs.append(ob.transpose(0, 1))
-    orf = torch.cat(outs)
+    leaves, orf, _ = _varlen_reference(q, k, v, cu_q, cu_k, keep, is_causal=True, dropout_p=p)
     assert_close(o, orf, torch.float32, what="out")
     do = torch.randn_like(o)
     for name, g, r in zip(("dq", "dk", "dv"), torch.autograd.grad(o, (q, k, v), do),
-                          torch.autograd.grad(orf, (qr, kr, vr), do.double())):
+                          torch.autograd.grad(orf, leaves, do.double())):
         assert_close(g, r, torch.float32, scale=2.0, what=name)
 
 
@@ -997,7 +999,7 @@ def test_dropout_cuda_graph_replays_draw_new_masks():
     with gv = d sum(o) / dv, the column sums of the kept, scaled probabilities, sum(gv * v) equals
     sum(o) only when both used the same mask (another mask misses by about sum(o) itself)."""
     q, k, v = _inputs(2, 4, 4, 128, 128, 64, torch.bfloat16, grad=False)
-    v = v.detach().requires_grad_()
+    v.requires_grad_()
     static = {}
 
     def step():
