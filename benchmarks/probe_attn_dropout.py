@@ -1,14 +1,17 @@
-"""Device probe: what attention dropout costs our Triton kernels, beside SDPA's backends with the
-same dropout. Rows, each forward and forward+backward (do_bench medians, ms; least of --rounds
+"""Device probe: what attention dropout costs our kernels, beside SDPA's backends with the same
+dropout. Rows, each forward and forward+backward (do_bench medians, ms; least of --rounds
 alternating rounds): ours at p = 0 as routed (the Hopper Gluon kernels), ours at p = 0 on the
-Triton kernels (the path dropout takes, without it), ours at p; SDPA's cuDNN, FlashAttention-2
-and efficient backends at p.
+Triton kernels, ours at p as routed (since session 52 the Gluon forward draws the mask; the
+backward is Triton's), ours at p on the Triton kernels alone; SDPA's cuDNN, FlashAttention-2 and
+efficient backends at p (--no-efficient leaves the last out).
 
     python benchmarks/probe_attn_dropout.py [--shapes 4,32,4096,128] [--p 0.1] [--rounds 2]
         [--variant r7x16|r10x8] [--ours-only]
 
-``--variant`` swaps the mask draw (attention._dropout_keep) before anything compiles, to time
-other draws than the shipped one (Philox-4x32-10, 16 bits a score): r7x16 (7 rounds), r10x8 (8
+``--variant`` swaps the Triton kernels' mask draw (attention._dropout_keep) before anything
+compiles, to time other draws than the session-51 one (the mapping before session 52: key 8g + t
+of group g; the Gluon forward is not swapped, so time a variant with --ours-only, whose row is
+then on the Triton kernels) (Philox-4x32-10, 16 bits a score): r7x16 (7 rounds), r10x8 (8
 bits a score, 16 scores a draw, the threshold p * 2^8; FlashAttention-2's width). Outputs of a
 variant are not the shipped kernels' (another mask); only its time is of interest. (The variants
 share _draw since their run in session 51: the same operations, written once.)
@@ -105,9 +108,12 @@ VARIANTS = {"r7x16": _keep_r7x16, "r10x8": _keep_r10x8, "sel16": _keep_sel16, "s
             "cheap": _keep_cheap}
 
 
-def _check_variant(p: float) -> str:
+def _check_variant(p: float, triton_only: bool = False) -> str:
     """Ours at p against the reference with the mask dropout_keep_mask rebuilds (it draws with the
-    swapped _dropout_keep too): forward and gradients' relative errors, bf16."""
+    swapped _dropout_keep too): forward and gradients' relative errors, bf16 (as routed, or on the
+    Triton kernels alone)."""
+    if triton_only:
+        return _triton_only(_check_variant)(p)
     torch.manual_seed(1)
     q, k, v = (torch.randn(1, 4, 300, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     torch.manual_seed(2)
@@ -130,13 +136,15 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--variant", choices=sorted(VARIANTS))
     ap.add_argument("--ours-only", action="store_true", help="only ours at p (the variant's row)")
+    ap.add_argument("--no-efficient", action="store_true", help="leave SDPA's efficient backend out")
     args = ap.parse_args()
     if args.variant:
         attn._dropout_keep = VARIANTS[args.variant]
     bench = lambda fn: triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median")  # noqa: E731
     attn._sm90_kernels()
     p = args.p
-    print(f"variant {args.variant or 'shipped'}: {_check_variant(p)}")
+    print(f"variant {args.variant or 'shipped'}, routed: {_check_variant(p)}")
+    print(f"variant {args.variant or 'shipped'}, triton: {_check_variant(p, True)}")
     print(f"{'shape':>22} {'causal':>6} {'row':>24} {'fwd ms':>8} {'fwd+bwd ms':>10} {'fwd TF/s':>8}")
     for shape in args.shapes:
         B, H, S, D = (int(x) for x in shape.split(","))
@@ -154,11 +162,12 @@ def main():
                 return run
 
             rows = {"ours p=0 routed": ours(0.0), "ours p=0 triton": _triton_only(ours(0.0)),
-                    f"ours p={p}": ours(p), "sdpa[cudnn]": sdpa(SDPBackend.CUDNN_ATTENTION),
-                    "sdpa[flash]": sdpa(SDPBackend.FLASH_ATTENTION),
-                    "sdpa[efficient]": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
+                    f"ours p={p} routed": ours(p), f"ours p={p} triton": _triton_only(ours(p)),
+                    "sdpa[cudnn]": sdpa(SDPBackend.CUDNN_ATTENTION), "sdpa[flash]": sdpa(SDPBackend.FLASH_ATTENTION)}
+            if not args.no_efficient:
+                rows["sdpa[efficient]"] = sdpa(SDPBackend.EFFICIENT_ATTENTION)
             if args.ours_only:
-                rows = {f"ours p={p} {args.variant or 'shipped'}": ours(p)}
+                rows = {f"ours p={p} {args.variant or 'shipped'}": _triton_only(ours(p)) if args.variant else ours(p)}
             best = {}
             for _ in range(args.rounds):
                 for name, fn in rows.items():

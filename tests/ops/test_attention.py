@@ -883,6 +883,35 @@ def test_dropout_mask_statistics():
     assert not dropout_keep_mask(seed, B, H, L, S, 1.0).any()
 
 
+def _philox_words(key: int, c: list) -> list:
+    """Philox-4x32-10 (Random123's constants; key's low word first) over numpy uint64 arrays of
+    32-bit counters: the four 32-bit words, written apart from Triton's tl.philox."""
+    m = np.uint64(0xFFFFFFFF)
+    k0, k1 = np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32)
+    c0, c1, c2, c3 = (np.asarray(x, dtype=np.uint64) for x in c)
+    for _ in range(10):
+        p0, p1 = np.uint64(0xD2511F53) * c0, np.uint64(0xCD9E8D57) * c2
+        c0, c1, c2, c3 = (p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & m, (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & m
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & m, (k1 + np.uint64(0xBB67AE85)) & m
+    return [c0, c1, c2, c3]
+
+
+def test_dropout_mask_definition():
+    """The mask's definition, rebuilt in numpy: key j = 32 c + 8 w + 2 t + e of query row i, head h,
+    batch entry b is kept when half e (low first) of word w of the draw at counter (4 c + t, i, h, b)
+    is >= round(p * 2^16). Every kernel (the Triton ones, the Hopper forward) must draw exactly this."""
+    seed = _call_seed(5)
+    B, H, L, S, p = 2, 3, 5, 70, 0.4
+    got = dropout_keep_mask(seed, B, H, L, S, p).cpu().numpy()
+    b, h, i, j = np.meshgrid(np.arange(B), np.arange(H), np.arange(L), np.arange(S), indexing="ij")
+    words = _philox_words(int(seed.item()), [4 * (j // 32) + (j % 8) // 2, i, h, b])
+    w = (j % 32) // 8
+    word = np.choose(w, words)
+    bits = (word >> (16 * (j % 2)).astype(np.uint64)) & np.uint64(0xFFFF)
+    want = bits >= round(p * 2**16)
+    assert (got == want).all(), f"{(got != want).sum()} of {got.size} scores differ from the definition"
+
+
 def _check_with_dropout(q, k, v, dtype, p, what, **kw):
     """A dropout call's output, lse and gradients against attention_reference with the mask the
     call drew (rebuilt from the same torch seed)."""
@@ -916,10 +945,48 @@ if ON_GPU:
 @pytest.mark.parametrize("shape", DROPOUT_SHAPES)
 def test_dropout_forward_backward(shape, dtype, causal):
     """Dropout's output and three gradients against the float64 reference with the same mask:
-    odd lengths, L != S, GQA and MQA; on the GPU, bar-like head dims (the Hopper calls go to the
-    Triton kernels with dropout)."""
+    odd lengths, L != S, GQA and MQA; on the GPU, bar-like head dims (on Hopper the 16-bit calls'
+    forward is the Gluon kernel's, their backward the Triton kernels')."""
     q, k, v = _inputs(*shape, dtype)
     _check_with_dropout(q, k, v, dtype, 0.2, f"p=0.2 {shape}", is_causal=causal, enable_gqa=True)
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon forward (ops/attention_sm90.py) runs on sm_90 only")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(1, 2, 2, 17, 17, 64), (2, 4, 2, 1000, 300, 64), (1, 4, 1, 300, 1000, 128),
+                                   (1, 2, 2, 4097, 4097, 128)])
+def test_sm90_dropout_forward(shape, causal, monkeypatch):
+    """The Gluon forward draws dropout's mask itself (checked, not assumed): its output against
+    the float64 reference with dropout_keep_mask's mask, and against the Triton forward's at the
+    same key (the same mask, so within rounding); lse undropped. Then batch slices (the grid limit
+    lowered): each slice's programs count batch entries from the slice's first, as the mask does."""
+    from warpforge.ops import attention as A
+    sm90 = A._sm90_kernels()
+    seen = []
+    real = sm90.attention_fwd_sm90
+    monkeypatch.setattr(sm90, "attention_fwd_sm90", lambda *a, **kw: (seen.append(kw.get("dropout")), real(*a, **kw))[1])
+    B, H, HK, L, S, D = shape
+    q, k, v = _inputs(B, H, HK, L, S, D, torch.bfloat16, grad=False)
+    p = 0.3
+    torch.manual_seed(4)
+    o, lse = wf.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal, enable_gqa=True, return_lse=True)
+    assert seen and seen[-1] is not None, "the dropout call did not take the Gluon forward"
+    keep = dropout_keep_mask(_call_seed(4), B, H, L, S, p)
+    orf, lref = attention_reference(q.double(), k.double(), v.double(), is_causal=causal, enable_gqa=True,
+                                    dropout_keep=keep, dropout_p=p)
+    assert not o.isnan().any()
+    assert_close(o, orf, torch.bfloat16, what="sm90 dropout out")
+    assert_close(lse, lref, torch.float32, scale=10.0, what="sm90 dropout lse")
+    monkeypatch.setattr(A, "_SM90", [None])
+    torch.manual_seed(4)
+    ot = wf.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal, enable_gqa=True)
+    assert_close(o, ot.double(), torch.bfloat16, what="sm90 against Triton, same mask")
+    monkeypatch.setattr(A, "_SM90", [sm90])
+    monkeypatch.setattr(A, "GRID_Y_MAX", max(H, 1))
+    seen.clear()
+    torch.manual_seed(4)
+    assert torch.equal(wf.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal, enable_gqa=True), o)
+    assert len(seen) == B and all(d is not None for d in seen)
 
 
 @pytest.mark.parametrize("kw", [dict(attn_mask="bool"), dict(attn_mask="float"), dict(window_size=(5, 2))])

@@ -202,28 +202,29 @@ def _wide(x, WIDE: tl.constexpr):
 @triton.jit
 def _dropout_keep(seed, b, h, rows, n0, thr, BLOCK_N: tl.constexpr):
     """Which scores of a tile survive dropout: a (len(rows), BLOCK_N) bool tile for query rows
-    ``rows`` (positions in their sequence) and keys n0 .. n0 + BLOCK_N (n0 a multiple of 8) of query
-    head h in batch entry b. One Philox-4x32-10 draw, keyed by the 64-bit ``seed`` with counter
-    (key group n // 8, row, head, batch), gives 128 bits: 16 for each key of the group. A score is
-    kept when its 16 bits are >= ``thr`` (round(dropout_p * 2^16)), so the drop rate is p to within
-    2^-17 (FlashAttention-2 takes 8 bits, p to within 2^-9). The draws are the cost: at B4 H32
-    S4096 D128 on an H200 they take the Triton forward from 2.26 to 4.65 ms, where a fixed pattern
-    in their place runs 2.50 (the integer pipe: ~100 operations a draw); unpacking by selects
-    instead of joins, and 8 bits a score, measured slower (benchmarks/NOTES.md item 155). A
-    score's fate is a function of (seed, b, h, i, j) alone, not of the tile shape: the forward and
-    both backward kernels (other tiles, one of them transposed) draw the same mask, and
-    dropout_keep_mask rebuilds it for tests."""
-    g = n0 // 8 + tl.arange(0, BLOCK_N // 8)
-    zero = rows[:, None] * 0 + g[None, :] * 0
-    c0 = (g[None, :] + zero).to(tl.uint32)
-    c1 = (rows[:, None] + zero).to(tl.uint32)
+    ``rows`` (positions in their sequence) and keys n0 .. n0 + BLOCK_N (n0 and BLOCK_N multiples of
+    32) of query head h in batch entry b. Key j = 32 c + 8 w + 2 t + e takes half e of word w of one
+    Philox-4x32-10 draw, keyed by the 64-bit ``seed`` with counter (4 c + t, row, head, batch): a
+    draw's 8 scores are the ones one thread of a Hopper wgmma accumulator holds in a row (columns
+    2t, 2t + 1 of each group of 8), so the Gluon forward draws each word once (attention_sm90's
+    _dropout_words). A score is kept when its 16 bits are >= ``thr`` (round(dropout_p * 2^16)), so
+    the drop rate is p to within 2^-17 (FlashAttention-2 takes 8 bits, p to within 2^-9). A
+    score's fate is a function of (seed, b, h, i, j) alone, not of the tile shape: every forward
+    and backward kernel (other tiles, some transposed) draws the same mask, and dropout_keep_mask
+    rebuilds it for tests. The draws are the cost (benchmarks/NOTES.md items 155-156)."""
+    NC: tl.constexpr = BLOCK_N // 32
+    c = n0 // 32 + tl.arange(0, NC)
+    t = tl.arange(0, 4)
+    zero = rows[:, None, None] * 0 + c[None, :, None] * 0 + t[None, None, :] * 0
+    c0 = (c[None, :, None] * 4 + t[None, None, :] + zero).to(tl.uint32)     # (R, NC, 4)
+    c1 = (rows[:, None, None] + zero).to(tl.uint32)
     c2 = (zero + h).to(tl.uint32)
     c3 = (zero + b).to(tl.uint32)
     r0, r1, r2, r3 = tl.philox(seed, c0, c1, c2, c3)
-    lo = tl.join(tl.join(r0 & 0xFFFF, r0 >> 16), tl.join(r1 & 0xFFFF, r1 >> 16))
-    hi = tl.join(tl.join(r2 & 0xFFFF, r2 >> 16), tl.join(r3 & 0xFFFF, r3 >> 16))
-    r = tl.reshape(tl.join(lo, hi), (rows.shape[0], BLOCK_N))   # key 8g + t: half (t // 2) % 2 of r_{t // 4 + 2 (t % 2)}
-    return r.to(tl.int32) >= thr
+    w01 = tl.join(tl.join(r0 & 0xFFFF, r0 >> 16), tl.join(r1 & 0xFFFF, r1 >> 16))   # (R, NC, t, e, w % 2)
+    w23 = tl.join(tl.join(r2 & 0xFFFF, r2 >> 16), tl.join(r3 & 0xFFFF, r3 >> 16))
+    r = tl.permute(tl.join(w01, w23), (0, 1, 5, 4, 2, 3))                     # (R, NC, w // 2, w % 2, t, e)
+    return tl.reshape(r, (rows.shape[0], BLOCK_N)).to(tl.int32) >= thr
 
 
 @triton.jit
@@ -852,8 +853,8 @@ def _attention_fwd_into(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
     drop, dropout = _dropout_args(dropout_p, seed, lse)
     sm90 = _sm90_kernels()
-    if sm90 is not None and not dropout and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) and sm90.tma_ok(o):
-        sm90.attention_fwd_sm90(q, k, v, o, lse, scale, causal=win_right == 0)
+    if sm90 is not None and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) and sm90.tma_ok(o):
+        sm90.attention_fwd_sm90(q, k, v, o, lse, scale, causal=win_right == 0, dropout=(*drop, b0) if dropout else None)
         return
     pattern = attention_pattern(mask is not None, win_left, win_right)
     cfg = attention_config("fwd", p.block_d, q.element_size(), pattern)

@@ -169,12 +169,81 @@ def _stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empt
         tma.async_copy_global_to_shared(v_desc, [b, hk, j * BN, 0], v_ready.index(slot), v_smem.index(slot))
 
 
+# Dropout: the mask ops/attention.py's _dropout_keep defines, drawn in the wgmma accumulator's
+# layout. Key j = 32 c + 8 w + 2 t + e of a row takes half e of word w of the Philox draw at counter
+# (4 c + t, row, head, batch); in the accumulator of a 64 x 128 tile the thread with lane % 4 == t
+# holds exactly those keys of its two rows, so it draws 2 rows x 4 column blocks = 8 times a tile
+# and no draw is repeated by another thread. _DROP5 is the accumulator's layout with the columns
+# split as (c, w, t, e) (registers: e, row + 8, w, c; lanes: t, row; warps: row + 16, + 32): the
+# words live on its (row, c, t) slice and spread over (w, e) in registers.
+_DROP5 = gl.DistributedLinearLayout(
+    reg_bases=[[0, 0, 0, 0, 1], [8, 0, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 2, 0, 0], [0, 1, 0, 0, 0], [0, 2, 0, 0, 0]],
+    lane_bases=[[0, 0, 0, 1, 0], [0, 0, 0, 2, 0], [1, 0, 0, 0, 0], [2, 0, 0, 0, 0], [4, 0, 0, 0, 0]],
+    warp_bases=[[16, 0, 0, 0, 0], [32, 0, 0, 0, 0]], block_bases=[], shape=[64, 4, 4, 4, 2])
+_DROP4 = gl.SliceLayout(4, _DROP5)        # (row, c, w, t)
+_DROP3 = gl.SliceLayout(2, _DROP4)        # (row, c, t): one Philox draw an element
+
+
+@gluon.jit
+def _philox(k0, k1, c0, c1, c2, c3, ROUNDS: gl.constexpr):
+    """Philox-4x32 (Random123's multipliers and key bumps) over uint32 counters, key (k0, k1): the
+    same words as Triton's tl.philox."""
+    for _ in gl.static_range(ROUNDS):
+        a0 = c0
+        a2 = c2
+        c0 = gl.umulhi(a2, 0xCD9E8D57) ^ c1 ^ k0
+        c2 = gl.umulhi(a0, 0xD2511F53) ^ c3 ^ k1
+        c1 = a2 * 0xCD9E8D57
+        c3 = a0 * 0xD2511F53
+        k0 = k0 + 0x9E3779B9
+        k1 = k1 + 0xBB67AE85
+    return c0, c1, c2, c3
+
+
+@gluon.jit
+def _dropout_words(k0, k1, b, h, row_lo, n0, ROUNDS: gl.constexpr):
+    """The four Philox words of each (row, 32-key block, t) of a 64 x 128 score tile (rows from
+    row_lo, keys from n0), in _DROP3."""
+    rows = row_lo + gl.arange(0, 64, layout=gl.SliceLayout(1, gl.SliceLayout(2, _DROP3)))
+    cs = n0 // 32 + gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, _DROP3)))
+    ts = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, _DROP3)))
+    r3 = gl.expand_dims(gl.expand_dims(rows, 1), 2)
+    c3 = gl.expand_dims(gl.expand_dims(cs, 0), 2)
+    t3 = gl.expand_dims(gl.expand_dims(ts, 0), 1)
+    zero = r3 * 0 + c3 * 0 + t3 * 0
+    return _philox(k0, k1, (c3 * 4 + t3 + zero).to(gl.uint32), (r3 + zero).to(gl.uint32),
+                   (zero + h).to(gl.uint32), (zero + b).to(gl.uint32), ROUNDS)
+
+
+@gluon.jit
+def _dropped(p, w0, w1, w2, w3, thr):
+    """p with the dropped scores zeroed: score (row, 32 c + 8 w + 2 t + e) kept when half e of word
+    w of its draw is >= thr."""
+    wi = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(
+        gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, _DROP4)))), 0), 1), 3), 4)
+    ei = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(
+        gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, _DROP5))))),
+        0), 1), 2), 3)
+    x0 = gl.expand_dims(gl.expand_dims(w0, 2), 4)
+    x1 = gl.expand_dims(gl.expand_dims(w1, 2), 4)
+    x2 = gl.expand_dims(gl.expand_dims(w2, 2), 4)
+    x3 = gl.expand_dims(gl.expand_dims(w3, 2), 4)
+    word = gl.where(wi == 0, x0, gl.where(wi == 1, x1, gl.where(wi == 2, x2, x3)))      # (row, c, w, t, 1)
+    half = gl.where(ei == 0, word & 0xFFFF, word >> 16)                                   # (row, c, w, t, e)
+    keep = gl.reshape(half.to(gl.int32) >= thr, [64, 128])
+    return gl.where(gl.convert_layout(keep, p.type.layout), p, 0.0)
+
+
 @gluon.jit
 def _attend(qs, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows, row_lo, len_k, kv, n_tiles, scale_log2,
-            CAUSAL: gl.constexpr):
+            CAUSAL: gl.constexpr, k0=0, k1=0, drop_b=0, drop_h=0, drop_thr=0, DROPOUT: gl.constexpr = False,
+            ROUNDS: gl.constexpr = 10):
     """QK^T, the online softmax and O += P V over ring tiles kv .. kv + n_tiles - 1 (slots and
     phases count from kv): tile j's QK^T and tile j-1's PV in flight together, only QK^T waited
-    on before the softmax. Returns the last tile's P (its PV not issued), O, the row max and sum."""
+    on before the softmax. Returns the last tile's P (its PV not issued), O, the row max and sum.
+    DROPOUT (Philox key (k0, k1), the batch entry and head its counters take, the threshold): the
+    sum takes every P, the PV GEMMs only the kept ones; each tile's Philox words are drawn while its QK^T (and the previous
+    tile's PV) run."""
     HM: gl.constexpr = qs.type.shape[0]
     D: gl.constexpr = qs.type.shape[1]
     BN: gl.constexpr = k_smem.type.shape[3]
@@ -194,11 +263,15 @@ def _attend(qs, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows, row_lo
     mbarrier.wait(k_ready.index(slot), (kv // NB) & 1)
     kt = k_smem.index(slot)._reinterpret(dtype, [BN, D], flat_k).permute((1, 0))
     s = warpgroup_mma(qs, kt, zero_s, use_acc=False, is_async=True)
+    if DROPOUT:
+        w0, w1, w2, w3 = _dropout_words(k0, k1, drop_b, drop_h, row_lo, 0, ROUNDS)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     mbarrier.arrive(k_empty.index(slot))
     p, m_i, l_i, alpha = _softmax_any(s, gl.full([HM], -float("inf"), gl.float32, srow),
                                       gl.zeros([HM], gl.float32, srow), rows, cols, 0, len_k, row_lo,
                                       scale_log2, CAUSAL)
+    if DROPOUT:
+        p = _dropped(p, w0, w1, w2, w3, drop_thr)
     acc = gl.zeros([HM, D], gl.float32, o_layout)
     for j in range(1, n_tiles):
         slot = (kv + j) % NB
@@ -210,9 +283,13 @@ def _attend(qs, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows, row_lo
         mbarrier.wait(v_ready.index(prev), ((kv + j - 1) // NB) & 1)
         vt = v_smem.index(prev)._reinterpret(dtype, [BN, D], flat_k)
         acc = warpgroup_mma(pv, vt, acc, is_async=True)                               # O += P_{j-1} V_{j-1}
+        if DROPOUT:
+            w0, w1, w2, w3 = _dropout_words(k0, k1, drop_b, drop_h, row_lo, j * BN, ROUNDS)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))                          # S_j done, PV in flight
         mbarrier.arrive(k_empty.index(slot))
         p, m_i, l_i, alpha = _softmax_any(s, m_i, l_i, rows, cols, j * BN, len_k, row_lo, scale_log2, CAUSAL)
+        if DROPOUT:
+            p = _dropped(p, w0, w1, w2, w3, drop_thr)
         acc, pv = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pv))
         mbarrier.arrive(v_empty.index(prev))
         acc = acc * gl.convert_layout(alpha, orow)[:, None]
@@ -239,8 +316,11 @@ def _last_pv(p, acc, v_smem, v_ready, v_empty, t):
 @gluon.jit
 def _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
              lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-             WG: gl.constexpr, CAUSAL: gl.constexpr):
-    """A consumer warpgroup: query rows [m0 + 64 WG, +64) against every visible K/V tile."""
+             seed_ptr, drop_thr, drop_scale, drop_b0,
+             WG: gl.constexpr, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr = False, ROUNDS: gl.constexpr = 10):
+    """A consumer warpgroup: query rows [m0 + 64 WG, +64) against every visible K/V tile. DROPOUT:
+    the Philox key at seed_ptr, batch entries counted from drop_b0, P kept where its 16 bits are
+    >= drop_thr, O scaled by drop_scale = 1 / (1 - p); lse is the undropped one."""
     HM: gl.constexpr = q_desc.block_type.shape[2]
     D: gl.constexpr = q_desc.block_type.shape[3]
     dtype: gl.constexpr = q_desc.dtype
@@ -255,11 +335,20 @@ def _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_re
     row_lo = m0 + WG * HM
     rows = row_lo + gl.arange(0, HM, layout=srow)
     mbarrier.wait(q_bar.index(WG), 0)
-    p, acc, m_i, l_i = _attend(qs, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows, row_lo, len_k, 0, n_tiles,
-                               scale_log2, CAUSAL)
+    if DROPOUT:
+        seed = gl.load(seed_ptr).to(gl.uint64, bitcast=True)
+        p, acc, m_i, l_i = _attend(qs, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows, row_lo, len_k, 0,
+                                   n_tiles, scale_log2, CAUSAL, (seed & 0xFFFFFFFF).to(gl.uint32),
+                                   ((seed >> 32) & 0xFFFFFFFF).to(gl.uint32), b + drop_b0, h, drop_thr, True, ROUNDS)
+    else:
+        p, acc, m_i, l_i = _attend(qs, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows, row_lo, len_k, 0,
+                                   n_tiles, scale_log2, CAUSAL)
     acc = _last_pv(p, acc, v_smem, v_ready, v_empty, n_tiles - 1)
 
-    out = acc / gl.convert_layout(l_i, orow)[:, None]
+    if DROPOUT:
+        out = acc * (drop_scale / gl.convert_layout(l_i, orow))[:, None]
+    else:
+        out = acc / gl.convert_layout(l_i, orow)[:, None]
     lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
     gl.store(lse_ptr + b.to(gl.int64) * slb + h.to(gl.int64) * slh + rows.to(gl.int64) * slm, lse, mask=rows < len_q)
     qs.store(out.to(dtype))                          # Q's slot is free: this warpgroup's QK^T are done
@@ -270,22 +359,45 @@ def _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_re
 
 @gluon.jit
 def _consume_wg1_full(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
-                      v_empty, lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2):
-    # worker partitions take no constexpr arguments: one wrapper per (warpgroup, causal)
+                      v_empty, lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
+                      seed_ptr, drop_thr, drop_scale, drop_b0):
+    # worker partitions take no constexpr arguments: one wrapper per (warpgroup, causal, dropout)
     _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-             lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2, 1, False)
+             lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
+             seed_ptr, drop_thr, drop_scale, drop_b0, 1, False)
 
 
 @gluon.jit
 def _consume_wg1_causal(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
-                        v_empty, lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2):
+                        v_empty, lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
+                        seed_ptr, drop_thr, drop_scale, drop_b0):
     _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-             lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2, 1, True)
+             lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
+             seed_ptr, drop_thr, drop_scale, drop_b0, 1, True)
+
+
+@gluon.jit
+def _consume_wg1_full_drop(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
+                           v_empty, lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
+                           seed_ptr, drop_thr, drop_scale, drop_b0):
+    _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+             lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
+             seed_ptr, drop_thr, drop_scale, drop_b0, 1, False, True)
+
+
+@gluon.jit
+def _consume_wg1_causal_drop(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty,
+                             v_ready, v_empty, lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles,
+                             scale_log2, seed_ptr, drop_thr, drop_scale, drop_b0):
+    _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+             lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
+             seed_ptr, drop_thr, drop_scale, drop_b0, 1, True, True)
 
 
 @gluon.jit
 def _load(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-          lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2):
+          lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
+          seed_ptr, drop_thr, drop_scale, drop_b0):
     """The producer warp: both halves of the Q tile, then K_j and V_j into the rings as the
     consumers free the slots (an empty barrier completes when both consumers arrive)."""
     HM: gl.constexpr = q_desc.block_type.shape[2]
@@ -299,7 +411,9 @@ def _load(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready
 def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc,   # 4-D (B, H, L, D) TMA descriptors, K/V over (B, Hkv, S, D)
                           lse_ptr, slb, slh, slm,           # lse (B, H, L) fp32 and its strides
                           H, GROUP, len_q, len_k, scale_log2,
-                          CAUSAL: gl.constexpr, REGS: gl.constexpr, num_warps: gl.constexpr):
+                          seed_ptr, drop_thr, drop_scale, drop_b0,   # dropout (DROPOUT only), as _consume takes them
+                          CAUSAL: gl.constexpr, REGS: gl.constexpr, num_warps: gl.constexpr,
+                          DROPOUT: gl.constexpr = False):
     HM: gl.constexpr = q_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     NB: gl.constexpr = 2
@@ -311,9 +425,17 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc,   # 4-D (B, H, L, D) T
     for i in gl.static_range(2):
         mbarrier.init(q_bar.index(i), count=1)
     args = (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-            lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2)
+            lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
+            seed_ptr, drop_thr, drop_scale, drop_b0)
     WG0: gl.constexpr = 0
-    if CAUSAL:
+    if DROPOUT:
+        if CAUSAL:
+            gl.warp_specialize([(_consume, args + (WG0, CAUSAL, DROPOUT)), (_consume_wg1_causal_drop, args),
+                                (_load, args)], [4, 1], [REGS, 24])
+        else:
+            gl.warp_specialize([(_consume, args + (WG0, CAUSAL, DROPOUT)), (_consume_wg1_full_drop, args),
+                                (_load, args)], [4, 1], [REGS, 24])
+    elif CAUSAL:
         gl.warp_specialize([(_consume, args + (WG0, CAUSAL)), (_consume_wg1_causal, args), (_load, args)],
                            [4, 1], [REGS, 24])
     else:
@@ -831,14 +953,22 @@ def attention_bwd_dq_sm90(do, q, k, v, lse, delta, dq, scale: float, causal: boo
 
 
 def attention_fwd_sm90(q, k, v, o, lse, scale: float, causal: bool, block_n: int | None = None,
-                       maxnreg: int | None = None, regs: int | None = None) -> None:
+                       maxnreg: int | None = None, regs: int | None = None, dropout=None) -> None:
     """o, lse = attention(q, k, v) for (B, H, L, D) q and (B, Hkv, S, D) k, v, written in place
     (o like q, 16-byte aligned; lse (B, H, L) fp32). The caller checked ``covers``. Non-causal
     calls with L <= PERSISTENT_MAX_LEN take the persistent kernel, the rest a program a tile;
     causal calls at D <= 64 with L <= SHORT_CAUSAL_MAX_LEN use 64-key tiles and 80 registers a
     thread at launch (the consumers rise to 112), so two programs share an SM. ``block_n``,
-    ``maxnreg`` and ``regs`` (the consumers' registers) override the choice, for the probes."""
+    ``maxnreg`` and ``regs`` (the consumers' registers) override the choice, for the probes.
+    ``dropout``: (seed tensor, threshold, keep scale, first batch index) as ops/attention.py's
+    launcher passes them; such calls take the per-tile kernel with 128-key tiles."""
     B, H, L, D = q.shape
+    if dropout is not None:
+        _attn_fwd_sm90_kernel[(triton.cdiv(L, BLOCK_M), B * H)](
+            _desc(q, HALF), _desc(k, BLOCK_N), _desc(v, BLOCK_N), _desc(o, HALF),
+            lse, lse.stride(0), lse.stride(1), lse.stride(2), H, H // k.shape[1], L, k.shape[2], scale * LOG2E,
+            *dropout, CAUSAL=causal, REGS=regs or 240, num_warps=4, maxnreg=maxnreg or MAXNREG, DROPOUT=True)
+        return
     if causal and D <= 64 and L <= SHORT_CAUSAL_MAX_LEN and block_n is None:
         block_n, maxnreg, regs = SHORT_CAUSAL["block_n"], SHORT_CAUSAL["maxnreg"], SHORT_CAUSAL["regs"]
     n_m = triton.cdiv(L, BLOCK_M)
@@ -853,7 +983,7 @@ def attention_fwd_sm90(q, k, v, o, lse, scale: float, causal: bool, block_n: int
             num_warps=4, maxnreg=MAXNREG)
         return
     _attn_fwd_sm90_kernel[(n_m, B * H)](
-        *descs, *lse_args, H, H // k.shape[1], L, k.shape[2], scale * LOG2E,
+        *descs, *lse_args, H, H // k.shape[1], L, k.shape[2], scale * LOG2E, lse, 0, 1.0, 0,
         CAUSAL=causal, REGS=regs or 240, num_warps=4, maxnreg=maxnreg or MAXNREG)
 
 
