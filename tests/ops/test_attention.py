@@ -951,42 +951,62 @@ def test_dropout_forward_backward(shape, dtype, causal):
     _check_with_dropout(q, k, v, dtype, 0.2, f"p=0.2 {shape}", is_causal=causal, enable_gqa=True)
 
 
-@pytest.mark.skipif(not _hopper(), reason="the Gluon forward (ops/attention_sm90.py) runs on sm_90 only")
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernels (ops/attention_sm90.py) run on sm_90 only")
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(1, 2, 2, 17, 17, 64), (2, 4, 2, 1000, 300, 64), (1, 4, 1, 300, 1000, 128),
-                                   (1, 2, 2, 4097, 4097, 128)])
-def test_sm90_dropout_forward(shape, causal, monkeypatch):
-    """The Gluon forward draws dropout's mask itself (checked, not assumed): its output against
-    the float64 reference with dropout_keep_mask's mask, and against the Triton forward's at the
-    same key (the same mask, so within rounding); lse undropped. Then batch slices (the grid limit
-    lowered): each slice's programs count batch entries from the slice's first, as the mask does."""
+                                   (1, 2, 2, 4097, 4097, 128), (2, 2, 1, 600, 600, 64)])
+def test_sm90_dropout(shape, causal, monkeypatch):
+    """The Gluon forward and fused backward draw dropout's mask themselves (checked, not assumed):
+    output, lse (undropped) and the three gradients against the float64 reference with
+    dropout_keep_mask's mask, and against the Triton kernels at the same key (the same mask, so
+    within rounding), the deterministic backward (Triton dK/dV and dQ) too. Then batch slices (the
+    grid limit lowered): each slice's programs count batch entries from the slice's first, as the
+    mask does."""
     from warpforge.ops import attention as A
     sm90 = A._sm90_kernels()
-    seen = []
-    real = sm90.attention_fwd_sm90
-    monkeypatch.setattr(sm90, "attention_fwd_sm90", lambda *a, **kw: (seen.append(kw.get("dropout")), real(*a, **kw))[1])
+    seen = {"fwd": [], "bwd": []}
+    for key, name in (("fwd", "attention_fwd_sm90"), ("bwd", "attention_bwd_fused_sm90")):
+        real = getattr(sm90, name)
+        monkeypatch.setattr(sm90, name, lambda *a, _r=real, _k=key, **kw: (seen[_k].append(kw.get("dropout")),
+                                                                            _r(*a, **kw))[1])
     B, H, HK, L, S, D = shape
-    q, k, v = _inputs(B, H, HK, L, S, D, torch.bfloat16, grad=False)
+    q, k, v = _inputs(B, H, HK, L, S, D, torch.bfloat16)
     p = 0.3
-    torch.manual_seed(4)
-    o, lse = wf.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal, enable_gqa=True, return_lse=True)
-    assert seen and seen[-1] is not None, "the dropout call did not take the Gluon forward"
+    kw = dict(dropout_p=p, is_causal=causal, enable_gqa=True)
+
+    def run():
+        torch.manual_seed(4)
+        o, lse = wf.scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
+        return (o, lse, *torch.autograd.grad(o, (q, k, v), do))
+
+    do = torch.randn(B, H, L, D, device=DEVICE, dtype=torch.bfloat16)
+    got = run()
+    assert seen["fwd"] and seen["fwd"][-1] is not None, "the dropout forward did not take the Gluon kernel"
+    assert seen["bwd"] and seen["bwd"][-1] is not None, "the dropout backward did not take the fused Gluon kernel"
+    assert not any(t.isnan().any() for t in got)
     keep = dropout_keep_mask(_call_seed(4), B, H, L, S, p)
-    orf, lref = attention_reference(q.double(), k.double(), v.double(), is_causal=causal, enable_gqa=True,
-                                    dropout_keep=keep, dropout_p=p)
-    assert not o.isnan().any()
-    assert_close(o, orf, torch.bfloat16, what="sm90 dropout out")
-    assert_close(lse, lref, torch.float32, scale=10.0, what="sm90 dropout lse")
+    ref_kw = dict(is_causal=causal, enable_gqa=True, dropout_keep=keep, dropout_p=p)
+    qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
+    orf, lref = attention_reference(qr, kr, vr, **ref_kw)
+    assert_close(got[0], orf, torch.bfloat16, what="sm90 dropout out")
+    assert_close(got[1], lref, torch.float32, scale=10.0, what="sm90 dropout lse")
+    _check_grads(got[2:], q, k, v, do, torch.bfloat16, "sm90 dropout", **ref_kw)
+    with torch.use_deterministic_algorithms(True):
+        det = run()
     monkeypatch.setattr(A, "_SM90", [None])
-    torch.manual_seed(4)
-    ot = wf.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal, enable_gqa=True)
-    assert_close(o, ot.double(), torch.bfloat16, what="sm90 against Triton, same mask")
+    tri = run()
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, tri):
+        assert_close(a, b.double(), torch.bfloat16, what=f"sm90 against Triton, same mask: {name}")
+    for name, a, b in zip(("dq", "dk", "dv"), got[2:], det[2:]):
+        assert_close(a, b.double(), torch.bfloat16, what=f"fused against deterministic, same mask: {name}")
     monkeypatch.setattr(A, "_SM90", [sm90])
-    monkeypatch.setattr(A, "GRID_Y_MAX", max(H, 1))
-    seen.clear()
-    torch.manual_seed(4)
-    assert torch.equal(wf.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal, enable_gqa=True), o)
-    assert len(seen) == B and all(d is not None for d in seen)
+    monkeypatch.setattr(A, "GRID_Y_MAX", H)
+    seen["fwd"].clear()
+    sliced = run()
+    assert len(seen["fwd"]) == B and all(d is not None for d in seen["fwd"])
+    assert torch.equal(sliced[0], got[0])
+    for name, a, b in zip(("dq", "dk", "dv"), sliced[2:], got[2:]):
+        assert_close(a, b.double(), torch.bfloat16, what=f"batch slices: {name}")
 
 
 @pytest.mark.parametrize("kw", [dict(attn_mask="bool"), dict(attn_mask="float"), dict(window_size=(5, 2))])

@@ -897,16 +897,18 @@ def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int,
         *p.strides(o), *p.strides(do), *p.lse_strides(lse), p.H, p.len_q, p.total_q), _DELTA_CFG,
         D=p.D, BLOCK_D=p.block_d, BLOCK_M=block, VARLEN=p.varlen, HAS_DLSE=dlse is not None)
     sm90 = _sm90_kernels()
-    hopper = sm90 is not None and not dropout and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) \
+    hopper = sm90 is not None and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) \
         and do.dtype == q.dtype and sm90.tma_ok(do) and sm90.tma_ok(dq)
     if hopper and sm90.FUSED_BACKWARD and not torch.are_deterministic_algorithms_enabled() \
             and sm90.tma_ok(dk) and sm90.tma_ok(dv):
         # one pass for dK, dV and dQ (dQ summed over key tiles by TMA reduce-adds: not bitwise
         # reproducible, so torch.use_deterministic_algorithms(True) takes the form below)
         dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        sm90.attention_bwd_fused_sm90(do, q, k, v, lse, delta, dq_acc, dk, dv, scale, causal=win_right == 0)
+        sm90.attention_bwd_fused_sm90(do, q, k, v, lse, delta, dq_acc, dk, dv, scale, causal=win_right == 0,
+                                      dropout=(*drop, b0) if dropout else None)
         dq.copy_(dq_acc)
         return
+    hopper = hopper and not dropout        # the Gluon dQ kernel below has no dropout
     # the Triton kernels' arguments (not built on the fused path above: the host time of every call)
     flags = _flags(p, q, mask, win_left, win_right, bottom_right, (do, q, k, v, o, dq, dk, dv))
     common = (*p.lse_strides(lse), *p.mask_strides(mask))

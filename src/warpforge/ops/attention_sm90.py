@@ -171,17 +171,21 @@ def _stream_kv(k_desc, v_desc, k_smem, v_smem, k_ready, k_empty, v_ready, v_empt
 
 # Dropout: the mask ops/attention.py's _dropout_keep defines, drawn in the wgmma accumulator's
 # layout. Key j = 32 c + 8 w + 2 t + e of a row takes half e of word w of the Philox draw at counter
-# (4 c + t, row, head, batch); in the accumulator of a 64 x 128 tile the thread with lane % 4 == t
-# holds exactly those keys of its two rows, so it draws 2 rows x 4 column blocks = 8 times a tile
-# and no draw is repeated by another thread. _DROP5 is the accumulator's layout with the columns
-# split as (c, w, t, e) (registers: e, row + 8, w, c; lanes: t, row; warps: row + 16, + 32): the
-# words live on its (row, c, t) slice and spread over (w, e) in registers.
-_DROP5 = gl.DistributedLinearLayout(
-    reg_bases=[[0, 0, 0, 0, 1], [8, 0, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 2, 0, 0], [0, 1, 0, 0, 0], [0, 2, 0, 0, 0]],
-    lane_bases=[[0, 0, 0, 1, 0], [0, 0, 0, 2, 0], [1, 0, 0, 0, 0], [2, 0, 0, 0, 0], [4, 0, 0, 0, 0]],
-    warp_bases=[[16, 0, 0, 0, 0], [32, 0, 0, 0, 0]], block_bases=[], shape=[64, 4, 4, 4, 2])
-_DROP4 = gl.SliceLayout(4, _DROP5)        # (row, c, w, t)
-_DROP3 = gl.SliceLayout(2, _DROP4)        # (row, c, t): one Philox draw an element
+# (4 c + t, row, head, batch); in the accumulator of a (rows, keys) tile the thread with lane % 4
+# == t holds exactly those keys of its rows, so it draws (its rows) x (keys / 32) times a tile and
+# no draw is repeated by another thread. _drop_layout is the accumulator's layout with the columns
+# split as (c, w, t, e) (registers: e, row + 8, w, c, row + 64; lanes: t, row; warps: row + 16,
+# + 32): the words live on its (row, c, t) slice and spread over (w, e) in registers. The backward
+# holds scores transposed (keys as rows): it draws in this layout and moves the mask across.
+@gluon.constexpr_function
+def _drop_layout(rows, cols):
+    rows, cols = int(rows), int(cols)
+    reg = [[0, 0, 0, 0, 1], [8, 0, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 2, 0, 0]]
+    reg += [[0, 1 << i, 0, 0, 0] for i in range((cols // 32).bit_length() - 1)]
+    reg += [[64 << i, 0, 0, 0, 0] for i in range((rows // 64).bit_length() - 1)]
+    return gl.DistributedLinearLayout(
+        reg_bases=reg, lane_bases=[[0, 0, 0, 1, 0], [0, 0, 0, 2, 0], [1, 0, 0, 0, 0], [2, 0, 0, 0, 0], [4, 0, 0, 0, 0]],
+        warp_bases=[[16, 0, 0, 0, 0], [32, 0, 0, 0, 0]], block_bases=[], shape=[rows, cols // 32, 4, 4, 2])
 
 
 @gluon.jit
@@ -201,12 +205,13 @@ def _philox(k0, k1, c0, c1, c2, c3, ROUNDS: gl.constexpr):
 
 
 @gluon.jit
-def _dropout_words(k0, k1, b, h, row_lo, n0, ROUNDS: gl.constexpr):
-    """The four Philox words of each (row, 32-key block, t) of a 64 x 128 score tile (rows from
-    row_lo, keys from n0), in _DROP3."""
-    rows = row_lo + gl.arange(0, 64, layout=gl.SliceLayout(1, gl.SliceLayout(2, _DROP3)))
-    cs = n0 // 32 + gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, _DROP3)))
-    ts = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, _DROP3)))
+def _dropout_words(k0, k1, b, h, row_lo, n0, ROWS: gl.constexpr, COLS: gl.constexpr, ROUNDS: gl.constexpr):
+    """The four Philox words of each (row, 32-key block, t) of a (ROWS, COLS) score tile (query rows
+    from row_lo, keys from n0, a multiple of 32), one a thread in _drop_layout's (row, c, t) slice."""
+    L3: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(4, _drop_layout(ROWS, COLS)))
+    rows = row_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
+    cs = n0 // 32 + gl.arange(0, COLS // 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+    ts = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
     r3 = gl.expand_dims(gl.expand_dims(rows, 1), 2)
     c3 = gl.expand_dims(gl.expand_dims(cs, 0), 2)
     t3 = gl.expand_dims(gl.expand_dims(ts, 0), 1)
@@ -216,13 +221,15 @@ def _dropout_words(k0, k1, b, h, row_lo, n0, ROUNDS: gl.constexpr):
 
 
 @gluon.jit
-def _dropped(p, w0, w1, w2, w3, thr):
-    """p with the dropped scores zeroed: score (row, 32 c + 8 w + 2 t + e) kept when half e of word
-    w of its draw is >= thr."""
+def _keep(w0, w1, w2, w3, thr, ROWS: gl.constexpr, COLS: gl.constexpr):
+    """The (ROWS, COLS) kept-score mask of _dropout_words' words: score (row, 32 c + 8 w + 2 t + e)
+    kept when half e of word w of its draw is >= thr; laid out as the forward's accumulator."""
+    L5: gl.constexpr = _drop_layout(ROWS, COLS)
+    L4: gl.constexpr = gl.SliceLayout(4, L5)
     wi = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(
-        gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, _DROP4)))), 0), 1), 3), 4)
+        gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L4)))), 0), 1), 3), 4)
     ei = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(
-        gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, _DROP5))))),
+        gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L5))))),
         0), 1), 2), 3)
     x0 = gl.expand_dims(gl.expand_dims(w0, 2), 4)
     x1 = gl.expand_dims(gl.expand_dims(w1, 2), 4)
@@ -230,7 +237,13 @@ def _dropped(p, w0, w1, w2, w3, thr):
     x3 = gl.expand_dims(gl.expand_dims(w3, 2), 4)
     word = gl.where(wi == 0, x0, gl.where(wi == 1, x1, gl.where(wi == 2, x2, x3)))      # (row, c, w, t, 1)
     half = gl.where(ei == 0, word & 0xFFFF, word >> 16)                                   # (row, c, w, t, e)
-    keep = gl.reshape(half.to(gl.int32) >= thr, [64, 128])
+    return gl.reshape(half.to(gl.int32) >= thr, [ROWS, COLS])
+
+
+@gluon.jit
+def _dropped(p, w0, w1, w2, w3, thr):
+    """p (a forward score tile) with the dropped scores zeroed."""
+    keep = _keep(w0, w1, w2, w3, thr, p.type.shape[0], p.type.shape[1])
     return gl.where(gl.convert_layout(keep, p.type.layout), p, 0.0)
 
 
@@ -264,7 +277,7 @@ def _attend(qs, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows, row_lo
     kt = k_smem.index(slot)._reinterpret(dtype, [BN, D], flat_k).permute((1, 0))
     s = warpgroup_mma(qs, kt, zero_s, use_acc=False, is_async=True)
     if DROPOUT:
-        w0, w1, w2, w3 = _dropout_words(k0, k1, drop_b, drop_h, row_lo, 0, ROUNDS)
+        w0, w1, w2, w3 = _dropout_words(k0, k1, drop_b, drop_h, row_lo, 0, HM, BN, ROUNDS)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     mbarrier.arrive(k_empty.index(slot))
     p, m_i, l_i, alpha = _softmax_any(s, gl.full([HM], -float("inf"), gl.float32, srow),
@@ -284,7 +297,7 @@ def _attend(qs, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows, row_lo
         vt = v_smem.index(prev)._reinterpret(dtype, [BN, D], flat_k)
         acc = warpgroup_mma(pv, vt, acc, is_async=True)                               # O += P_{j-1} V_{j-1}
         if DROPOUT:
-            w0, w1, w2, w3 = _dropout_words(k0, k1, drop_b, drop_h, row_lo, j * BN, ROUNDS)
+            w0, w1, w2, w3 = _dropout_words(k0, k1, drop_b, drop_h, row_lo, j * BN, HM, BN, ROUNDS)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))                          # S_j done, PV in flight
         mbarrier.arrive(k_empty.index(slot))
         p, m_i, l_i, alpha = _softmax_any(s, m_i, l_i, rows, cols, j * BN, len_k, row_lo, scale_log2, CAUSAL)
@@ -717,8 +730,13 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 @gluon.jit
 def _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
                 ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
-                b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, WG: gl.constexpr, CAUSAL: gl.constexpr):
-    """A consumer warpgroup: dK and dV of keys [n0 + 64 WG, +64), and its half of every dQ tile."""
+                b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale, drop_b0,
+                WG: gl.constexpr, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr = False, ROUNDS: gl.constexpr = 10):
+    """A consumer warpgroup: dK and dV of keys [n0 + 64 WG, +64), and its half of every dQ tile.
+    DROPOUT (as the forward's _consume): each step draws the forward's mask for its (query tile,
+    keys) in the forward's orientation while S^T and dP^T run, and moves it into S^T's layout
+    (through shared memory); dV takes the kept P^T scaled by drop_scale, dP^T the same mask and
+    scale before dS^T = P^T (dP^T - delta)."""
     BM: gl.constexpr = q_desc.block_type.shape[2]
     D: gl.constexpr = q_desc.block_type.shape[3]
     KN: gl.constexpr = k_desc.block_type.shape[2]          # keys a program owns (two warpgroups)
@@ -752,6 +770,10 @@ def _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_s
     zero_q = gl.zeros([BM, DH], gl.float32, dq_layout)
     dk = gl.zeros([HN, D], gl.float32, kv_layout)
     dv = gl.zeros([HN, D], gl.float32, kv_layout)
+    if DROPOUT:
+        seed = gl.load(seed_ptr).to(gl.uint64, bitcast=True)
+        k0 = (seed & 0xFFFFFFFF).to(gl.uint32)
+        k1 = ((seed >> 32) & 0xFFFFFFFF).to(gl.uint32)
     mbarrier.wait(kv_bar, 0)
     n_steps = GROUP * n_i
     for t in range(n_steps):
@@ -768,6 +790,8 @@ def _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_s
         do2 = do_smem.index(slot)._reinterpret(dtype, [BM, D], flat_q)
         st = warpgroup_mma(kw, q2.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         dpt = warpgroup_mma(vw, do2.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        if DROPOUT:
+            w0, w1, w2, w3 = _dropout_words(k0, k1, b + drop_b0, h, m0, key_lo, BM, HN, ROUNDS)
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
         lse2 = gl.convert_layout(lse1, scol) * 1.4426950408889634
         pt = gl.exp2(st * scale_log2 - lse2[None, :])
@@ -775,8 +799,14 @@ def _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_s
             if m0 < key_lo + HN:                           # a tile on the diagonal: keys after the row get P = 0
                 pt = gl.where((m0 + cols)[None, :] >= keys[:, None], pt, 0.0)
         dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt,))
-        dst = (pt * (dpt - gl.convert_layout(delta1, scol)[None, :])).to(dtype)
-        pa = gl.convert_layout(pt.to(dtype), a_layout)
+        if DROPOUT:
+            keep = gl.convert_layout(gl.permute(_keep(w0, w1, w2, w3, drop_thr, BM, HN), (1, 0)), s_layout)
+            dpt = gl.where(keep, dpt * drop_scale, 0.0)
+            dst = (pt * (dpt - gl.convert_layout(delta1, scol)[None, :])).to(dtype)
+            pa = gl.convert_layout(gl.where(keep, pt * drop_scale, 0.0).to(dtype), a_layout)
+        else:
+            dst = (pt * (dpt - gl.convert_layout(delta1, scol)[None, :])).to(dtype)
+            pa = gl.convert_layout(pt.to(dtype), a_layout)
         da = gl.convert_layout(dst, a_layout)
         dv = warpgroup_mma(pa, do2, dv, is_async=True)
         dk = warpgroup_mma(da, q2, dk, is_async=True)
@@ -812,25 +842,51 @@ def _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_s
 @gluon.jit
 def _fb_consume_wg1_full(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem,
                          v_smem, ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr,
-                         slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2):
+                         slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
+                         seed_ptr, drop_thr, drop_scale, drop_b0):
     _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
                 ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
-                b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, 1, False)
+                b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale,
+                drop_b0, 1, False)
+
+
+@gluon.jit
+def _fb_consume_wg1_full_drop(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem,
+                              v_smem, ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr,
+                              slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
+                              seed_ptr, drop_thr, drop_scale, drop_b0):
+    _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
+                ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
+                b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale,
+                drop_b0, 1, False, True)
 
 
 @gluon.jit
 def _fb_consume_wg1_causal(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem,
                            v_smem, ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr,
-                           slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2):
+                           slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
+                           seed_ptr, drop_thr, drop_scale, drop_b0):
     _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
                 ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
-                b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, 1, True)
+                b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale,
+                drop_b0, 1, True)
+
+
+@gluon.jit
+def _fb_consume_wg1_causal_drop(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem,
+                                v_smem, ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr,
+                                slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
+                                seed_ptr, drop_thr, drop_scale, drop_b0):
+    _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
+                ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
+                b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale,
+                drop_b0, 1, True, True)
 
 
 @gluon.jit
 def _fb_load(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
              ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
-             b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2):
+             b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale, drop_b0):
     """The producer warp: the program's K and V once, then Q and dO of each step into the ring."""
     BM: gl.constexpr = q_desc.block_type.shape[2]
     NQ: gl.constexpr = q_smem.type.shape[0]
@@ -850,8 +906,9 @@ def _fb_load(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem
 @gluon.jit
 def _attn_bwd_fused_sm90_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc,
                                 lse_ptr, delta_ptr, slb, slh, slm, HK, GROUP, len_q, len_k, scale, scale_log2,
+                                seed_ptr, drop_thr, drop_scale, drop_b0,   # dropout (DROPOUT only), as the forward's
                                 CAUSAL: gl.constexpr, NQ: gl.constexpr, REVERSE: gl.constexpr,
-                                num_warps: gl.constexpr):
+                                num_warps: gl.constexpr, DROPOUT: gl.constexpr = False):
     BM: gl.constexpr = q_desc.block_type.shape[2]
     D: gl.constexpr = q_desc.block_type.shape[3]
     KN: gl.constexpr = k_desc.block_type.shape[2]
@@ -889,9 +946,16 @@ def _attn_bwd_fused_sm90_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_des
         mbarrier.init(ds_empty.index(i), count=2)
     args = (q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
             ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
-            b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2)
+            b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale, drop_b0)
     WG0: gl.constexpr = 0
-    if CAUSAL:
+    if DROPOUT:
+        if CAUSAL:
+            gl.warp_specialize([(_fb_consume, args + (WG0, CAUSAL, DROPOUT)), (_fb_consume_wg1_causal_drop, args),
+                                (_fb_load, args)], [4, 1], [240, 24])
+        else:
+            gl.warp_specialize([(_fb_consume, args + (WG0, CAUSAL, DROPOUT)), (_fb_consume_wg1_full_drop, args),
+                                (_fb_load, args)], [4, 1], [240, 24])
+    elif CAUSAL:
         gl.warp_specialize([(_fb_consume, args + (WG0, CAUSAL)), (_fb_consume_wg1_causal, args), (_fb_load, args)],
                            [4, 1], [240, 24])
     else:
@@ -993,10 +1057,11 @@ FUSED_BACKWARD = True   # the probes switch it off to time the seven-GEMM form
 
 
 def attention_bwd_fused_sm90(do, q, k, v, lse, delta, dq_acc, dk, dv, scale: float, causal: bool,
-                             block_m: int | None = None, reverse: bool = False) -> None:
+                             block_m: int | None = None, reverse: bool = False, dropout=None) -> None:
     """dk, dv written and dq_acc (fp32, (B, H, L, D), zeroed by the caller) accumulated with
     scale * dS K, all from one pass over the key tiles (see _attn_bwd_fused_sm90_kernel); the
-    caller casts dq_acc into dq. The caller checked ``covers`` and ``tma_ok`` for every tensor."""
+    caller casts dq_acc into dq. The caller checked ``covers`` and ``tma_ok`` for every tensor.
+    ``dropout``: (seed tensor, threshold, keep scale, first batch index), as the forward's."""
     B, H, L, D = q.shape
     HK, S = k.shape[1], k.shape[2]
     bm = block_m or (FUSED_BLOCK_M_D64_FULL if D <= 64 and not causal else HALF)
@@ -1004,5 +1069,5 @@ def attention_bwd_fused_sm90(do, q, k, v, lse, delta, dq_acc, dk, dv, scale: flo
     _attn_bwd_fused_sm90_kernel[grid](
         _desc(q, bm), _desc(do, bm), _desc(k, 2 * HALF), _desc(v, 2 * HALF), _desc(dk, HALF), _desc(dv, HALF),
         _desc(dq_acc, bm, D // 2), lse, delta, lse.stride(0), lse.stride(1), lse.stride(2),
-        HK, H // HK, L, S, scale, scale * LOG2E,
-        CAUSAL=causal, NQ=FUSED_SLOTS, REVERSE=reverse, num_warps=4, maxnreg=MAXNREG)
+        HK, H // HK, L, S, scale, scale * LOG2E, *(dropout or (lse, 0, 1.0, 0)),
+        CAUSAL=causal, NQ=FUSED_SLOTS, REVERSE=reverse, num_warps=4, maxnreg=MAXNREG, DROPOUT=dropout is not None)
