@@ -1,5 +1,5 @@
 """Device probe: what attention dropout costs our kernels, beside SDPA's backends with the same
-dropout. Rows, each forward and forward+backward (do_bench medians, ms; least of --rounds
+dropout. Rows, each forward, forward+backward and backward alone (do_bench medians, ms; least of --rounds
 alternating rounds): ours at p = 0 as routed (the Hopper Gluon kernels), ours at p = 0 on the
 Triton kernels, ours at p as routed (since session 52 the Gluon forward draws the mask; the
 backward is Triton's), ours at p on the Triton kernels alone; SDPA's cuDNN, FlashAttention-2 and
@@ -145,7 +145,7 @@ def main():
     p = args.p
     print(f"variant {args.variant or 'shipped'}, routed: {_check_variant(p)}")
     print(f"variant {args.variant or 'shipped'}, triton: {_check_variant(p, True)}")
-    print(f"{'shape':>22} {'causal':>6} {'row':>24} {'fwd ms':>8} {'fwd+bwd ms':>10} {'fwd TF/s':>8}")
+    print(f"{'shape':>22} {'causal':>6} {'row':>24} {'fwd ms':>8} {'fwd+bwd ms':>10} {'bwd ms':>8} {'fwd TF/s':>8}")
     for shape in args.shapes:
         B, H, S, D = (int(x) for x in shape.split(","))
         torch.manual_seed(0)
@@ -175,20 +175,22 @@ def main():
                         with torch.no_grad():
                             f = bench(fn)
                         fb = bench(lambda: torch.autograd.grad(fn(), (q, k, v), do))
+                        o = fn()
+                        bw = bench(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
                     except Exception as e:  # noqa: BLE001 -- a backend that cannot run the case
-                        best[name] = (None, None, str(e).splitlines()[0][:60])
+                        best[name] = (None, None, None, str(e).splitlines()[0][:60])
                         continue
                     old = best.get(name)
                     if old is None or old[0] is None:
-                        best[name] = (f, fb, "")
+                        best[name] = (f, fb, bw, "")
                     else:
-                        best[name] = (min(old[0], f), min(old[1], fb), "")
+                        best[name] = (min(old[0], f), min(old[1], fb), min(old[2], bw), "")
             flops = 4 * B * H * S * S * D // (2 if causal else 1)
-            for name, (f, fb, err) in best.items():
+            for name, (f, fb, bw, err) in best.items():
                 if f is None:
                     print(f"{shape:>22} {str(causal):>6} {name:>24} failed: {err}")
                 else:
-                    print(f"{shape:>22} {str(causal):>6} {name:>24} {f:8.3f} {fb:10.3f} {flops / f / 1e9:8.0f}")
+                    print(f"{shape:>22} {str(causal):>6} {name:>24} {f:8.3f} {fb:10.3f} {bw:8.3f} {flops / f / 1e9:8.0f}")
 
 
 if __name__ == "__main__":

@@ -221,9 +221,9 @@ def _dropout_words(k0, k1, b, h, row_lo, n0, ROWS: gl.constexpr, COLS: gl.conste
 
 
 @gluon.jit
-def _keep(w0, w1, w2, w3, thr, ROWS: gl.constexpr, COLS: gl.constexpr):
-    """The (ROWS, COLS) kept-score mask of _dropout_words' words: score (row, 32 c + 8 w + 2 t + e)
-    kept when half e of word w of its draw is >= thr; laid out as the forward's accumulator."""
+def _keep5(w0, w1, w2, w3, thr, ROWS: gl.constexpr, COLS: gl.constexpr):
+    """The kept-score mask of _dropout_words' words as (row, c, w, t, e) in _drop_layout: score
+    (row, 32 c + 8 w + 2 t + e) kept when half e of word w of its draw is >= thr."""
     L5: gl.constexpr = _drop_layout(ROWS, COLS)
     L4: gl.constexpr = gl.SliceLayout(4, L5)
     wi = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(
@@ -237,7 +237,13 @@ def _keep(w0, w1, w2, w3, thr, ROWS: gl.constexpr, COLS: gl.constexpr):
     x3 = gl.expand_dims(gl.expand_dims(w3, 2), 4)
     word = gl.where(wi == 0, x0, gl.where(wi == 1, x1, gl.where(wi == 2, x2, x3)))      # (row, c, w, t, 1)
     half = gl.where(ei == 0, word & 0xFFFF, word >> 16)                                   # (row, c, w, t, e)
-    return gl.reshape(half.to(gl.int32) >= thr, [ROWS, COLS])
+    return half.to(gl.int32) >= thr
+
+
+@gluon.jit
+def _keep(w0, w1, w2, w3, thr, ROWS: gl.constexpr, COLS: gl.constexpr):
+    """_keep5's mask as a (ROWS, COLS) tile, laid out as the forward's accumulator."""
+    return gl.reshape(_keep5(w0, w1, w2, w3, thr, ROWS, COLS), [ROWS, COLS])
 
 
 @gluon.jit
@@ -245,6 +251,63 @@ def _dropped(p, w0, w1, w2, w3, thr):
     """p (a forward score tile) with the dropped scores zeroed."""
     keep = _keep(w0, w1, w2, w3, thr, p.type.shape[0], p.type.shape[1])
     return gl.where(gl.convert_layout(keep, p.type.layout), p, 0.0)
+
+
+@gluon.constexpr_function
+def _drop_layout_t(keys, queries):
+    """A transposed score tile's accumulator layout (keys as rows, the backward's S^T) with the
+    key dim split as (c, w, t, e), key = 32 c + 8 w + 2 t + e: registers query + 1, w + 1 (key + 8),
+    query + 8, + 16, ...; lanes query + 2, + 4, e, t; warps w + 2 (key + 16), c (key + 32)."""
+    keys, queries = int(keys), int(queries)
+    assert keys == 64, "a warpgroup's 64 keys"
+    reg = [[0, 0, 0, 0, 1], [0, 1, 0, 0, 0]] + [[0, 0, 0, 0, 8 << i] for i in range((queries // 8).bit_length() - 1)]
+    return gl.DistributedLinearLayout(
+        reg_bases=reg, lane_bases=[[0, 0, 0, 0, 2], [0, 0, 0, 0, 4], [0, 0, 0, 1, 0], [0, 0, 1, 0, 0], [0, 0, 2, 0, 0]],
+        warp_bases=[[0, 2, 0, 0, 0], [1, 0, 0, 0, 0]], block_bases=[], shape=[2, 4, 4, 2, queries])
+
+
+@gluon.jit
+def _pack_keep(w0, w1, w2, w3, thr, mk, QUERIES: gl.constexpr):
+    """A transposed tile's mask, first half: from _dropout_words' words for (QUERIES query rows,
+    64 keys) each thread packs its 16 scores of a (row, t) into 16 bits (bit 8 c + 2 w + e) and
+    stores them in ``mk`` ((4, QUERIES) int16 shared memory, t-major, so a reader's two adjacent
+    queries are one 32-bit load; 16-byte vectors XOR-swizzled by t, so neither the writers' nor
+    the readers' lanes share a bank). Two registers a thread stay live, not the words."""
+    L5: gl.constexpr = _drop_layout(QUERIES, 64)
+    keep = _keep5(w0, w1, w2, w3, thr, QUERIES, 64)
+    ci = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(
+        gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, L5))))),
+        0), 2), 3), 4)
+    wi = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(
+        gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, L5))))),
+        0), 1), 3), 4)
+    ei = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(
+        gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L5))))),
+        0), 1), 2), 3)
+    bits = gl.where(keep, 1 << (ci * 8 + wi * 2 + ei), 0)
+    packed = gl.reduce_or(gl.reduce_or(gl.reduce_or(bits, 4), 2), 1)             # (row, t)
+    mk.store(gl.permute(packed.to(gl.int16), (1, 0)))
+
+
+@gluon.jit
+def _unpack_keep(mk, QUERIES: gl.constexpr):
+    """The second half: after a barrier (every thread's _pack_keep stored), the (64 keys, QUERIES)
+    kept-score mask in the transposed tile's accumulator layout, each thread reading the words
+    its scores need."""
+    gl.thread_barrier()
+    LT: gl.constexpr = _drop_layout_t(64, QUERIES)
+    words = mk.load(gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LT))))
+    words = gl.expand_dims(gl.expand_dims(gl.expand_dims(words.to(gl.int32) & 0xFFFF, 0), 1), 3)   # (1, 1, t, 1, q)
+    c5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(
+        gl.arange(0, 2, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, LT))))),
+        1), 2), 3), 4)
+    w5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(
+        gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, LT))))),
+        0), 2), 3), 4)
+    e5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(
+        gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, LT))))),
+        0), 1), 2), 4)
+    return gl.reshape(((words >> (c5 * 8 + w5 * 2 + e5)) & 1) != 0, [64, QUERIES])
 
 
 @gluon.jit
@@ -729,7 +792,7 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 @gluon.jit
 def _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
-                ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
+                ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
                 b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale, drop_b0,
                 WG: gl.constexpr, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr = False, ROUNDS: gl.constexpr = 10):
     """A consumer warpgroup: dK and dV of keys [n0 + 64 WG, +64), and its half of every dQ tile.
@@ -770,10 +833,6 @@ def _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_s
     zero_q = gl.zeros([BM, DH], gl.float32, dq_layout)
     dk = gl.zeros([HN, D], gl.float32, kv_layout)
     dv = gl.zeros([HN, D], gl.float32, kv_layout)
-    if DROPOUT:
-        seed = gl.load(seed_ptr).to(gl.uint64, bitcast=True)
-        k0 = (seed & 0xFFFFFFFF).to(gl.uint32)
-        k1 = ((seed >> 32) & 0xFFFFFFFF).to(gl.uint32)
     mbarrier.wait(kv_bar, 0)
     n_steps = GROUP * n_i
     for t in range(n_steps):
@@ -791,7 +850,13 @@ def _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_s
         st = warpgroup_mma(kw, q2.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         dpt = warpgroup_mma(vw, do2.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         if DROPOUT:
+            # the key is loaded each step (volatile: not hoisted), so its ten round keys are not
+            # 20 loop-invariant registers, which spilled
+            seed = gl.load(seed_ptr, volatile=True).to(gl.uint64, bitcast=True)
+            k0 = (seed & 0xFFFFFFFF).to(gl.uint32)
+            k1 = ((seed >> 32) & 0xFFFFFFFF).to(gl.uint32)
             w0, w1, w2, w3 = _dropout_words(k0, k1, b + drop_b0, h, m0, key_lo, BM, HN, ROUNDS)
+            _pack_keep(w0, w1, w2, w3, drop_thr, mk_smem.index(WG), BM)
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
         lse2 = gl.convert_layout(lse1, scol) * 1.4426950408889634
         pt = gl.exp2(st * scale_log2 - lse2[None, :])
@@ -800,7 +865,7 @@ def _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_s
                 pt = gl.where((m0 + cols)[None, :] >= keys[:, None], pt, 0.0)
         dpt = warpgroup_mma_wait(num_outstanding=0, deps=(dpt,))
         if DROPOUT:
-            keep = gl.convert_layout(gl.permute(_keep(w0, w1, w2, w3, drop_thr, BM, HN), (1, 0)), s_layout)
+            keep = gl.convert_layout(_unpack_keep(mk_smem.index(WG), BM), s_layout)
             dpt = gl.where(keep, dpt * drop_scale, 0.0)
             dst = (pt * (dpt - gl.convert_layout(delta1, scol)[None, :])).to(dtype)
             pa = gl.convert_layout(gl.where(keep, pt * drop_scale, 0.0).to(dtype), a_layout)
@@ -841,51 +906,51 @@ def _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_s
 
 @gluon.jit
 def _fb_consume_wg1_full(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem,
-                         v_smem, ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr,
+                         v_smem, ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr,
                          slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
                          seed_ptr, drop_thr, drop_scale, drop_b0):
     _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
-                ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
+                ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
                 b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale,
                 drop_b0, 1, False)
 
 
 @gluon.jit
 def _fb_consume_wg1_full_drop(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem,
-                              v_smem, ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr,
+                              v_smem, ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr,
                               slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
                               seed_ptr, drop_thr, drop_scale, drop_b0):
     _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
-                ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
+                ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
                 b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale,
                 drop_b0, 1, False, True)
 
 
 @gluon.jit
 def _fb_consume_wg1_causal(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem,
-                           v_smem, ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr,
+                           v_smem, ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr,
                            slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
                            seed_ptr, drop_thr, drop_scale, drop_b0):
     _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
-                ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
+                ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
                 b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale,
                 drop_b0, 1, True)
 
 
 @gluon.jit
 def _fb_consume_wg1_causal_drop(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem,
-                                v_smem, ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr,
+                                v_smem, ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr,
                                 slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
                                 seed_ptr, drop_thr, drop_scale, drop_b0):
     _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
-                ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
+                ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
                 b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale,
                 drop_b0, 1, True, True)
 
 
 @gluon.jit
 def _fb_load(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
-             ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
+             ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
              b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale, drop_b0):
     """The producer warp: the program's K and V once, then Q and dO of each step into the ring."""
     BM: gl.constexpr = q_desc.block_type.shape[2]
@@ -932,6 +997,10 @@ def _attn_bwd_fused_sm90_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_des
     v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
     ds_smem = gl.allocate_shared_memory(dtype, [2, KN, BM], gl.NVMMASharedLayout.get_default_for([KN, BM], dtype))
     st_smem = gl.allocate_shared_memory(gl.float32, [2] + dqa_desc.block_type.shape, dqa_desc.layout)
+    if DROPOUT:                                            # each warpgroup's packed mask (_keep_transposed)
+        mk_smem = gl.allocate_shared_memory(gl.int16, [2, 4, BM], gl.SwizzledSharedLayout(8, 1, 4, [1, 0]))
+    else:
+        mk_smem = st_smem
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [NQ, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [NQ, 1], mbarrier.MBarrierLayout())
@@ -945,7 +1014,7 @@ def _attn_bwd_fused_sm90_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_des
         mbarrier.init(ds_ready.index(i), count=2)
         mbarrier.init(ds_empty.index(i), count=2)
     args = (q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
-            ds_smem, st_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
+            ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
             b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale, drop_b0)
     WG0: gl.constexpr = 0
     if DROPOUT:
