@@ -42,6 +42,23 @@ def _triton_only(fn):
     return run
 
 
+def _fused_bm64(fn):
+    """``fn`` with the fused backward's D-64 query tile at 64 rows (as at D 128) instead of 128."""
+    def run(*a):
+        from warpforge.ops import attention_sm90 as sm90
+        saved = sm90.FUSED_BLOCK_M_D64_FULL
+        sm90.FUSED_BLOCK_M_D64_FULL = 64
+        try:
+            return fn(*a)
+        finally:
+            sm90.FUSED_BLOCK_M_D64_FULL = saved
+    return run
+
+
+def _plain(fn):
+    return fn
+
+
 @triton.jit
 def _draw(seed, b, h, i, g, N_ROUNDS: tl.constexpr = 10):
     """Philox-4x32 words for counters (g, i, h, b), g and i broadcastable to each other."""
@@ -161,22 +178,26 @@ def main():
                         return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal)
                 return run
 
-            rows = {"ours p=0 routed": ours(0.0), "ours p=0 triton": _triton_only(ours(0.0)),
-                    f"ours p={p} routed": ours(p), f"ours p={p} triton": _triton_only(ours(p)),
-                    "sdpa[cudnn]": sdpa(SDPBackend.CUDNN_ATTENTION), "sdpa[flash]": sdpa(SDPBackend.FLASH_ATTENTION)}
+            # (forward, route): the route wraps the forward, forward+backward and backward timings alike
+            rows = {"ours p=0 routed": (ours(0.0), _plain), "ours p=0 triton": (ours(0.0), _triton_only),
+                    f"ours p={p} routed": (ours(p), _plain), f"ours p={p} triton": (ours(p), _triton_only),
+                    "sdpa[cudnn]": (sdpa(SDPBackend.CUDNN_ATTENTION), _plain),
+                    "sdpa[flash]": (sdpa(SDPBackend.FLASH_ATTENTION), _plain)}
+            if D <= 64 and not causal:
+                rows[f"ours p={p} fused bm64"] = (ours(p), _fused_bm64)
             if not args.no_efficient:
-                rows["sdpa[efficient]"] = sdpa(SDPBackend.EFFICIENT_ATTENTION)
+                rows["sdpa[efficient]"] = (sdpa(SDPBackend.EFFICIENT_ATTENTION), _plain)
             if args.ours_only:
-                rows = {f"ours p={p} {args.variant or 'shipped'}": _triton_only(ours(p)) if args.variant else ours(p)}
+                rows = {f"ours p={p} {args.variant or 'shipped'}": (ours(p), _triton_only if args.variant else _plain)}
             best = {}
             for _ in range(args.rounds):
-                for name, fn in rows.items():
+                for name, (fn, route) in rows.items():
                     try:
                         with torch.no_grad():
-                            f = bench(fn)
-                        fb = bench(lambda: torch.autograd.grad(fn(), (q, k, v), do))
-                        o = fn()
-                        bw = bench(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+                            f = bench(route(fn))
+                        fb = bench(route(lambda: torch.autograd.grad(fn(), (q, k, v), do)))
+                        o = route(fn)()
+                        bw = bench(route(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)))
                     except Exception as e:  # noqa: BLE001 -- a backend that cannot run the case
                         best[name] = (None, None, None, str(e).splitlines()[0][:60])
                         continue

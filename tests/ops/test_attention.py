@@ -956,7 +956,8 @@ def test_dropout_forward_backward(shape, dtype, causal):
 @pytest.mark.parametrize("shape", [(1, 2, 2, 17, 17, 64), (2, 4, 2, 1000, 300, 64), (1, 4, 1, 300, 1000, 128),
                                    (1, 2, 2, 4097, 4097, 128), (2, 2, 1, 600, 600, 64)])
 def test_sm90_dropout(shape, causal, monkeypatch):
-    """The Gluon forward and fused backward draw dropout's mask themselves (checked, not assumed):
+    """The Gluon forward (at D 128; D 64 stays on the Triton kernel, faster there) and the fused
+    backward draw dropout's mask themselves (checked, not assumed):
     output, lse (undropped) and the three gradients against the float64 reference with
     dropout_keep_mask's mask, and against the Triton kernels at the same key (the same mask, so
     within rounding), the deterministic backward (Triton dK/dV and dQ) too. Then batch slices (the
@@ -981,7 +982,8 @@ def test_sm90_dropout(shape, causal, monkeypatch):
 
     do = torch.randn(B, H, L, D, device=DEVICE, dtype=torch.bfloat16)
     got = run()
-    assert seen["fwd"] and seen["fwd"][-1] is not None, "the dropout forward did not take the Gluon kernel"
+    gluon_fwd = D in sm90.DROPOUT_FWD_HEAD_DIMS
+    assert (bool(seen["fwd"]) and seen["fwd"][-1] is not None) == gluon_fwd, f"forward route at D {D}: {seen['fwd']}"
     assert seen["bwd"] and seen["bwd"][-1] is not None, "the dropout backward did not take the fused Gluon kernel"
     assert not any(t.isnan().any() for t in got)
     keep = dropout_keep_mask(_call_seed(4), B, H, L, S, p)
@@ -1007,7 +1009,7 @@ def test_sm90_dropout(shape, causal, monkeypatch):
     monkeypatch.setattr(A, "GRID_Y_MAX", H)
     seen["fwd"].clear()
     sliced = run()
-    assert len(seen["fwd"]) == B and all(d is not None for d in seen["fwd"])
+    assert len(seen["fwd"]) == (B if gluon_fwd else 0) and all(d is not None for d in seen["fwd"])
     assert torch.equal(sliced[0], got[0])
     for name, a, b in zip(("dq", "dk", "dv"), sliced[2:], got[2:]):
         assert_close(a, b.double(), torch.bfloat16, what=f"batch slices: {name}")

@@ -853,7 +853,8 @@ def _attention_fwd_into(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
     drop, dropout = _dropout_args(dropout_p, seed, lse)
     sm90 = _sm90_kernels()
-    if sm90 is not None and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) and sm90.tma_ok(o):
+    if sm90 is not None and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) and sm90.tma_ok(o) \
+            and (not dropout or q.shape[-1] in sm90.DROPOUT_FWD_HEAD_DIMS):
         sm90.attention_fwd_sm90(q, k, v, o, lse, scale, causal=win_right == 0, dropout=(*drop, b0) if dropout else None)
         return
     pattern = attention_pattern(mask is not None, win_left, win_right)

@@ -68,6 +68,10 @@ BLOCK_N = 128      # keys a K/V tile holds
 SLOTS = 2          # K and V ring slots (3 measured no faster: 581 against 576 TFLOP/s)
 MAXNREG = 168      # 12 warps x 32 x 168 = the 64K register file; consumers rise to 240, the loader drops to 24
 HEAD_DIMS = (64, 128)
+# dropout's forward takes this kernel at D 128 only: at D 64 the Philox draws (as many as at D 128)
+# outweigh half the MMA work and the Triton kernel is faster (H200, B4 H32 S4096 p 0.1: 2.62 against
+# 2.43 ms, causal 1.45 against 1.31; D 128 3.11 against 3.41; NOTES item 156)
+DROPOUT_FWD_HEAD_DIMS = (128,)
 PERSISTENT_MAX_LEN = 2048   # non-causal calls up to this length take the persistent kernel (NOTES item 46)
 SHORT_CAUSAL_MAX_LEN = 2048   # causal D <= 64 calls up to this length: 64-key tiles, two programs an SM (NOTES 48)
 SHORT_CAUSAL = dict(block_n=64, maxnreg=80, regs=112)   # 12 warps x 32 x 80 registers = under half the file
