@@ -37,7 +37,9 @@ Why the kernels look the way they do:
   cuDNN). The backward of those calls is a fused Gluon kernel there (dK, dV and dQ in one pass,
   five GEMMs, dQ summed by TMA reduce-adds into fp32: 0.99x cuDNN on the H200), or, under
   torch.use_deterministic_algorithms(True), this file's dK/dV kernel plus a Gluon dQ kernel.
-  Every other call runs the Triton kernels here.
+  With dropout, the forward at D 128 and the fused backward are the Gluon kernels too (they draw
+  the mask in the wgmma accumulator's layout, _dropout_keep); the D-64 forward and the
+  deterministic backward stay here. Every other call runs the Triton kernels here.
 - GQA/MQA: query head h reads KV head h // (Hq/Hkv); nothing is repeated in memory.
 - Variable length: the same kernels, where a program reads its sequence's start and length from
   cu_seqlens (clamped to the packed tensor, so a bad cu_seqlens cannot send a read out of bounds).
@@ -1116,8 +1118,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     1 / (1 - dropout_p), with a mask drawn in the kernels from a Philox key that is itself drawn
     from ``generator`` (default: the device's default generator, so ``torch.manual_seed``
     reproduces a call). The backward redraws the same mask; ``lse`` stays that of the undropped
-    scores. Dropout runs on the Triton kernels (the Hopper Gluon kernels take dropout_p = 0 only);
-    ``dropout_keep_mask`` rebuilds a call's mask.
+    scores. On Hopper the Gluon forward (D 128) and fused backward draw the mask themselves, the
+    other kernels the same mask; ``dropout_keep_mask`` rebuilds a call's mask.
 
     Not supported, with a clear error: head dims that differ between query, key and value, a mask
     that requires grad.

@@ -44,6 +44,15 @@ The sum's order varies from run to run, so under torch.use_deterministic_algorit
 backward takes the seven-GEMM form instead: Triton dK/dV kernel plus this file's dQ kernel
 (attention_bwd_dq_sm90: 128 query rows a program, S and dP recomputed per 64-key tile, the
 previous tile's dQ += dS K issued behind them), bitwise repeatable.
+
+Dropout (DROPOUT; the per-tile forward and the fused backward): each consumer draws the Philox
+words of its tile while the tile's GEMMs run, in the accumulator's own layout (ops/attention.py's
+_dropout_keep defines the mask so that a thread's scores are whole draws: no draw is computed
+twice, no shuffle); the forward zeroes the dropped P before PV, the backward, whose tiles are
+transposed, packs its mask to 16 bits a (row, t) through shared memory into S^T's layout. H200,
+B4 H32 S4096 D128 bf16 p = 0.1: forward 3.13 ms (Triton 3.39, cuDNN 3.60), backward 7.50 (Triton
+11.22, cuDNN 6.72; NOTES item 156). The draws are integer work beside the MMAs (+1.4 ms forward,
++2.2 backward over p = 0): the mask costs about what the tensor cores leave free.
 """
 from __future__ import annotations
 
