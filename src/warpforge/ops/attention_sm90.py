@@ -331,8 +331,8 @@ def _attend(qs, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows, row_lo
     phases count from kv): tile j's QK^T and tile j-1's PV in flight together, only QK^T waited
     on before the softmax. Returns the last tile's P (its PV not issued), O, the row max and sum.
     DROPOUT (Philox key (k0, k1), the batch entry and head its counters take, the threshold): the
-    sum takes every P, the PV GEMMs only the kept ones; each tile's Philox words are drawn while its QK^T (and the previous
-    tile's PV) run."""
+    sum takes every P, the PV GEMMs only the kept ones; each tile's Philox words are drawn while
+    its QK^T (and the previous tile's PV) run."""
     HM: gl.constexpr = qs.type.shape[0]
     D: gl.constexpr = qs.type.shape[1]
     BN: gl.constexpr = k_smem.type.shape[3]
@@ -805,7 +805,8 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 @gluon.jit
 def _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
-                ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
+                ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb,
+                slh, slm,
                 b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale, drop_b0,
                 WG: gl.constexpr, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr = False, ROUNDS: gl.constexpr = 10):
     """A consumer warpgroup: dK and dV of keys [n0 + 64 WG, +64), and its half of every dQ tile.
@@ -919,44 +920,52 @@ def _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_s
 
 @gluon.jit
 def _fb_consume_wg1_full(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem,
-                         v_smem, ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr,
+                         v_smem, ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr,
+                         delta_ptr,
                          slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
                          seed_ptr, drop_thr, drop_scale, drop_b0):
     _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
-                ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
+                ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb,
+                slh, slm,
                 b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale,
                 drop_b0, 1, False)
 
 
 @gluon.jit
 def _fb_consume_wg1_full_drop(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem,
-                              v_smem, ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr,
+                              v_smem, ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty,
+                              lse_ptr, delta_ptr,
                               slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
                               seed_ptr, drop_thr, drop_scale, drop_b0):
     _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
-                ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
+                ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb,
+                slh, slm,
                 b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale,
                 drop_b0, 1, False, True)
 
 
 @gluon.jit
 def _fb_consume_wg1_causal(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem,
-                           v_smem, ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr,
+                           v_smem, ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr,
+                           delta_ptr,
                            slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
                            seed_ptr, drop_thr, drop_scale, drop_b0):
     _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
-                ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
+                ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb,
+                slh, slm,
                 b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale,
                 drop_b0, 1, True)
 
 
 @gluon.jit
 def _fb_consume_wg1_causal_drop(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem,
-                                v_smem, ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr,
+                                v_smem, ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty,
+                                lse_ptr, delta_ptr,
                                 slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
                                 seed_ptr, drop_thr, drop_scale, drop_b0):
     _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
-                ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
+                ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb,
+                slh, slm,
                 b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale,
                 drop_b0, 1, True, True)
 
