@@ -1015,6 +1015,25 @@ def test_sm90_dropout(shape, causal, monkeypatch):
         assert_close(a, b.double(), torch.bfloat16, what=f"batch slices: {name}")
 
 
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernels (ops/attention_sm90.py) run on sm_90 only")
+def test_sm90_dropout_extremes():
+    """On the Gluon kernels: p = 1 drops every score (zero output and gradients, no NaN from the
+    0 scale), a p too small for the 16-bit threshold keeps every score (the p = 0 call's output and
+    gradients, scaled by 1 / (1 - p), within rounding)."""
+    q, k, v = _inputs(2, 4, 2, 300, 300, 128, torch.bfloat16)
+    do = torch.randn_like(q)
+    for causal in (False, True):
+        o = wf.scaled_dot_product_attention(q, k, v, dropout_p=1.0, is_causal=causal, enable_gqa=True)
+        grads = torch.autograd.grad(o, (q, k, v), do)
+        assert not o.isnan().any() and (o == 0).all()
+        assert all(not g.isnan().any() and (g == 0).all() for g in grads)
+        o = wf.scaled_dot_product_attention(q, k, v, dropout_p=1e-6, is_causal=causal, enable_gqa=True)
+        o0 = wf.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        assert_close(o, o0.double(), torch.bfloat16, what="p = 1e-6 against p = 0")
+        for g, g0 in zip(torch.autograd.grad(o, (q, k, v), do), torch.autograd.grad(o0, (q, k, v), do)):
+            assert_close(g, g0.double(), torch.bfloat16, what="p = 1e-6 gradients against p = 0")
+
+
 @pytest.mark.parametrize("kw", [dict(attn_mask="bool"), dict(attn_mask="float"), dict(window_size=(5, 2))])
 def test_dropout_with_masks_and_windows(kw):
     """Dropout on the masked paths (every tile masked) and a sliding window."""
