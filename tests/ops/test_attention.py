@@ -954,7 +954,7 @@ def test_dropout_forward_backward(shape, dtype, causal):
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels (ops/attention_sm90.py) run on sm_90 only")
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(1, 2, 2, 17, 17, 64), (2, 4, 2, 1000, 300, 64), (1, 4, 1, 300, 1000, 128),
-                                   (1, 2, 2, 4097, 4097, 128), (2, 2, 1, 600, 600, 64)])
+                                   (1, 2, 2, 4097, 4097, 128), (2, 2, 1, 600, 600, 64), (3, 2, 1, 300, 200, 128)])
 def test_sm90_dropout(shape, causal, monkeypatch):
     """The Gluon forward (at D 128; D 64 stays on the Triton kernel, faster there) and the fused
     backward draw dropout's mask themselves (checked, not assumed):
