@@ -450,7 +450,9 @@ def _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_re
 def _consume_wg1_full(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
                       v_empty, lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
                       seed_ptr, drop_thr, drop_scale, drop_b0):
-    # worker partitions take no constexpr arguments: one wrapper per (warpgroup, causal, dropout)
+    # worker partitions take no constexpr arguments (Triton 3.6 flattens a worker's arguments to IR values,
+    # and a constexpr there is a bare Python value: tried in session 52): one wrapper per (warpgroup,
+    # causal, dropout)
     _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
              lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
              seed_ptr, drop_thr, drop_scale, drop_b0, 1, False)
