@@ -51,7 +51,7 @@ _dropout_keep defines the mask so that a thread's scores are whole draws: no dra
 twice, no shuffle); the forward zeroes the dropped P before PV, the backward, whose tiles are
 transposed, packs its mask to 16 bits a (row, t) through shared memory into S^T's layout. H200,
 B4 H32 S4096 D128 bf16 p = 0.1: forward 3.13 ms (Triton 3.39, cuDNN 3.60), backward 7.50 (Triton
-11.22, cuDNN 6.72; NOTES item 156). The draws are integer work beside the MMAs (+1.4 ms forward,
+11.22, cuDNN 6.72; NOTES items 156-157). The draws are integer work beside the MMAs (+1.4 ms forward,
 +2.2 backward over p = 0): the mask costs about what the tensor cores leave free.
 """
 from __future__ import annotations
