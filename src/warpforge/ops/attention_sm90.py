@@ -201,6 +201,26 @@ def _drop_layout(rows, cols):
         warp_bases=[[16, 0, 0, 0, 0], [32, 0, 0, 0, 0]], block_bases=[], shape=[rows, cols // 32, 4, 4, 2])
 
 
+@gluon.constexpr_function
+def _axis_layout(layout, dim, rank):
+    """The 1-D layout of dim ``dim`` of a rank-``rank`` ``layout``: the others sliced away, the
+    highest first, so expand_dims over them in rising order gives ``layout`` back (_index)."""
+    for d in reversed(range(int(rank))):
+        if d != int(dim):
+            layout = gl.SliceLayout(d, layout)
+    return layout
+
+
+@gluon.jit
+def _index(N: gl.constexpr, DIM: gl.constexpr, RANK: gl.constexpr, layout: gl.constexpr):
+    """0 .. N - 1 along dim DIM of a rank-RANK tensor in ``layout``, of size 1 along the others."""
+    x = gl.arange(0, N, layout=_axis_layout(layout, DIM, RANK))
+    for d in gl.static_range(RANK):
+        if d != DIM:
+            x = gl.expand_dims(x, d)
+    return x
+
+
 @gluon.jit
 def _philox(k0, k1, c0, c1, c2, c3, ROUNDS: gl.constexpr):
     """Philox-4x32 (Random123's multipliers and key bumps) over uint32 counters, key (k0, k1): the
@@ -222,12 +242,9 @@ def _dropout_words(k0, k1, b, h, row_lo, n0, ROWS: gl.constexpr, COLS: gl.conste
     """The four Philox words of each (row, 32-key block, t) of a (ROWS, COLS) score tile (query rows
     from row_lo, keys from n0, a multiple of 32), one a thread in _drop_layout's (row, c, t) slice."""
     L3: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(4, _drop_layout(ROWS, COLS)))
-    rows = row_lo + gl.arange(0, ROWS, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
-    cs = n0 // 32 + gl.arange(0, COLS // 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
-    ts = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-    r3 = gl.expand_dims(gl.expand_dims(rows, 1), 2)
-    c3 = gl.expand_dims(gl.expand_dims(cs, 0), 2)
-    t3 = gl.expand_dims(gl.expand_dims(ts, 0), 1)
+    r3 = row_lo + _index(ROWS, 0, 3, L3)
+    c3 = n0 // 32 + _index(COLS // 32, 1, 3, L3)
+    t3 = _index(4, 2, 3, L3)
     zero = r3 * 0 + c3 * 0 + t3 * 0
     return _philox(k0, k1, (c3 * 4 + t3 + zero).to(gl.uint32), (r3 + zero).to(gl.uint32),
                    (zero + h).to(gl.uint32), (zero + b).to(gl.uint32), ROUNDS)
@@ -238,12 +255,8 @@ def _keep5(w0, w1, w2, w3, thr, ROWS: gl.constexpr, COLS: gl.constexpr):
     """The kept-score mask of _dropout_words' words as (row, c, w, t, e) in _drop_layout: score
     (row, 32 c + 8 w + 2 t + e) kept when half e of word w of its draw is >= thr."""
     L5: gl.constexpr = _drop_layout(ROWS, COLS)
-    L4: gl.constexpr = gl.SliceLayout(4, L5)
-    wi = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(
-        gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L4)))), 0), 1), 3), 4)
-    ei = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(
-        gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L5))))),
-        0), 1), 2), 3)
+    wi = _index(4, 2, 5, L5)
+    ei = _index(2, 4, 5, L5)
     x0 = gl.expand_dims(gl.expand_dims(w0, 2), 4)
     x1 = gl.expand_dims(gl.expand_dims(w1, 2), 4)
     x2 = gl.expand_dims(gl.expand_dims(w2, 2), 4)
@@ -288,16 +301,7 @@ def _pack_keep(w0, w1, w2, w3, thr, mk, QUERIES: gl.constexpr):
     the readers' lanes share a bank). Two registers a thread stay live, not the words."""
     L5: gl.constexpr = _drop_layout(QUERIES, 64)
     keep = _keep5(w0, w1, w2, w3, thr, QUERIES, 64)
-    ci = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(
-        gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, L5))))),
-        0), 2), 3), 4)
-    wi = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(
-        gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, L5))))),
-        0), 1), 3), 4)
-    ei = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(
-        gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L5))))),
-        0), 1), 2), 3)
-    bits = gl.where(keep, 1 << (ci * 8 + wi * 2 + ei), 0)
+    bits = gl.where(keep, 1 << (_index(2, 1, 5, L5) * 8 + _index(4, 2, 5, L5) * 2 + _index(2, 4, 5, L5)), 0)
     packed = gl.reduce_or(gl.reduce_or(gl.reduce_or(bits, 4), 2), 1)             # (row, t)
     mk.store(gl.permute(packed.to(gl.int16), (1, 0)))
 
@@ -311,16 +315,8 @@ def _unpack_keep(mk, QUERIES: gl.constexpr):
     LT: gl.constexpr = _drop_layout_t(64, QUERIES)
     words = mk.load(gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LT))))
     words = gl.expand_dims(gl.expand_dims(gl.expand_dims(words.to(gl.int32) & 0xFFFF, 0), 1), 3)   # (1, 1, t, 1, q)
-    c5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(
-        gl.arange(0, 2, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, LT))))),
-        1), 2), 3), 4)
-    w5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(
-        gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, LT))))),
-        0), 2), 3), 4)
-    e5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(
-        gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, LT))))),
-        0), 1), 2), 4)
-    return gl.reshape(((words >> (c5 * 8 + w5 * 2 + e5)) & 1) != 0, [64, QUERIES])
+    bit = _index(2, 0, 5, LT) * 8 + _index(4, 1, 5, LT) * 2 + _index(2, 3, 5, LT)      # (c, w, 1, e, 1)
+    return gl.reshape(((words >> bit) & 1) != 0, [64, QUERIES])
 
 
 @gluon.jit
@@ -1121,11 +1117,7 @@ def attention_fwd_sm90(q, k, v, o, lse, scale: float, causal: bool, block_n: int
     launcher passes them; such calls take the per-tile kernel with 128-key tiles."""
     B, H, L, D = q.shape
     if dropout is not None:
-        _attn_fwd_sm90_kernel[(triton.cdiv(L, BLOCK_M), B * H)](
-            _desc(q, HALF), _desc(k, BLOCK_N), _desc(v, BLOCK_N), _desc(o, HALF),
-            lse, lse.stride(0), lse.stride(1), lse.stride(2), H, H // k.shape[1], L, k.shape[2], scale * LOG2E,
-            *dropout, CAUSAL=causal, REGS=regs or 240, num_warps=4, maxnreg=maxnreg or MAXNREG, DROPOUT=True)
-        return
+        block_n = BLOCK_N          # neither the short causal form nor the persistent kernel below
     if causal and D <= 64 and L <= SHORT_CAUSAL_MAX_LEN and block_n is None:
         block_n, maxnreg, regs = SHORT_CAUSAL["block_n"], SHORT_CAUSAL["maxnreg"], SHORT_CAUSAL["regs"]
     n_m = triton.cdiv(L, BLOCK_M)
@@ -1140,8 +1132,8 @@ def attention_fwd_sm90(q, k, v, o, lse, scale: float, causal: bool, block_n: int
             num_warps=4, maxnreg=MAXNREG)
         return
     _attn_fwd_sm90_kernel[(n_m, B * H)](
-        *descs, *lse_args, H, H // k.shape[1], L, k.shape[2], scale * LOG2E, lse, 0, 1.0, 0,
-        CAUSAL=causal, REGS=regs or 240, num_warps=4, maxnreg=maxnreg or MAXNREG)
+        *descs, *lse_args, H, H // k.shape[1], L, k.shape[2], scale * LOG2E, *(dropout or (lse, 0, 1.0, 0)),
+        CAUSAL=causal, REGS=regs or 240, num_warps=4, maxnreg=maxnreg or MAXNREG, DROPOUT=dropout is not None)
 
 
 FUSED_SLOTS = 2     # Q/dO ring slots of the fused backward (3 measured the same at D 64; no room at D 128)
