@@ -4,6 +4,7 @@ Observed under the interpreter (fp32 dots for bf16, which it truncates): fp32 <=
 4e-4, bf16 <= 8e-3 on outputs and all three gradients; conftest's TOL (2e-5, 3e-3, 2e-2) sits
 5-50x above, a missed mask or rescale lands at 1e-1 or more.
 """
+import contextlib
 import functools
 
 import numpy as np
@@ -558,6 +559,17 @@ def _hopper():
     return ON_GPU and torch.cuda.get_device_capability()[0] == 9
 
 
+@contextlib.contextmanager
+def _deterministic_mode(on: bool):
+    """torch.use_deterministic_algorithms(on, warn_only=True) inside, the caller's mode after."""
+    saved = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(on, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved)
+
+
 def _spy(monkeypatch, obj, name: str) -> list:
     """Replaces ``obj.name`` with a wrapper that calls it and appends 1 to the returned list."""
     calls, real = [], getattr(obj, name)
@@ -631,12 +643,8 @@ def test_sm90_backward(shape, dtype, causal, form, monkeypatch):
     name = "attention_bwd_fused_sm90" if form == "fused" else "attention_bwd_dq_sm90"
     calls = _spy(monkeypatch, sm90, name)
     q, k, v = _inputs(*shape, dtype)
-    saved = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(form == "deterministic", warn_only=True)
-    try:
+    with _deterministic_mode(form == "deterministic"):
         _check(q, k, v, dtype, what=f"sm90 bwd {form}", is_causal=causal, enable_gqa=True)
-    finally:
-        torch.use_deterministic_algorithms(saved)
     assert calls, f"the backward did not take {name}"
 
 
@@ -660,13 +668,9 @@ def test_sm90_backward_deterministic_mode():
     and right (the repeats alone would pass a kernel that is wrong the same way each time)."""
     q, k, v = _inputs(2, 8, 2, 1000, 1000, 128, torch.bfloat16)
     do = torch.randn(2, 8, 1000, 128, device=DEVICE, dtype=torch.bfloat16)
-    saved = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
+    with _deterministic_mode(True):
         runs = [torch.autograd.grad(wf.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
                                     (q, k, v), do) for _ in range(3)]
-    finally:
-        torch.use_deterministic_algorithms(saved)
     for a, b in zip(runs[0], runs[1]):
         assert torch.equal(a, b)
     for a, b in zip(runs[0], runs[2]):
@@ -993,12 +997,8 @@ def test_sm90_dropout(shape, causal, monkeypatch):
     assert_close(got[0], orf, torch.bfloat16, what="sm90 dropout out")
     assert_close(got[1], lref, torch.float32, scale=10.0, what="sm90 dropout lse")
     _check_grads(got[2:], q, k, v, do, torch.bfloat16, "sm90 dropout", **ref_kw)
-    saved = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
+    with _deterministic_mode(True):
         det = run()
-    finally:
-        torch.use_deterministic_algorithms(saved)
     monkeypatch.setattr(A, "_SM90", [None])
     tri = run()
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, tri):

@@ -820,14 +820,14 @@ def _kernel_inputs(mask, cu_q, cu_k, *tensors):
 DROP_BITS = 16    # a score is kept when its 16 random bits are >= p * 2^16 (_dropout_keep)
 
 
-def _dropout_args(dropout_p: float, seed, fallback) -> tuple:
-    """(seed pointer, threshold, keep scale) as the kernels take them, and whether DROPOUT is on.
-    Off: ``fallback`` stands for the unread seed pointer."""
+def _dropout_args(dropout_p: float, seed, fallback, b0: int) -> tuple:
+    """(seed pointer, threshold, keep scale, first batch index) as every kernel takes them, and
+    whether DROPOUT is on. Off: ``fallback`` stands for the unread seed pointer."""
     if not dropout_p:
-        return (fallback, 0, 1.0), False
+        return (fallback, 0, 1.0, b0), False
     if seed is None:
         raise ValueError("warpforge: dropout_p > 0 needs the mask's key: a one-element int64 tensor (dropout_seed)")
-    return (seed, _drop_threshold(dropout_p), 0.0 if dropout_p >= 1.0 else 1.0 / (1.0 - dropout_p)), True
+    return (seed, _drop_threshold(dropout_p), 0.0 if dropout_p >= 1.0 else 1.0 / (1.0 - dropout_p), b0), True
 
 
 def _drop_threshold(dropout_p: float) -> int:
@@ -853,11 +853,11 @@ def _attention_fwd_into(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale
                         win_left: int, win_right: int, bottom_right: bool, o, lse,
                         dropout_p: float = 0.0, seed=None, b0: int = 0):
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
-    drop, dropout = _dropout_args(dropout_p, seed, lse)
+    drop, dropout = _dropout_args(dropout_p, seed, lse, b0)
     sm90 = _sm90_kernels()
     if sm90 is not None and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) and sm90.tma_ok(o) \
             and (not dropout or q.shape[-1] in sm90.DROPOUT_FWD_HEAD_DIMS):
-        sm90.attention_fwd_sm90(q, k, v, o, lse, scale, causal=win_right == 0, dropout=(*drop, b0) if dropout else None)
+        sm90.attention_fwd_sm90(q, k, v, o, lse, scale, causal=win_right == 0, dropout=drop if dropout else None)
         return
     pattern = attention_pattern(mask is not None, win_left, win_right)
     cfg = attention_config("fwd", p.block_d, q.element_size(), pattern)
@@ -867,7 +867,7 @@ def _attention_fwd_into(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale
         _dummy(lse) if cu_q is None else cu_q, _dummy(lse) if cu_k is None else cu_k,
         *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(o), *p.lse_strides(lse), *p.mask_strides(mask),
         p.H, p.group, p.len_q, p.len_k, p.total_q, p.total_k,
-        scale * LOG2E, win_left, win_right, *drop, b0), cfg,
+        scale * LOG2E, win_left, win_right, *drop), cfg,
         **_flags(p, q, mask, win_left, win_right, bottom_right, (q, k, v, o)), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         DROPOUT=dropout)
 
@@ -890,7 +890,7 @@ def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int,
                         win_left: int, win_right: int, bottom_right: bool, dq, dk, dv,
                         dropout_p: float = 0.0, seed=None, b0: int = 0):
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
-    drop, dropout = _dropout_args(dropout_p, seed, lse)
+    drop, dropout = _dropout_args(dropout_p, seed, lse, b0)
     delta = torch.empty_like(lse)
     if dlse is not None:
         dlse = dlse.contiguous() if dlse.stride() != lse.stride() else dlse
@@ -908,7 +908,7 @@ def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int,
         # reproducible, so torch.use_deterministic_algorithms(True) takes the form below)
         dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         sm90.attention_bwd_fused_sm90(do, q, k, v, lse, delta, dq_acc, dk, dv, scale, causal=win_right == 0,
-                                      dropout=(*drop, b0) if dropout else None)
+                                      dropout=drop if dropout else None)
         dq.copy_(dq_acc)
         return
     hopper = hopper and not dropout        # the Gluon dQ kernel below has no dropout
@@ -923,7 +923,7 @@ def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int,
         q, k, v, do, lse, delta, dk, dv, mptr, *cu,
         *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(do), *p.strides(dk), *p.strides(dv), *common,
         p.HK, p.group, p.len_q, p.len_k, p.total_q, p.total_k, scale, scale * LOG2E, win_left, win_right,
-        *drop, b0), cfg, **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DROPOUT=dropout)
+        *drop), cfg, **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DROPOUT=dropout)
     if hopper:
         sm90.attention_bwd_dq_sm90(do, q, k, v, lse, delta, dq, scale, causal=win_right == 0)
         return
@@ -932,7 +932,7 @@ def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int,
         q, k, v, do, lse, delta, dq, mptr, *cu,
         *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(do), *p.strides(dq), *common,
         p.H, p.group, p.len_q, p.len_k, p.total_q, p.total_k, scale, scale * LOG2E, win_left, win_right,
-        *drop, b0), cfg, **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DROPOUT=dropout)
+        *drop), cfg, **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DROPOUT=dropout)
 
 
 # ----------------------------------------------------------------------------------------------
