@@ -2,6 +2,7 @@
 not a probe itself)."""
 import importlib.util
 import os
+import re
 import sys
 import tempfile
 
@@ -52,9 +53,8 @@ def unpaged(cache, bt, ctx):
 def load_sm90_copy(src: str, name: str):
     """A (possibly edited) source text of ops/decode_attention_sm90.py imported as module ``name``
     (its relative imports made absolute; Triton reads kernel sources from a file, so it is one)."""
-    src = src.replace("from ..runtime.device import sm_count", "from warpforge.runtime.device import sm_count")
-    src = src.replace("from ..runtime.launch import", "from warpforge.runtime.launch import")
-    src = src.replace("from .attention_sm90 import tma_ok", "from warpforge.ops.attention_sm90 import tma_ok")
+    src = re.sub(r"^from \.\.", "from warpforge.", src, flags=re.M)
+    src = re.sub(r"^from \.(?=\w)", "from warpforge.ops.", src, flags=re.M)
     path = os.path.join(tempfile.mkdtemp(), f"{name}.py")
     with open(path, "w") as fh:
         fh.write(src)

@@ -17,7 +17,8 @@ from warpforge.bench import report, runner, timing, workloads as W
 
 EXPECTED_OPS = {"add", "sum", "amax", "softmax", "log_softmax", "layer_norm", "rms_norm", "add_rms_norm",
                 "swiglu", "geglu", "rope", "matmul", "matmul_bwd", "linear_gelu", "fp8_matmul", "cross_entropy",
-                "linear_cross_entropy", "attention", "attention_dropout", "decode_attention", "moe", "moe_decode"}
+                "linear_cross_entropy", "attention", "attention_dropout", "decode_attention", "decode_attention_window", "moe",
+                "moe_decode"}
 
 
 def _case(name: str, label: str) -> W.Case:
@@ -731,6 +732,33 @@ def test_decode_attention_workload():
     assert calls == [("decode_attention", {"validate": False}), ("decode_attention", {})]
 
 
+def test_decode_attention_window_workload():
+    """The window workload: the peers' k/v are the last ``window`` keys of each paged sequence,
+    contiguous; ours asks for window_size=(window - 1, 0) without the host check; bytes and FLOPs
+    count the window's keys only."""
+    dw = W.WORKLOADS["decode_attention_window"]
+    assert [(c.dims["B"], c.dims["ctx"], c.dims["window"]) for c in dw.cases(False)] == list(W.DECODE_WINDOWS)
+    assert all((c.dims["Hq"], c.dims["Hkv"], c.dims["D"], c.dims["block"]) == (32, 8, 128, 16) for c in dw.cases(False))
+    c = _case("decode_attention_window", "B16 ctx32768 window128 H32/8 D128 block16")
+    assert dw.bytes(c, "fwd", 2) == (2 * 16 * 128 * 8 * 128 + 2 * 16 * 32 * 128) * 2
+    assert dw.flops(c, "fwd") == 4 * 16 * 32 * 128 * 128
+    assert dw.modes == ("fwd",) and not dw.compile_peer and "window_size=(window - 1, 0)" in dw.notes
+    for case in dw.check_cases():
+        d = case.dims
+        q, kc, vc, bt, sl, q4, k4, v4, left = dw.make(case, torch.float32, "cpu")
+        w = min(d["window"], d["ctx"])
+        assert left == w - 1 and k4.shape == v4.shape == (d["B"], d["Hkv"], w, d["D"]) and k4.is_contiguous()
+        for b in range(d["B"]):
+            for i, t in enumerate(range(d["ctx"] - w, d["ctx"])):
+                blk, off = bt[b, t // d["block"]], t % d["block"]
+                assert torch.equal(kc[blk, off], k4[b, :, i]) and torch.equal(vc[blk, off], v4[b, :, i])
+    calls = []
+    ours = dw.ours_fn(lambda name: (lambda *a, **kw: calls.append((name, kw)) or a[0]))
+    args = dw.make(dw.check_cases()[0], torch.float32, "cpu")
+    assert list(ours) == ["warpforge"] and ours["warpforge"](*args).shape == args[5].shape
+    assert calls == [("decode_attention", {"window_size": (args[-1], 0), "validate": False})]
+
+
 def _paged_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale=None, num_splits=None, validate=True):
     """A plain-PyTorch decode over the paged cache (a fake of ours: the workload's wiring, not the kernel)."""
     b, nb = block_table.shape
@@ -1393,8 +1421,8 @@ def _hand_bytes(name: str, args: tuple, out) -> dict:
     if name in ("attention", "attention_dropout"):   # bwd: read q, k, v, o, do; write dq, dk, dv
         q, k, v = args[:3]
         return {"fwd": nb(q, k, v, out), "bwd": nb(q, k, v, out, out) + nb(q, k, v)}
-    if name == "decode_attention":   # q, the ctx cached keys and values of each sequence (k4/v4 hold
-        q, k4, v4 = args[0], args[6], args[7]   # exactly those, not the pool's slack), out
+    if name in ("decode_attention", "decode_attention_window"):   # q, the keys and values attended (k4/v4
+        q, k4, v4 = args[0], args[6], args[7]   # hold exactly those, not the pool's slack), out
         return {"fwd": nb(q, k4, v4, out)}
     if name in ("moe", "moe_decode"):
         x, w1, w2, tw, ti = args
@@ -1425,6 +1453,8 @@ def _hand_flops(name: str, case: W.Case) -> dict | None:
         return {"fwd": f, "bwd": f * 5 // 2}
     if name == "decode_attention":   # q.K^T and p.V over ctx cached tokens, per query head
         return {"fwd": 2 * 2 * d["B"] * d["Hq"] * d["ctx"] * d["D"]}
+    if name == "decode_attention_window":   # the same over the window's keys
+        return {"fwd": 2 * 2 * d["B"] * d["Hq"] * min(d["window"], d["ctx"]) * d["D"]}
     if name in ("moe", "moe_decode"):   # per routed token: gate and up (d -> 2n), down (n -> d)
         f = d["T"] * d["k"] * (2 * d["d"] * 2 * d["n"] + 2 * d["n"] * d["d"])
         return {"fwd": f, "bwd": 2 * f}
@@ -1470,6 +1500,7 @@ HEADLINES = {"add": "n=2^28", "sum": "32768x4096", "amax": "32768x4096", "softma
              "linear_cross_entropy": "8192x128256 H=4096", "attention": "B4 H32/32 S4096 D128 non-causal",
              "attention_dropout": "B4 H32/32 S4096 D128 non-causal",
              "decode_attention": "B16 ctx32768 H32/8 D128 block16",
+             "decode_attention_window": "B16 ctx32768 window4096 H32/8 D128 block16",
              "moe": "DeepSeek-V2-Lite T8192 d2048 n1408 E64 k6 random",
              "moe_decode": "DeepSeek-V2-Lite T64 d2048 n1408 E64 k6 random"}
 

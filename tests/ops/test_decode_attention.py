@@ -9,7 +9,7 @@ import warpforge as wf
 import warpforge.runtime.heuristics as heur
 from warpforge.ops.decode_attention import (append_paged_kv, append_paged_kv_op, decode_attention,
                                             decode_attention_op, decode_attention_reference)
-from conftest import DTYPES, DEVICE, ON_GPU, assert_close, gpu_only, randn
+from conftest import DTYPES, DEVICE, ON_GPU, assert_close, gpu_only, randn, rel_err
 
 
 def paged(bsz, max_blocks, page, hkv, d, dtype, extra=5, guard=False):
@@ -29,8 +29,8 @@ def paged(bsz, max_blocks, page, hkv, d, dtype, extra=5, guard=False):
     return kc, vc, bt, pool
 
 
-def reference(q, kc, vc, bt, lens, scale=None):
-    return decode_attention_reference(q.double(), kc.double(), vc.double(), bt, lens, scale)
+def reference(q, kc, vc, bt, lens, scale=None, **kw):
+    return decode_attention_reference(q.double(), kc.double(), vc.double(), bt, lens, scale, **kw)
 
 
 # (Hq, Hkv, D, block_size, max_blocks_per_seq): MHA, GQA, MQA with a non-power-of-two D, and pages
@@ -168,6 +168,94 @@ def test_reference_matches_sdpa():
     kr, vr = k.repeat_interleave(2, 2).transpose(1, 2), v.repeat_interleave(2, 2).transpose(1, 2)
     want = torch.nn.functional.scaled_dot_product_attention(q[:, :, None], kr, vr)[:, :, 0]
     assert_close(decode_attention_reference(q, kc, vc, bt, lens), want, torch.float32)
+
+
+def test_reference_window_softcap():
+    """The reference's window and softcap against dense attention written out here: a window of
+    left keeps the last left + 1 keys (SDPA on that slice), and the softcap caps the scaled scores
+    to c * tanh(s / c) before the softmax."""
+    b, hq, hkv, d, page, n = 2, 4, 2, 16, 8, 24
+    k, v, q = randn(b, n, hkv, d).double(), randn(b, n, hkv, d).double(), randn(b, hq, d).double() * 3
+    kc, vc = k.reshape(-1, page, hkv, d), v.reshape(-1, page, hkv, d)
+    bt = torch.arange(b * n // page, device=DEVICE).view(b, -1)
+    lens = torch.tensor([n, 11], device=DEVICE)
+    kr, vr = k.repeat_interleave(2, 2).transpose(1, 2), v.repeat_interleave(2, 2).transpose(1, 2)
+    for left in (0, 6, 100):
+        for i, m in enumerate(lens.tolist()):
+            lo = max(m - 1 - left, 0)
+            want = torch.nn.functional.scaled_dot_product_attention(q[i, :, None], kr[i, :, lo:m], vr[i, :, lo:m])[:, 0]
+            got = decode_attention_reference(q, kc, vc, bt, lens, window_size=(left, -1))[i]
+            assert_close(got, want, torch.float32, what=f"window {left}, sequence {i}")
+    s = torch.einsum("bhd,bhnd->bhn", q, kr) * d ** -0.5
+    s = 2.0 * torch.tanh(s / 2.0)
+    want = torch.einsum("bhn,bhnd->bhd", torch.softmax(s, -1), vr)
+    got = decode_attention_reference(q, kc, vc, bt, torch.full((b,), n, device=DEVICE), softcap=2.0)
+    assert_close(got, want, torch.float32, what="softcap")
+    assert rel_err(got, decode_attention_reference(q, kc, vc, bt, torch.full((b,), n, device=DEVICE))) > 0.05
+
+
+def _window_problem(lens, left, page, kc, vc, bt):
+    """Poison what a call with window ``left`` (-1: none) must not touch: the cache rows of each
+    sequence's pages before its window or at and past its length are set to NaN, and the block
+    table entries of pages wholly before the window to -1 (a server may have freed them). Returns
+    the block table to call with (the original is kept for the reference)."""
+    n = lens.long()[:, None]
+    lo = (n - 1 - left).clamp(min=0) if left >= 0 else torch.zeros_like(n)
+    pos = torch.arange(bt.shape[1] * page, device=bt.device)[None, :]
+    dead = (pos < lo) | (pos >= n)                                          # (B, positions)
+    blocks, rows = bt.long()[:, pos[0] // page], (pos % page).expand_as(dead)
+    kc[blocks[dead], rows[dead]] = float("nan")
+    vc[blocks[dead], rows[dead]] = float("nan")
+    called = bt.clone()
+    called[(pos[:, ::page] + page <= lo)] = -1
+    return called
+
+
+WINDOWS = [-1, 0, 5, 17, 10**6]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES[:3])
+def test_window_softcap(case, dtype):
+    """Sliding windows (none, the last key only, odd sizes, wider than any sequence) with and
+    without a softcap, at several split counts, against float64. The rows a window or a length
+    leaves out are NaN and the table entries of pages before the window are -1, so a kernel that
+    reads them (or lets 0 x NaN into the output) fails; validate=True must accept such a table."""
+    hq, hkv, d, page, mb = case
+    cap = mb * page
+    lens = torch.tensor([1, cap, 13, 0, cap - page + 3], device=DEVICE, dtype=torch.int32)
+    q = randn(lens.numel(), hq, d, dtype=dtype, scale=3.0)
+    for left in WINDOWS:
+        kc, vc, bt, _ = paged(lens.numel(), mb, page, hkv, d, dtype)
+        called = _window_problem(lens, left, page, kc, vc, bt)
+        for softcap in (0.0, 2.5):
+            ref = reference(q, kc, vc, bt, lens, window_size=(left, -1), softcap=softcap)
+            for splits in (None, 1, 3):
+                out = decode_attention(q, kc, vc, called, lens, window_size=(left, 0), softcap=softcap,
+                                       num_splits=splits)
+                assert_close(out, ref, dtype, what=f"window {left}, softcap {softcap}, num_splits={splits}")
+                assert out[3].abs().max() == 0, "seq_len 0 gives zeros"
+
+
+def test_window_softcap_errors():
+    hq, hkv, d, page = 4, 2, 16, 8
+    kc, vc, bt, _ = paged(2, 3, page, hkv, d, torch.float32)
+    q = randn(2, hq, d)
+    lens = torch.tensor([3, 20], device=DEVICE, dtype=torch.int32)
+    for w, exc, msg in (((-2, 0), ValueError, r"'window_size' \(-2, 0\)"), ((1, 2, 3), TypeError, r"'window_size'"),
+                        ((1.5, 0), TypeError, r"'window_size'"), (4, TypeError, r"'window_size'")):
+        with pytest.raises(exc, match=msg):
+            decode_attention(q, kc, vc, bt, lens, window_size=w)
+    for c, exc, msg in ((-1.0, ValueError, r"'softcap' is -1.0; expected a finite number >= 0"),
+                        (float("inf"), ValueError, r"'softcap' is inf"), (float("nan"), ValueError, r"'softcap' is nan"),
+                        ("2", TypeError, r"'softcap' must be a real number")):
+        with pytest.raises(exc, match=msg):
+            decode_attention(q, kc, vc, bt, lens, softcap=c)
+    # validate checks the window's pages only: one before it may be anything, one inside may not
+    bt[1, 0] = -1
+    decode_attention(q, kc, vc, bt, lens, window_size=(8, -1))
+    with pytest.raises(ValueError, match=r"'block_table'\[1, 0\] is -1"):
+        decode_attention(q, kc, vc, bt, lens, window_size=(12, -1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -527,6 +615,32 @@ def test_sm90_decode(case, dtype, monkeypatch):
 
 
 @sm90_only
+@pytest.mark.parametrize("case", SM90_CASES[:4])
+def test_sm90_window_softcap(case, monkeypatch):
+    """The Hopper kernel with sliding windows and a softcap (test_window_softcap's poisoned
+    problem: NaN in every row a window or a length leaves out, -1 for the pages before the
+    window), at its own split plan and forced counts, checked to be the kernel that ran. Without
+    a window the NaN rows past each length sit in the last page's slice, which the kernel loads
+    whole."""
+    hq, hkv, d, page, lens, interleave, bt_dtype = case
+    calls = _sm90_calls(monkeypatch)
+    lens_t = torch.tensor(lens, device=DEVICE, dtype=torch.int32)
+    mb = -(-max(lens) // page) + 1
+    q = randn(len(lens), hq, d, dtype=torch.bfloat16, scale=3.0)
+    for left in (-1, 0, 37, 1000, 10**6):
+        kc, vc, bt, _ = paged(len(lens), mb, page, hkv, d, torch.bfloat16, guard=interleave)
+        bt = bt.to(bt_dtype)
+        called = _window_problem(lens_t, left, page, kc, vc, bt)
+        for softcap in (0.0, 30.0):
+            ref = reference(q, kc, vc, bt, lens_t, window_size=(left, -1), softcap=softcap)
+            for splits in (None, 1, 5):
+                out = decode_attention(q, kc, vc, called, lens_t, window_size=(left, -1), softcap=softcap,
+                                       num_splits=splits)
+                assert_close(out, ref, torch.bfloat16, what=f"window {left}, softcap {softcap}, num_splits={splits}")
+    assert len(calls) == 30, "the sm_90 kernel took the calls"
+
+
+@sm90_only
 def test_sm90_bad_metadata_stays_in_bounds(monkeypatch):
     """validate=False with block ids outside the cache and a length past the capacity: the guard
     blocks (NaN) around the caches never reach an output; the sequence with good metadata is exact."""
@@ -638,16 +752,9 @@ def test_sm90_pdl_combine(monkeypatch):
     assert seen == [False, True] * 2, seen
 
 
-@gpu_only
-@pytest.mark.parametrize("heads", [(32, 8), (6, 2)])
-@pytest.mark.parametrize("bsz", [4, 17])
-@pytest.mark.parametrize("route", ["triton", "sm90"])
-def test_plan_replay(route, bsz, heads, monkeypatch):
-    """Calls after the first of a shape replay its recorded launches (decode_attention's plans,
-    no JIT): new cache contents, block table, lengths and scale each call, every result against
-    float64; only the first call takes the launchers. Batch 4 splits the context (a combine pass),
-    batch 17 x 8 kv heads fills the Hopper kernel's grid with one split; 6 query heads make the
-    partials' row count odd (their pieces of one allocation stay 16-byte aligned)."""
+def _replay_route(route, monkeypatch):
+    """Calls on ``route`` ("triton" or "sm90", skipped without the Hopper kernel) with no plan left
+    by another test; returns (the list each call through the launchers appends to, the module)."""
     import warpforge.ops.decode_attention as DA
     if route == "sm90":
         if _sm90() is None:
@@ -659,6 +766,20 @@ def test_plan_replay(route, bsz, heads, monkeypatch):
     firsts = []
     real = DA._decode_first
     monkeypatch.setattr(DA, "_decode_first", lambda *a: firsts.append(1) or real(*a))
+    return firsts, DA
+
+
+@gpu_only
+@pytest.mark.parametrize("heads", [(32, 8), (6, 2)])
+@pytest.mark.parametrize("bsz", [4, 17])
+@pytest.mark.parametrize("route", ["triton", "sm90"])
+def test_plan_replay(route, bsz, heads, monkeypatch):
+    """Calls after the first of a shape replay its recorded launches (decode_attention's plans,
+    no JIT): new cache contents, block table, lengths and scale each call, every result against
+    float64; only the first call takes the launchers. Batch 4 splits the context (a combine pass),
+    batch 17 x 8 kv heads fills the Hopper kernel's grid with one split; 6 query heads make the
+    partials' row count odd (their pieces of one allocation stay 16-byte aligned)."""
+    firsts, DA = _replay_route(route, monkeypatch)
     (hq, hkv), d, page, mb = heads, 128, 16, 20
     kc, vc, bt, _ = paged(bsz, mb, page, hkv, d, torch.bfloat16)
     for i in range(3):
@@ -671,6 +792,23 @@ def test_plan_replay(route, bsz, heads, monkeypatch):
         scale = 0.05 * (i + 1)
         out = decode_attention(q, kc, vc, bt, lens, scale=scale, validate=False)
         assert_close(out, reference(q, kc, vc, bt, lens, scale=scale), torch.bfloat16, what=f"call {i}")
+    assert len(firsts) == 1 and len(DA._PLANS) == 1, "calls after the first replay the plan"
+
+
+@gpu_only
+@pytest.mark.parametrize("route", ["triton", "sm90"])
+def test_plan_replay_window_softcap(route, monkeypatch):
+    """A windowed, soft-capped call's plan replays with each call's own scale and softcap (the
+    plan is keyed by the window and by whether there is a softcap, not by its value)."""
+    firsts, DA = _replay_route(route, monkeypatch)
+    bsz, hq, hkv, d, page, mb = 4, 32, 8, 128, 16, 40
+    kc, vc, bt, _ = paged(bsz, mb, page, hkv, d, torch.bfloat16)
+    lens = torch.tensor([mb * page, 300, 1, 77], device=DEVICE, dtype=torch.int32)
+    q = randn(bsz, hq, d, dtype=torch.bfloat16, scale=3.0)
+    for i, (scale, softcap) in enumerate(((0.1, 5.0), (0.05, 20.0), (0.2, 1.0))):
+        out = decode_attention(q, kc, vc, bt, lens, scale=scale, window_size=(200, 0), softcap=softcap, validate=False)
+        want = reference(q, kc, vc, bt, lens, scale=scale, window_size=(200, 0), softcap=softcap)
+        assert_close(out, want, torch.bfloat16, what=f"call {i}")
     assert len(firsts) == 1 and len(DA._PLANS) == 1, "calls after the first replay the plan"
 
 

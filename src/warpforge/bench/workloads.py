@@ -809,12 +809,56 @@ def _decode_ours(get):
 
 def decode_bytes(case: Case, mode: str, s: int) -> int:
     d = case.dims
-    return (2 * d["B"] * d["ctx"] * d["Hkv"] * d["D"] + 2 * d["B"] * d["Hq"] * d["D"]) * s
+    keys = min(d["ctx"], d.get("window", d["ctx"]))
+    return (2 * d["B"] * keys * d["Hkv"] * d["D"] + 2 * d["B"] * d["Hq"] * d["D"]) * s
 
 
 def decode_flops(case: Case, mode: str) -> int:
     d = case.dims
-    return 4 * d["B"] * d["Hq"] * d["ctx"] * d["D"]
+    return 4 * d["B"] * d["Hq"] * min(d["ctx"], d.get("window", d["ctx"])) * d["D"]
+
+
+# A sliding window (Mistral-7B's 4,096 keys; gpt-oss's 128) over a long paged context
+DECODE_WINDOWS = ((1, 32768, 4096), (16, 32768, 4096), (64, 32768, 4096), (16, 32768, 128), (64, 8192, 128))
+
+
+def _decode_window_case(b: int, ctx: int, window: int, hq: int = DECODE_HQ, hkv: int = DECODE_HKV,
+                        d: int = DECODE_D, block: int = DECODE_BLOCK) -> Case:
+    return Case(f"B{b} ctx{ctx} window{window} H{hq}/{hkv} D{d} block{block}",
+                {"B": b, "ctx": ctx, "window": window, "Hq": hq, "Hkv": hkv, "D": d, "block": block},
+                small=b <= 8 or window * b <= 4096, headline=(b, window) == (16, 4096))
+
+
+def decode_window_cases(quick: bool) -> list[Case]:
+    return [_decode_window_case(*c) for c in (DECODE_WINDOWS[1:3] if quick else DECODE_WINDOWS)]
+
+
+def decode_window_check_cases() -> list[Case]:
+    return [_decode_window_case(2, 40, 9, 4, 2, 16, 8), _decode_window_case(3, 37, 20, 4, 2, 32, 8)]
+
+
+def _decode_window_make(case, dtype, device):
+    """_decode_make's problem, every sequence attending to its last ``window`` keys
+    (window_size=(window - 1, 0)); the peers get those keys unpaged and contiguous, k/v
+    (B, Hkv, window, D), and the window's left as the last argument."""
+    q, k_cache, v_cache, block_table, seq_lens, q4, k4, v4 = _decode_make(case, dtype, device)
+    w = min(case.dims["window"], case.dims["ctx"])
+    return (q, k_cache, v_cache, block_table, seq_lens, q4, k4[:, :, -w:].contiguous(), v4[:, :, -w:].contiguous(),
+            w - 1)
+
+
+def _decode_window_ours(get):
+    f = get("decode_attention")
+    return {"warpforge": lambda q, kc, vc, bt, sl, q4, k4, v4, left:
+            f(q, kc, vc, bt, sl, window_size=(left, 0), validate=False).unsqueeze(2)}
+
+
+def _sdpa_decode_window(q, k_cache, v_cache, block_table, seq_lens, q4, k4, v4, left):
+    return F.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True)
+
+
+def decode_window_reference(q, k_cache, v_cache, block_table, seq_lens, q4, k4, v4, left):
+    return attention_reference(q4, k4, v4, False, True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1343,6 +1387,19 @@ _register(Workload(
           "warpforge[validated] = the default (checks block_table/seq_lens on the host); the peers run on "
           "the same values unpaged, q (B, Hq, 1, D), k/v (B, Hkv, ctx, D), enable_gqa=True; " + SDPA_PEER_NOTES
           + "; bytes: the KV read (2*B*ctx*Hkv*D*s) plus q and out; forward only",
+))
+
+_register(Workload(
+    name="decode_attention_window", module="warpforge.ops.decode_attention",
+    cases=decode_window_cases, check_cases=decode_window_check_cases, make=_decode_window_make, grad_args=(),
+    ours_fn=_decode_window_ours, eager=_sdpa_decode_window, reference=decode_window_reference,
+    peers=sdpa_peers(_sdpa_decode_window), compile_peer=False,
+    bytes_fn=decode_bytes, flops_fn=decode_flops, modes=("fwd",), only_dtypes=(torch.bfloat16, torch.float16),
+    notes="decode_attention with a sliding window (window_size=(window - 1, 0): the last window keys of a ctx-long "
+          "paged sequence; Mistral-7B's 4,096, gpt-oss's 128), validate=False; block table a random permutation "
+          "of the pool as in decode_attention; the peers run SDPA on the window's keys alone, unpaged and "
+          "contiguous, q (B, Hq, 1, D), k/v (B, Hkv, window, D), enable_gqa=True; " + SDPA_PEER_NOTES
+          + "; bytes: the window's KV read (2*B*window*Hkv*D*s) plus q and out; forward only",
 ))
 
 

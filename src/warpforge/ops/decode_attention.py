@@ -50,6 +50,12 @@ Why the kernels look the way they do:
   raises a ValueError naming the argument; ``validate=False`` skips that sync (CUDA graphs, serving
   loops); the check is also skipped under torch.compile and during CUDA graph capture.
 
+Options: ``window_size=(left, right)`` attends to the last left + 1 positions only (Mistral's and
+gpt-oss's sliding windows); the kernels start at the window, so the pages before it are neither
+read nor checked, and the split count is planned on the window. ``softcap`` caps the scaled scores
+to softcap * tanh(score / softcap) (Gemma 2), computed as one exp2. Rows of a page past a
+sequence's length (or before its window) are never let into the output, whatever they hold.
+
 Semantics decisions: seq_len 0 gives an all-zero output row (a softmax over nothing, read as the
 empty sum; a NaN would poison a batched serving step). Forward only: decode needs no gradient, so
 no autograd formula is registered (backward through it raises). ``append_paged_kv`` writes in place
@@ -68,11 +74,12 @@ import triton
 import triton.language as tl
 
 from ..runtime import interpreting, new_empty, unit_last_dim
-from ..runtime.checks import check_device, check_same, check_tensor, host_sync_unavailable, is_finite
+from ..runtime.checks import check_device, check_same, check_tensor, host_sync_unavailable, is_finite, to_float
 from ..runtime import heuristics
 from ..runtime.heuristics import DECODE_COMBINE_D, DECODE_COMBINE_STEP, decode_config
 from ..runtime.launch import LaunchCache, Ptr, aligned, gdc_launch_dependents, gdc_wait, launch, pdl_supported
 from ..runtime.registry import Op
+from .attention import _window
 
 LOG2E = 1.4426950408889634
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
@@ -83,28 +90,34 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 # ----------------------------------------------------------------------------------------------
 # Reference
 # ----------------------------------------------------------------------------------------------
-def _gather_pages(cache: torch.Tensor, block_table: torch.Tensor, b: int, n: int) -> torch.Tensor:
-    """The first n positions of sequence b: (n, Hkv, D)."""
-    bs = cache.shape[1]
-    ids = block_table[b, :triton.cdiv(n, bs)].long()
-    return cache[ids].reshape(-1, *cache.shape[2:])[:n]
-
-
-def decode_attention_reference(q, k_cache, v_cache, block_table, seq_lens, scale=None) -> torch.Tensor:
+def decode_attention_reference(q, k_cache, v_cache, block_table, seq_lens, scale=None, window_size=(-1, -1),
+                               softcap=0.0) -> torch.Tensor:
     """Ground truth: gather each sequence's pages and do softmax attention, in float64 on the CPU
-    (float32 on a GPU, float64 for float64 inputs); cast back to q's dtype. seq_len 0 gives zeros."""
+    (float32 on a GPU, float64 for float64 inputs); cast back to q's dtype. seq_len 0 gives zeros.
+    ``window_size[0]`` >= 0 keeps the last window_size[0] + 1 positions; ``softcap`` > 0 caps the
+    scaled scores to softcap * tanh(score / softcap). Pages before the window are not gathered."""
     wide = torch.float64 if q.device.type == "cpu" or q.dtype == torch.float64 else torch.float32
     bsz, hq, d = q.shape
+    bs = k_cache.shape[1]
     group = hq // k_cache.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
+    left = window_size[0]
     out = torch.zeros((bsz, hq, d), dtype=wide, device=q.device)
     for b, n in enumerate(seq_lens.tolist()):
         if n <= 0:
             continue
-        k = _gather_pages(k_cache, block_table, b, n).to(wide).repeat_interleave(group, dim=1)  # (n, Hq, D)
-        v = _gather_pages(v_cache, block_table, b, n).to(wide).repeat_interleave(group, dim=1)
-        s = torch.einsum("hd,nhd->hn", q[b].to(wide), k) * scale                                # (Hq, n)
-        out[b] = torch.einsum("hn,nhd->hd", torch.softmax(s, dim=-1), v)
+        lo = max(n - 1 - left, 0) if left >= 0 else 0
+        first = lo // bs                                   # the pages from the one holding lo
+        ids = block_table[b, first:triton.cdiv(n, bs)].long()
+
+        def keys(cache):
+            rows = cache[ids].reshape(-1, *cache.shape[2:])[lo - first * bs:n - first * bs]
+            return rows.to(wide).repeat_interleave(group, dim=1)                            # (keys, Hq, D)
+
+        s = torch.einsum("hd,nhd->hn", q[b].to(wide), keys(k_cache)) * scale                 # (Hq, keys)
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        out[b] = torch.einsum("hn,nhd->hd", torch.softmax(s, dim=-1), keys(v_cache))
     return out.to(q.dtype)
 
 
@@ -122,6 +135,14 @@ def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _softcap(s, cap_in, cap_out):
+    """Soft-capped scores in the exp2 domain: softcap * tanh(scale * s / softcap) * log2(e), with
+    tanh(x) = 1 - 2 / (e^(2x) + 1) (exact at both ends: e^(2x) = inf gives 1, 0 gives -1) and
+    cap_in = 2 log2(e) scale / softcap, cap_out = softcap log2(e)."""
+    return cap_out * (1.0 - 2.0 / (tl.math.exp2(s * cap_in) + 1.0))
+
+
+@triton.jit
 def _decode_attention_split_kernel(
     q_ptr,                     # (B, Hq, D) queries, D unit-stride
     k_ptr, v_ptr,              # (num_blocks, block_size, Hkv, D) paged caches, D unit-stride
@@ -130,7 +151,9 @@ def _decode_attention_split_kernel(
     out_ptr,                   # (B, Hq, D) output (written when SPLIT is False)
     m_ptr, l_ptr, acc_ptr,     # (B, Hq, S), (B, Hq, S), (B, Hq, S, D) fp32 partials (SPLIT)
     qk_scale,                  # scale * log2(e): scores live in the exp2 domain
+    cap_in, cap_out,           # SOFTCAP: 2 log2(e) scale / softcap and softcap * log2(e) (see _softcap)
     Hkv, G, num_blocks, max_blocks, num_splits,
+    win,                       # WINDOW: keys at positions >= n - 1 - win only (the sliding window's left)
     s_qb, s_qh,                # q strides (batch, head)
     s_kn, s_kt, s_kh,          # k_cache strides (block, row, head)
     s_vn, s_vt, s_vh,          # v_cache strides
@@ -139,6 +162,7 @@ def _decode_attention_split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr, GRANULE: tl.constexpr, SPLIT: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr = False,
+    WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
 ):
     if PDL:                                    # the combine kernel may launch now (it waits for our writes)
         gdc_launch_dependents()
@@ -149,8 +173,12 @@ def _decode_attention_split_kernel(
     # Clamp the length to what the block table can describe: never read past its row.
     n = tl.load(lens_ptr + b)
     n = tl.minimum(tl.maximum(n, 0), max_blocks * PAGE).to(tl.int32)
-    chunk = tl.cdiv(tl.cdiv(n, num_splits), GRANULE) * GRANULE
-    start = split * chunk
+    # The keys attended: [lo, n). With a window the splits share [lo rounded down to a granule, n),
+    # and neither the pages nor the block-table entries before lo are read.
+    lo = tl.maximum(n - 1 - win, 0) if WINDOW else 0
+    base = (lo // GRANULE) * GRANULE
+    chunk = tl.cdiv(tl.cdiv(n - base, num_splits), GRANULE) * GRANULE
+    start = base + split * chunk
     end = tl.minimum(start + chunk, n)
 
     g = tl.arange(0, BLOCK_G)
@@ -172,13 +200,16 @@ def _decode_attention_split_kernel(
     for t0 in range(start, end, BLOCK_N):
         pos = t0 + offs                                                    # (BLOCK_N,) positions
         live = pos < end
+        if WINDOW:
+            live = live & (pos >= lo)
         page = tl.load(bt_row + (pos // PAGE) * s_bj, mask=live, other=-1).to(tl.int64)
         live = live & (page >= 0) & (page < num_blocks)                    # bad ids: masked, not read
         row = (pos % PAGE).to(tl.int64)
         lm = live[:, None] & dmask[None, :]
         k = tl.load(k_head + (page * s_kn + row * s_kt)[:, None] + d[None, :], mask=lm, other=0.0)
         s = _dot(q, tl.trans(k), PRECISION, UPCAST)                         # (BLOCK_G, BLOCK_N) fp32
-        s = tl.where(live[None, :], s * qk_scale, -float("inf"))          # (BLOCK_G, BLOCK_N)
+        s = _softcap(s, cap_in, cap_out) if SOFTCAP else s * qk_scale
+        s = tl.where(live[None, :], s, -float("inf"))                     # (BLOCK_G, BLOCK_N)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_use = tl.where(m_new == -float("inf"), 0.0, m_new)              # no -inf - -inf = NaN
         alpha = tl.math.exp2(m_i - m_use)
@@ -370,7 +401,20 @@ _PLANS: dict = {}
 _MAX_PLANS = 4096
 
 
-def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int) -> torch.Tensor:
+def _softcap_args(scale: float, softcap: float) -> tuple[float, float]:
+    """The kernels' (cap_in, cap_out) of ``softcap`` (0: off, and the pair unused)."""
+    return (2 * LOG2E * scale / softcap, softcap * LOG2E) if softcap > 0 else (0.0, 0.0)
+
+
+def window_span(capacity: int, window: int, granule: int) -> int:
+    """The positions one sequence's splits share: the capacity, or with a window (``window`` >= 0)
+    its window_size[0] + 1 keys and a granule of misalignment, whichever is fewer. The split
+    count is planned on this."""
+    return capacity if window < 0 else min(capacity, window + 1 + granule)
+
+
+def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int, window: int = -1,
+                   softcap: float = 0.0) -> torch.Tensor:
     bsz, hq, d = q.shape
     if bsz == 0:
         return new_empty((bsz, hq, d), dtype=q.dtype, device=q.device)
@@ -380,11 +424,13 @@ def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num
     key = None if interpreting() else (
         q.device.index, q.dtype, q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(),
         block_table.shape, block_table.stride(), block_table.dtype, seq_lens.dtype, num_splits,
-        aligned(q, k_cache, v_cache, block_table, seq_lens), sm90 is None, heuristics.DECODE_SM90_MIN_TOKENS)
+        aligned(q, k_cache, v_cache, block_table, seq_lens), sm90 is None, heuristics.DECODE_SM90_MIN_TOKENS,
+        window, softcap > 0)
     fire = _PLANS.get(key) if key is not None else None
     if fire is not None:
-        return fire(q, k_cache, v_cache, block_table, seq_lens, scale)
-    out, fire = _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, sm90, key)
+        return fire(q, k_cache, v_cache, block_table, seq_lens, scale, softcap)
+    out, fire = _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, sm90, key, window,
+                              softcap)
     if fire is not None:
         if len(_PLANS) >= _MAX_PLANS:          # many distinct shapes (a serving loop's varying batch): start over
             _PLANS.clear()
@@ -392,10 +438,11 @@ def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num
     return out
 
 
-def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int, sm90, key):
+def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int, sm90, key,
+                  window: int = -1, softcap: float = 0.0):
     """A call through the launchers (recording the compiled kernels under ``key``): (out, a
-    ``fire(q, k_cache, v_cache, block_table, seq_lens, scale)`` replaying the same launches, or
-    None under the interpreter)."""
+    ``fire(q, k_cache, v_cache, block_table, seq_lens, scale, softcap)`` replaying the same
+    launches, or None under the interpreter)."""
     bsz, hq, d = q.shape
     nblocks, page, hkv, _ = k_cache.shape
     out = new_empty((bsz, hq, d), dtype=q.dtype, device=q.device)
@@ -403,20 +450,21 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
             and sm90.covers(q, k_cache, v_cache):
         pdl = _pdl(q)
         parts = sm90.decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale * LOG2E, num_splits or None,
-                                 key=key if not num_splits else None, pdl=pdl)
+                                 key=key if not num_splits else None, pdl=pdl, window=window,
+                                 softcap=_softcap_args(scale, softcap) if softcap > 0 else None)
         if parts is not None:
             _combine(*parts, out, parts[0].shape[2], pdl=pdl)
         if key is None or num_splits:          # a forced split count is a probe's or a test's: no plan
             return out, None
-        sfire = sm90.replay(key, q, k_cache, v_cache, block_table, pdl)
+        sfire = sm90.replay(key, q, k_cache, v_cache, block_table, pdl, window=window, softcap=softcap > 0)
         cfire = _combine_replay(out, parts[0].shape[2], pdl) if parts is not None else None
         if sfire is None or (parts is not None and cfire is None):
             return out, None
         shape, dtype, device = out.shape, out.dtype, out.device
 
-        def fire(q, k_cache, v_cache, block_table, seq_lens, scale):
+        def fire(q, k_cache, v_cache, block_table, seq_lens, scale, softcap):
             out = new_empty(shape, dtype=dtype, device=device)
-            parts = sfire(q, k_cache, v_cache, block_table, seq_lens, out, scale * LOG2E)
+            parts = sfire(q, k_cache, v_cache, block_table, seq_lens, out, scale * LOG2E, _softcap_args(scale, softcap))
             if parts is not None:
                 cfire(*parts[:3], out)
             return out
@@ -424,8 +472,9 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
         return out, fire
     group = hq // hkv
     max_blocks = block_table.shape[1]
-    cfg = decode_config(bsz, hkv, group, max_blocks * page, d, page, q.element_size(),
-                        num_splits if num_splits > 0 else None)
+    probe = decode_config(bsz, hkv, group, max_blocks * page, d, page, q.element_size(), 1)
+    cfg = decode_config(bsz, hkv, group, window_span(max_blocks * page, window, probe.granule), d, page,
+                        q.element_size(), num_splits if num_splits > 0 else None)
     splits = cfg.num_splits
     parts = None if splits == 1 else (new_empty((bsz, hq, splits), dtype=torch.float32, device=q.device),
                                       new_empty((bsz, hq, splits), dtype=torch.float32, device=q.device),
@@ -437,18 +486,21 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
     const = dict(HEAD_DIM=d, BLOCK_D=cfg.block_d, BLOCK_G=cfg.block_g, BLOCK_N=cfg.block_n,
                  PAGE=page, GRANULE=cfg.granule, SPLIT=splits > 1,
                  PRECISION="ieee" if q.dtype == torch.float32 else "tf32",      # "tf32" is ignored for 16-bit
-                 UPCAST=interpreting() and q.dtype == torch.bfloat16, PDL=splits > 1 and _pdl(q))
+                 UPCAST=interpreting() and q.dtype == torch.bfloat16, PDL=splits > 1 and _pdl(q),
+                 WINDOW=window >= 0, SOFTCAP=softcap > 0)
     split_key = (q.device.index, q.shape, q.stride(), q.dtype, k_cache.shape, k_cache.stride(), v_cache.stride(),
                  block_table.shape, block_table.stride(), block_table.dtype, seq_lens.dtype, cfg, out.stride(),
-                 aligned(q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc), const["PDL"])
+                 aligned(q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc), const["PDL"], window,
+                 softcap > 0)
     grid = (bsz * hkv, splits)
-    ints = (hkv, group, nblocks, max_blocks, splits,
+    ints = (hkv, group, nblocks, max_blocks, splits, window,
             q.stride(0), q.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             block_table.stride(0), block_table.stride(1),
             out.stride(0), out.stride(1))
-    _SPLIT_LAUNCH(split_key, grid, (q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc, scale * LOG2E, *ints),
+    _SPLIT_LAUNCH(split_key, grid, (q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc, scale * LOG2E,
+                                    *_softcap_args(scale, softcap), *ints),
                   const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if parts is not None:
         _combine(m, l, acc, out, splits, pdl=const["PDL"])
@@ -461,7 +513,7 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
     rows = bsz * hq * splits                   # (m, l, acc) in one allocation: rows, rows, rows x D,
     rows16 = -(-rows // 4) * 4                 # each part 16-byte aligned (as the kernels were compiled)
 
-    def fire(q, k_cache, v_cache, block_table, seq_lens, scale):
+    def fire(q, k_cache, v_cache, block_table, seq_lens, scale, softcap):
         out = new_empty(shape, dtype=dtype, device=device)
         if splits > 1:
             buf = new_empty((2 * rows16 + rows * d,), dtype=torch.float32, device=device)
@@ -469,7 +521,8 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
             m, l, acc = Ptr(base), Ptr(base + 4 * rows16), Ptr(base + 8 * rows16)
         else:
             m = l = acc = out
-        launch(compiled, grid, (q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc, scale * LOG2E, *ints, *tail))
+        launch(compiled, grid, (q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc, scale * LOG2E,
+                                *_softcap_args(scale, softcap), *ints, *tail))
         if splits > 1:
             cfire(m, l, acc, out)
         return out
@@ -501,11 +554,12 @@ def _append_launch(key, value, k_cache, v_cache, block_table, cache_seqlens) -> 
 # PyTorch operators
 # ----------------------------------------------------------------------------------------------
 def _decode_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                 seq_lens: torch.Tensor, scale: float, num_splits: int) -> torch.Tensor:
-    return _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
+                 seq_lens: torch.Tensor, scale: float, num_splits: int, window: int = -1,
+                 softcap: float = 0.0) -> torch.Tensor:
+    return _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, window, softcap)
 
 
-def _decode_fake(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits):
+def _decode_fake(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, window=-1, softcap=0.0):
     return q.new_empty(q.shape)
 
 
@@ -583,10 +637,12 @@ def _first(mask: torch.Tensor) -> torch.Tensor:
 
 
 def _validate_metadata(block_table: torch.Tensor, lens: torch.Tensor, extra: int, page: int, nblocks: int,
-                       lens_name: str, what: str) -> None:
+                       lens_name: str, what: str, window: int = -1) -> None:
     """Host check of the paged-cache metadata, ONE device-to-host sync for everything: positions
-    [0, lens[b] + extra) of every sequence must fit the block table, and their block ids must lie
-    in [0, nblocks). ``extra``: tokens about to be appended (0 for decode)."""
+    [0, lens[b] + extra) of every sequence must fit the block table, and the block ids of the
+    positions in use must lie in [0, nblocks). ``extra``: tokens about to be appended (0 for
+    decode; then the positions in use are the appended ones). ``window`` (decode, >= 0): only
+    positions from lens[b] - 1 - window are in use (a server may have freed the pages before)."""
     if lens.numel() == 0 or _skip_sync(lens):
         return
     max_blocks = block_table.shape[1]
@@ -594,7 +650,12 @@ def _validate_metadata(block_table: torch.Tensor, lens: torch.Tensor, extra: int
     n = lens.long()
     end = n + extra
     used = torch.clamp(end, 0, capacity)
-    first_block = torch.clamp(n, 0, capacity) // page if extra else torch.zeros_like(n)
+    if extra:
+        first_block = torch.clamp(n, 0, capacity) // page
+    elif window >= 0:
+        first_block = torch.clamp(n - 1 - window, 0, capacity) // page
+    else:
+        first_block = torch.zeros_like(n)
     cols = torch.arange(max_blocks, device=lens.device)
     in_use = (cols[None, :] < (used[:, None] + page - 1) // page) & (cols[None, :] >= first_block[:, None])
     bad_ids = in_use & ((block_table < 0) | (block_table >= nblocks))
@@ -637,8 +698,9 @@ def _signature(q, k_cache, v_cache, block_table, seq_lens):
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                     seq_lens: torch.Tensor, *, scale: float | None = None, num_splits: int | None = None,
-                     validate: bool = True) -> torch.Tensor:
+                     seq_lens: torch.Tensor, *, scale: float | None = None,
+                     window_size: tuple[int, int] | None = None, softcap: float = 0.0,
+                     num_splits: int | None = None, validate: bool = True) -> torch.Tensor:
     """Attention of one query token per sequence over a paged KV cache (flash-decoding).
 
     Args:
@@ -652,6 +714,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         seq_lens: (B,) int32/int64: how many cached tokens each sequence attends to. 0 is allowed
             and gives an all-zero output row (a softmax over nothing, taken as the empty sum).
         scale: the score scale, default 1/sqrt(D).
+        window_size: (left, right), a sliding window as in :func:`attention_varlen` and
+            flash-attn. The query is position seq_lens[b] - 1, so it attends to the positions from
+            seq_lens[b] - 1 - left on (left = -1: all of them). Only those positions' pages and
+            block-table entries are read (nor checked by ``validate``), so a server may free or
+            reuse the pages that fell out of the window. ``right`` has no effect (no key lies
+            past the query) and is accepted for the common signature. None: no window.
+        softcap: > 0 caps the scaled scores as Gemma 2 and flash-attn do:
+            score = softcap * tanh(scale * q.k / softcap). 0 (default): off.
         num_splits: programs sharing each sequence's context (flash-decoding's split count);
             default from ``heuristics.decode_config``. Results agree for every value (up to
             rounding); values past the capacity's tile count are clamped.
@@ -692,9 +762,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError(f"warpforge: 'scale' is {scale}; expected a finite number (or None for 1/sqrt(D))")
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"warpforge: 'num_splits' is {num_splits!r}; expected None or an int >= 1")
+    window = _window(window_size, False)[0]
+    softcap = to_float("softcap", softcap)
+    if not (is_finite(softcap) and softcap >= 0):
+        raise ValueError(f"warpforge: 'softcap' is {softcap}; expected a finite number >= 0 (0: off)")
     if validate:
-        _validate_metadata(block_table, seq_lens, 0, page, nblocks, "seq_lens", "in use")
-    return decode_attention_op(q, k_cache, v_cache, block_table, seq_lens, float(scale), num_splits or 0)
+        _validate_metadata(block_table, seq_lens, 0, page, nblocks, "seq_lens", "in use", window)
+    return decode_attention_op(q, k_cache, v_cache, block_table, seq_lens, float(scale), num_splits or 0,
+                               window, softcap)
+
 
 
 def append_paged_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

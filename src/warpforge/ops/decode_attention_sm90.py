@@ -34,6 +34,11 @@ matters is keeping enough bytes in flight on every SM for the whole call. The Tr
   its launch overlaps the last programs (H200: batch 1 x 16K 28.2 -> 26.7 us, 8 x 4K 43.0 ->
   41.6; NOTES item 136). Reading the first slot's block ids beside the length instead of after it
   (a guess from the capacity's split) measured 0.4-0.9 us slower and was dropped.
+- A sliding window (WINDOW) starts each unit at the window's first slice and masks the keys
+  before it; the splits are planned on the window's span. A softcap (SOFTCAP) caps the scores
+  with one exp2 (ops/decode_attention.py's _softcap). A slice loaded whole may hold rows past the
+  length (or before the window) that nobody wrote: they are zeroed in V^T before P V, where
+  p = 0 alone would still turn a NaN there into a NaN output (NOTES item 158).
 
 Measured (H200, 2026-11-26, benchmarks/probe_decode_sm90.py, Hq 32 / Hkv 8, D 128, pages of 16
 shuffled): 92-104% of copy at batch 16-64 (Triton kernel 79-96%, cuDNN 96-106%); 0.95-0.98x
@@ -56,6 +61,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ..runtime.device import dram_bandwidth, sm_count
 from ..runtime.launch import Desc, LaunchCache, Ptr, launch
 from .attention_sm90 import tma_ok
+from .decode_attention import window_span
 
 SLICE = 16          # tokens one TMA box (and one consumer warp's share of a slot) holds
 CONSUMERS = 4       # consumer warps: a slot is CONSUMERS slices of K and of V
@@ -81,9 +87,10 @@ MERGE_STUB = 8      # the merge scratch's columns in a split launch (no merge co
 
 
 @gluon.jit
-def _unit(u, splits, Hkv, lens_ptr, cap, C: gl.constexpr):
-    """Work unit u -> (b, kv head, split, the sequence's length n, its slices [c0, c1) of 16 tokens):
-    the length (clamped to the block table's capacity) cut into ``splits`` chunks of whole slots."""
+def _unit(u, splits, Hkv, lens_ptr, cap, win, C: gl.constexpr, WINDOW: gl.constexpr):
+    """Work unit u -> (b, kv head, split, the sequence's length n, its slices [c0, c1) of 16 tokens,
+    the first key lo): the keys [lo, n) (n clamped to the block table's capacity; lo = 0, or with a
+    WINDOW n - 1 - win) as whole slices, cut into ``splits`` chunks of whole slots."""
     pair = u // splits
     split = u % splits
     b = pair // Hkv
@@ -91,10 +98,16 @@ def _unit(u, splits, Hkv, lens_ptr, cap, C: gl.constexpr):
     n = gl.load(lens_ptr + b)
     n = gl.minimum(gl.maximum(n, 0), cap).to(gl.int32)
     n16 = gl.cdiv(n, 16)
-    chunk = gl.cdiv(gl.cdiv(n16, splits), C) * C
-    c0 = split * chunk
+    if WINDOW:
+        lo = gl.maximum(n - 1 - win, 0)
+        first = lo // 16
+    else:
+        lo = 0
+        first = 0
+    chunk = gl.cdiv(gl.cdiv(n16 - first, splits), C) * C
+    c0 = first + split * chunk
     c1 = gl.minimum(c0 + chunk, n16)
-    return b, kvh, split, n, c0, c1
+    return b, kvh, split, n, c0, c1, lo
 
 
 @gluon.jit
@@ -118,8 +131,9 @@ def _pages(bt_ptr, b, c, c1, sub, num_blocks, s_bb, s_bj):
 @gluon.jit
 def _dec_produce(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem,
                  ready, empty,
-                 sc, scm, scl, done, free,
-                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh):
+                 sc, scm, scl, done, free, flags,
+                 qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj,
+                 s_ob, s_oh):
     """The producer: unit after unit, slot after slot, C (K, V) slice pairs by TMA into the ring
     once its consumers released the slot. A slot's copies are issued first and the next slot's
     block ids (the next unit's length and ids at a unit's last slot) read after them: in steady
@@ -130,9 +144,10 @@ def _dec_produce(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
     NB: gl.constexpr = ready.type.shape[0]
     C: gl.constexpr = k_smem.type.shape[0] // NB
     gl.static_assert(C == 4)
+    WINDOW: gl.constexpr = flags.type.shape[0] == 2
     nprog = gl.num_programs(0)
     t = 0
-    b, kvh, split, n, c0, c1 = _unit(gl.program_id(0), splits, Hkv, lens_ptr, cap, C)
+    b, kvh, split, n, c0, c1, lo = _unit(gl.program_id(0), splits, Hkv, lens_ptr, cap, win, C, WINDOW)
     p0, p1, p2, p3 = _pages(bt_ptr, b, c0, c1, sub, num_blocks, s_bb, s_bj)
     for u in range(gl.program_id(0), n_units, nprog):
         n_slots = gl.cdiv(gl.maximum(c1 - c0, 0), C)
@@ -152,14 +167,15 @@ def _dec_produce(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
             tma.async_copy_global_to_shared(k_desc, [p3, ((c + 3) % sub) * 16, kvh, 0], bar, k_smem.index(slot * C + 3))
             tma.async_copy_global_to_shared(v_desc, [p3, ((c + 3) % sub) * 16, kvh, 0], bar, v_smem.index(slot * C + 3))
             if j + 1 == n_slots:                                        # the unit's last slot: the next unit
-                bn, kvhn, splitn, nn, c0n, c1n = _unit(gl.minimum(u + nprog, n_units - 1), splits, Hkv, lens_ptr,
-                                                       cap, C)
+                bn, kvhn, splitn, nn, c0n, c1n, lon = _unit(gl.minimum(u + nprog, n_units - 1), splits, Hkv,
+                                                            lens_ptr, cap, win, C, WINDOW)
                 p0, p1, p2, p3 = _pages(bt_ptr, bn, c0n, c1n, sub, num_blocks, s_bb, s_bj)
             else:
                 p0, p1, p2, p3 = _pages(bt_ptr, b, c + C, c1, sub, num_blocks, s_bb, s_bj)
             t += 1
         if n_slots == 0:                                                # an empty unit: the next one now
-            bn, kvhn, splitn, nn, c0n, c1n = _unit(gl.minimum(u + nprog, n_units - 1), splits, Hkv, lens_ptr, cap, C)
+            bn, kvhn, splitn, nn, c0n, c1n, lon = _unit(gl.minimum(u + nprog, n_units - 1), splits, Hkv, lens_ptr,
+                                                        cap, win, C, WINDOW)
             p0, p1, p2, p3 = _pages(bt_ptr, bn, c0n, c1n, sub, num_blocks, s_bb, s_bj)
         b, kvh, split, n, c0, c1 = bn, kvhn, splitn, nn, c0n, c1n
 
@@ -175,9 +191,9 @@ def _load_q(q_ptr, b, kvh, G, s_qb, s_qh, GP: gl.constexpr, D: gl.constexpr, lay
 
 @gluon.jit
 def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
-                 sc, scm, scl, done, free,
-                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh,
-                 W: gl.constexpr):
+                 sc, scm, scl, done, free, flags,
+                 qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj,
+                 s_ob, s_oh, W: gl.constexpr):
     """Consumer warp W: slice W of every slot of its program's units, its own online softmax over
     them; a unit's (max, sum, acc) leave as partial split * C + W of each query head of the group.
     The next unit's length and query rows are loaded when a unit starts.
@@ -190,6 +206,8 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
     D: gl.constexpr = k_desc.block_type.shape[3]
     GP: gl.constexpr = scm.type.shape[1]
     ONE: gl.constexpr = sc.type.shape[2] == D                                 # one split: merge here
+    WINDOW: gl.constexpr = flags.type.shape[0] == 2                           # keys from n - 1 - win only
+    SOFTCAP: gl.constexpr = flags.type.shape[1] == 2                          # capped scores (_softcap)
     dtype: gl.constexpr = k_desc.dtype
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -212,11 +230,12 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
     nprog = gl.num_programs(0)
     t = 0
     rr = 0
-    b, kvh, split, n, c0, c1 = _unit(gl.program_id(0), splits, Hkv, lens_ptr, cap, C)
+    b, kvh, split, n, c0, c1, lo = _unit(gl.program_id(0), splits, Hkv, lens_ptr, cap, win, C, WINDOW)
     q = _load_q(q_ptr, b, kvh, G, s_qb, s_qh, GP, D, ld)
     page_nx = _page_of(bt_ptr, b, c0 + W, c1, sub, num_blocks, s_bb, s_bj)
     for u in range(gl.program_id(0), n_units, nprog):
-        bn, kvhn, splitn, nn, c0n, c1n = _unit(gl.minimum(u + nprog, n_units - 1), splits, Hkv, lens_ptr, cap, C)
+        bn, kvhn, splitn, nn, c0n, c1n, lon = _unit(gl.minimum(u + nprog, n_units - 1), splits, Hkv, lens_ptr, cap,
+                                                    win, C, WINDOW)
         qn = _load_q(q_ptr, bn, kvhn, G, s_qb, s_qh, GP, D, ld)
         qb = gl.convert_layout(gl.permute(q, (1, 0)), b_l)                # Q^T (D, GP)
         n_slots = gl.cdiv(gl.maximum(c1 - c0, 0), C)
@@ -242,12 +261,29 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
             mbarrier.arrive(empty.index(slot))
             if c < c1:
                 ok = ((c * 16 + toks) < n) & (page >= 0)
-                s = gl.where(ok[:, None], s * qk_scale, -float("inf"))
+                if WINDOW:
+                    ok = ok & ((c * 16 + toks) >= lo)
+                if SOFTCAP:
+                    s = cap_out * (1.0 - 2.0 / (gl.exp2(s * cap_in) + 1.0))  # softcap tanh(.), exp2 domain
+                else:
+                    s = s * qk_scale
+                s = gl.where(ok[:, None], s, -float("inf"))
                 m_new = gl.maximum(m_i, gl.max(s, 0))
                 m_use = gl.where(m_new == -float("inf"), 0.0, m_new)      # no -inf - -inf = NaN
                 alpha = gl.exp2(m_i - m_use)
                 p = gl.exp2(s - m_use[None, :])
                 l_i = l_i * alpha + gl.sum(p, 0)
+                # a slice across the length's end (or the window's start) holds rows nobody wrote,
+                # or stale ones: p = 0 there, but 0 x NaN is NaN, so those rows of V^T are zeroed.
+                # This costs the loop 0.3-1%; peeling the unit's last slot, or zeroing the rows in
+                # shared memory instead, measured slower (NOTES item 158)
+                if WINDOW:
+                    edge = (c * 16 + 16 > n) | (c * 16 < lo)
+                else:
+                    edge = c * 16 + 16 > n
+                if edge:
+                    tv = c * 16 + gl.arange(0, 16, layout=gl.SliceLayout(0, a_l))
+                    vt = gl.where(((tv < n) & (tv >= lo))[None, :], vt, gl.zeros_like(vt))
                 acc = mma_v2(vt, gl.convert_layout(p.to(dtype), b_l), acc * alpha[None, :])
                 m_i = m_new
             t += 1
@@ -291,44 +327,52 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
             gl.store(m_ptr + row, m_i, mask=gmask)
             gl.store(l_ptr + row, l_i, mask=gmask)
             gl.store(acc_ptr + row[None, :] * D + d[:, None], acc, mask=gmask[None, :])
-        b, kvh, split, n, c0, c1, q = bn, kvhn, splitn, nn, c0n, c1n, qn
+        b, kvh, split, n, c0, c1, lo, q = bn, kvhn, splitn, nn, c0n, c1n, lon, qn
 
 
 @gluon.jit
 def _dec_consume0(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
-                 sc, scm, scl, done, free,
-                  qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh):
+                  sc, scm, scl, done, free, flags,
+                  qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb,
+                  s_bj, s_ob, s_oh):
     # worker partitions take no constexpr arguments: one wrapper a consumer warp
     _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
-                 sc, scm, scl, done, free,
-                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, 0)
+                 sc, scm, scl, done, free, flags,
+                 qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj,
+                 s_ob, s_oh, 0)
 
 
 @gluon.jit
 def _dec_consume1(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
-                 sc, scm, scl, done, free,
-                  qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh):
+                  sc, scm, scl, done, free, flags,
+                  qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb,
+                  s_bj, s_ob, s_oh):
     _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
-                 sc, scm, scl, done, free,
-                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, 1)
+                 sc, scm, scl, done, free, flags,
+                 qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj,
+                 s_ob, s_oh, 1)
 
 
 @gluon.jit
 def _dec_consume2(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
-                 sc, scm, scl, done, free,
-                  qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh):
+                  sc, scm, scl, done, free, flags,
+                  qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb,
+                  s_bj, s_ob, s_oh):
     _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
-                 sc, scm, scl, done, free,
-                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, 2)
+                 sc, scm, scl, done, free, flags,
+                 qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj,
+                 s_ob, s_oh, 2)
 
 
 @gluon.jit
 def _dec_consume3(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
-                 sc, scm, scl, done, free,
-                  qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh):
+                  sc, scm, scl, done, free, flags,
+                  qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb,
+                  s_bj, s_ob, s_oh):
     _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
-                 sc, scm, scl, done, free,
-                 qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh, 3)
+                 sc, scm, scl, done, free, flags,
+                 qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj,
+                 s_ob, s_oh, 3)
 
 
 @gluon.jit
@@ -337,11 +381,16 @@ def _decode_sm90_kernel(q_ptr,                    # (B, Hq, D), D unit-stride
                         bt_ptr, lens_ptr,         # (B, max_blocks) block table, (B,) lengths (int32/int64)
                         out_ptr,                  # (B, Hq, D) output (written when splits == 1)
                         m_ptr, l_ptr, acc_ptr,    # (B, Hq, S), (B, Hq, S), (B, Hq, S, D) fp32 partials (splits > 1)
-                        qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh,
+                        qk_scale, cap_in, cap_out,  # SOFTCAP: 2 log2(e) scale / softcap, softcap log2(e)
+                        Hkv, G, num_blocks, cap,
+                        win,                      # WINDOW: keys from position n - 1 - win on
+                        sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh,
                         NB: gl.constexpr, C: gl.constexpr, GP: gl.constexpr, REGS: gl.constexpr,
-                        SD: gl.constexpr, PDL: gl.constexpr = False):
+                        SD: gl.constexpr, PDL: gl.constexpr = False, WINDOW: gl.constexpr = False,
+                        SOFTCAP: gl.constexpr = False):
     # SD: the merge scratch's columns, D where every unit is a whole sequence (one split), else a
-    # stub: the consumers compile the merge only then (_dec_consume's ONE)
+    # stub: the consumers compile the merge only then (_dec_consume's ONE). WINDOW and SOFTCAP
+    # reach the partitions (which take no constexpr arguments) as the shape of ``flags``
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NB * C] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [NB * C] + v_desc.block_type.shape, v_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
@@ -354,6 +403,7 @@ def _decode_sm90_kernel(q_ptr,                    # (B, Hq, D), D unit-stride
     scl = gl.allocate_shared_memory(gl.float32, [2 * C, GP], plain1)
     done = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    flags = gl.allocate_shared_memory(gl.int8, [1 + WINDOW, 1 + SOFTCAP], plain2)   # never read: its shape
     for i in gl.static_range(NB):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=C)
@@ -361,8 +411,9 @@ def _decode_sm90_kernel(q_ptr,                    # (B, Hq, D), D unit-stride
         mbarrier.init(done.index(i), count=C)
         mbarrier.init(free.index(i), count=C)
     args = (q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
-                 sc, scm, scl, done, free,
-            qk_scale, Hkv, G, num_blocks, cap, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh)
+            sc, scm, scl, done, free, flags,
+            qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj,
+            s_ob, s_oh)
     gl.warp_specialize([(_dec_produce, args), (_dec_consume0, args), (_dec_consume1, args), (_dec_consume2, args),
                         (_dec_consume3, args)], [1, 1, 1, 1], [REGS, REGS, REGS, REGS])
     if PDL:
@@ -432,19 +483,21 @@ def plan(pairs: int, capacity: int, slots: int, token_bytes: int, dram_bytes_per
 _LAUNCH = LaunchCache(_decode_sm90_kernel)
 
 
-def _geometry(q, k_cache, block_table, splits, slots, nb, regs):
+def _geometry(q, k_cache, block_table, splits, slots, nb, regs, window=-1):
     """(splits, grid, ring depth, registers, the kernel's integer arguments from ``Hkv`` to the
-    block table's strides, TMA box) of a call: fixed by the shapes and strides."""
+    block table's strides, TMA box) of a call: fixed by the shapes, the strides and the window.
+    With a window the split count is planned on the window's span, not the capacity."""
     bsz, hq, d = q.shape
     nblocks, page, hkv, _ = k_cache.shape
     capacity = block_table.shape[1] * page
+    span = window_span(capacity, window, SLICE)
     grid_slots = slots or PROGRAMS_PER_SM * sm_count(q.device.index)
-    s, grid = plan(bsz * hkv, capacity, grid_slots, 2 * d * q.element_size(), dram_bandwidth(q.device.index))
-    if splits is not None:                     # forced: clamped to the capacity's slots
-        s = max(1, min(splits, triton.cdiv(triton.cdiv(capacity, SLICE), CONSUMERS)))
+    s, grid = plan(bsz * hkv, span, grid_slots, 2 * d * q.element_size(), dram_bandwidth(q.device.index))
+    if splits is not None:                     # forced: clamped to the span's slots
+        s = max(1, min(splits, triton.cdiv(triton.cdiv(span, SLICE), CONSUMERS)))
         grid = min(bsz * hkv * s, grid_slots)
     ring = nb or max(2, RING_BYTES // (2 * CONSUMERS * SLICE * d * q.element_size()))
-    ints = (hkv, hq // hkv, nblocks, capacity, page // SLICE, s, bsz * hkv * s,
+    ints = (hkv, hq // hkv, nblocks, capacity, window, page // SLICE, s, bsz * hkv * s,
             q.stride(0), q.stride(1), block_table.stride(0), block_table.stride(1))
     return s, grid, ring, regs or REGS_DEFAULT, ints, [1, SLICE, 1, d]
 
@@ -465,7 +518,7 @@ def _partials(q, s):
 
 def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: float, splits: int | None = None,
                 slots: int | None = None, nb: int | None = None, regs: int | None = None, key=None,
-                pdl: bool = False):
+                pdl: bool = False, window: int = -1, softcap: tuple[float, float] | None = None):
     """The kernel's pass. With one split a sequence it writes ``out`` (contiguous) and returns None;
     otherwise it returns the (m, l, acc) partials (B, Hq, P), (B, Hq, P), (B, Hq, P, D) fp32,
     P = S x C, for ops/decode_attention.py's combine kernel. ``splits``, ``slots`` (programs),
@@ -473,24 +526,29 @@ def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: flo
     ``key``: the caller's plan key (everything the launch depends on but the data pointers); the
     compiled kernel is recorded under it, and :func:`replay` then launches it directly. ``pdl``: the
     caller launches the combine as this grid's programmatic dependent (``launch_pdl``), and each
-    program lets it launch once all of its partitions are done."""
-    s, grid, ring, nreg, ints, box = _geometry(q, k_cache, block_table, splits, slots, nb, regs)
+    program lets it launch once all of its partitions are done. ``window``: the sliding window's
+    left (-1: none); ``softcap``: None, or the (cap_in, cap_out) of ops/decode_attention.py's
+    _softcap_args."""
+    s, grid, ring, nreg, ints, box = _geometry(q, k_cache, block_table, splits, slots, nb, regs, window)
     parts = _partials(q, s) if s > 1 else (out, out, out)       # unused pointers at one split
     layout = _smem_layout(q.shape[2], q.dtype)
     k_desc = TensorDescriptor(k_cache, list(k_cache.shape), list(k_cache.stride()), box, layout)
     v_desc = TensorDescriptor(v_cache, list(v_cache.shape), list(v_cache.stride()), box, layout)
     _LAUNCH(None if key is None else (key, splits, slots, nb, regs, pdl), (grid,),
-            (q, k_desc, v_desc, block_table, seq_lens, out, *parts, scale_log2, *ints, out.stride(0), out.stride(1)),
+            (q, k_desc, v_desc, block_table, seq_lens, out, *parts, scale_log2, *(softcap or (0.0, 0.0)), *ints,
+             out.stride(0), out.stride(1)),
             dict(NB=ring, C=CONSUMERS, GP=_group_cols(q.shape[1] // k_cache.shape[2]), REGS=nreg,
-                 SD=q.shape[2] if s == 1 else MERGE_STUB, PDL=pdl and s > 1),
+                 SD=q.shape[2] if s == 1 else MERGE_STUB, PDL=pdl and s > 1, WINDOW=window >= 0,
+                 SOFTCAP=softcap is not None),
             num_warps=4, num_stages=None,
             **({"maxnreg": regs} if regs else {}))
     return parts if s > 1 else None
 
 
-def replay(key, q, k_cache, v_cache, block_table, pdl: bool = False):
-    """After ``decode_sm90(..., key=key, pdl=pdl)`` ran once on a call like this one: a function
-    ``fire(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2)`` that launches the
+def replay(key, q, k_cache, v_cache, block_table, pdl: bool = False, window: int = -1, softcap: bool = False):
+    """After ``decode_sm90(..., key=key, pdl=pdl, window=window)`` ran once on a call like this one
+    (``softcap``: with a softcap): a function
+    ``fire(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2, caps)`` that launches the
     recorded kernel with no JIT work (the descriptors are rebuilt around the new base pointers;
     shape, strides and box are the key's) and returns None at one split, else (m, l, acc, buffer):
     the partials as pointers into one fp32 buffer, which the caller keeps until the combine is
@@ -499,7 +557,7 @@ def replay(key, q, k_cache, v_cache, block_table, pdl: bool = False):
     if recorded is None:
         return None
     compiled, tail = recorded
-    s, grid, _, _, ints, box = _geometry(q, k_cache, block_table, None, None, None, None)
+    s, grid, _, _, ints, box = _geometry(q, k_cache, block_table, None, None, None, None, window)
     shape, kstride, vstride = list(k_cache.shape), list(k_cache.stride()), list(v_cache.stride())
     grid = (grid,)
 
@@ -507,7 +565,7 @@ def replay(key, q, k_cache, v_cache, block_table, pdl: bool = False):
     rows = bsz * hq * s * CONSUMERS                    # (m, l, acc) in one allocation: rows, rows, rows x D,
     rows16 = -(-rows // 4) * 4                         # each part 16-byte aligned (as the kernel was compiled)
 
-    def fire(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2):
+    def fire(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2, caps):
         if s > 1:
             buf = torch.empty(2 * rows16 + rows * d, dtype=torch.float32, device=out.device)
             base = buf.data_ptr()
@@ -515,7 +573,8 @@ def replay(key, q, k_cache, v_cache, block_table, pdl: bool = False):
         else:
             parts = (out, out, out)
         launch(compiled, grid, (q, Desc(k_cache, shape, kstride, box), Desc(v_cache, shape, vstride, box), block_table,
-                                seq_lens, out, *parts[:3], scale_log2, *ints, out.stride(0), out.stride(1), *tail))
+                                seq_lens, out, *parts[:3], scale_log2, *caps, *ints, out.stride(0), out.stride(1),
+                                *tail))
         return parts if s > 1 else None
 
     return fire
