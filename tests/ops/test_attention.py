@@ -916,6 +916,15 @@ def test_dropout_mask_definition():
     assert (got == want).all(), f"{(got != want).sum()} of {got.size} scores differ from the definition"
 
 
+@gpu_only
+def test_dropout_keep_mask_of_a_cpu_key():
+    """A CPU key on a GPU machine (the bench's float64 reference checks build their inputs on the
+    CPU) gets the mask its CUDA copy gets, on the CPU; it crashed inside the kernel launch before."""
+    seed = _call_seed(5)
+    got = dropout_keep_mask(seed.cpu(), 2, 3, 5, 70, 0.4)
+    assert got.device.type == "cpu" and torch.equal(got, dropout_keep_mask(seed, 2, 3, 5, 70, 0.4).cpu())
+
+
 def _check_with_dropout(q, k, v, dtype, p, what, **kw):
     """A dropout call's output, lse and gradients against attention_reference with the mask the
     call drew (rebuilt from the same torch seed)."""

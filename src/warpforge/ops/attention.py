@@ -63,7 +63,8 @@ import triton.language as tl
 from .. import runtime
 from ..runtime import interpreting, unit_last_dim
 from ..runtime.amp import autocast_inputs
-from ..runtime.checks import as_index, check_finite, check_same, check_tensor, host_sync_unavailable, to_float
+from ..runtime.checks import (as_index, check_device, check_finite, check_same, check_tensor, host_sync_unavailable,
+                              to_float)
 from ..runtime.heuristics import AttentionConfig, attention_config, attention_pattern
 from ..runtime.launch import LaunchCache
 from ..runtime.registry import Op
@@ -1064,8 +1065,12 @@ def dropout_keep_mask(seed: torch.Tensor, batch: int, heads: int, L: int, S: int
     key ``seed`` (dropout_seed's one-element int64 tensor) at ``dropout_p``: query head h, query
     position i, key position j of batch entry b (of a packed call: sequence b, positions within it).
     For tests and for reproducing a call: seed with torch.manual_seed, draw ``dropout_seed`` as the
-    call would."""
+    call would. A CPU key on a machine whose kernels run on a GPU (no interpreter) is drawn there
+    and the mask returned on the CPU: the mask depends on the key's value only."""
     dropout_p = _check_dropout(dropout_p)
+    if seed.device.type == "cpu" and not interpreting() and torch.cuda.is_available():
+        return dropout_keep_mask(seed.cuda(), batch, heads, L, S, dropout_p).cpu()
+    check_device("seed", seed)
     out = torch.empty((batch, heads, L, S), dtype=torch.int8, device=seed.device)
     if out.numel():
         grid = (triton.cdiv(L, 32), triton.cdiv(S, 32), batch * heads)
