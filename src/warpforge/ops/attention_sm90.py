@@ -238,6 +238,13 @@ def _philox(k0, k1, c0, c1, c2, c3, ROUNDS: gl.constexpr):
 
 
 @gluon.jit
+def _philox_key(seed):
+    """dropout_seed's int64 key as Philox's two 32-bit key words (low, high)."""
+    seed = seed.to(gl.uint64, bitcast=True)
+    return (seed & 0xFFFFFFFF).to(gl.uint32), ((seed >> 32) & 0xFFFFFFFF).to(gl.uint32)
+
+
+@gluon.jit
 def _dropout_words(k0, k1, b, h, row_lo, n0, ROWS: gl.constexpr, COLS: gl.constexpr, ROUNDS: gl.constexpr):
     """The four Philox words of each (row, 32-key block, t) of a (ROWS, COLS) score tile (query rows
     from row_lo, keys from n0, a multiple of 32), one a thread in _drop_layout's (row, c, t) slice."""
@@ -421,10 +428,9 @@ def _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_re
     rows = row_lo + gl.arange(0, HM, layout=srow)
     mbarrier.wait(q_bar.index(WG), 0)
     if DROPOUT:
-        seed = gl.load(seed_ptr).to(gl.uint64, bitcast=True)
+        k0, k1 = _philox_key(gl.load(seed_ptr))
         p, acc, m_i, l_i = _attend(qs, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows, row_lo, len_k, 0,
-                                   n_tiles, scale_log2, CAUSAL, (seed & 0xFFFFFFFF).to(gl.uint32),
-                                   ((seed >> 32) & 0xFFFFFFFF).to(gl.uint32), b + drop_b0, h, drop_thr, True, ROUNDS)
+                                   n_tiles, scale_log2, CAUSAL, k0, k1, b + drop_b0, h, drop_thr, True, ROUNDS)
     else:
         p, acc, m_i, l_i = _attend(qs, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows, row_lo, len_k, 0,
                                    n_tiles, scale_log2, CAUSAL)
@@ -864,9 +870,7 @@ def _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_s
         if DROPOUT:
             # the key is loaded each step (volatile: not hoisted), so its ten round keys are not
             # 20 loop-invariant registers, which spilled
-            seed = gl.load(seed_ptr, volatile=True).to(gl.uint64, bitcast=True)
-            k0 = (seed & 0xFFFFFFFF).to(gl.uint32)
-            k1 = ((seed >> 32) & 0xFFFFFFFF).to(gl.uint32)
+            k0, k1 = _philox_key(gl.load(seed_ptr, volatile=True))
             w0, w1, w2, w3 = _dropout_words(k0, k1, b + drop_b0, h, m0, key_lo, BM, HN, ROUNDS)
             _pack_keep(w0, w1, w2, w3, drop_thr, mk_smem.index(WG), BM)
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
