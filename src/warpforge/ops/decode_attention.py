@@ -472,9 +472,11 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
         return out, fire
     group = hq // hkv
     max_blocks = block_table.shape[1]
-    probe = decode_config(bsz, hkv, group, max_blocks * page, d, page, q.element_size(), 1)
-    cfg = decode_config(bsz, hkv, group, window_span(max_blocks * page, window, probe.granule), d, page,
-                        q.element_size(), num_splits if num_splits > 0 else None)
+    forced = num_splits if num_splits > 0 else None
+    cfg = decode_config(bsz, hkv, group, max_blocks * page, d, page, q.element_size(), forced)
+    if window >= 0:     # the splits share the window's span (the granule depends on neither)
+        cfg = decode_config(bsz, hkv, group, window_span(max_blocks * page, window, cfg.granule), d, page,
+                            q.element_size(), forced)
     splits = cfg.num_splits
     parts = None if splits == 1 else (new_empty((bsz, hq, splits), dtype=torch.float32, device=q.device),
                                       new_empty((bsz, hq, splits), dtype=torch.float32, device=q.device),
