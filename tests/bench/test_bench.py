@@ -17,8 +17,8 @@ from warpforge.bench import report, runner, timing, workloads as W
 
 EXPECTED_OPS = {"add", "sum", "amax", "softmax", "log_softmax", "layer_norm", "rms_norm", "add_rms_norm",
                 "swiglu", "geglu", "rope", "matmul", "matmul_bwd", "linear_gelu", "fp8_matmul", "cross_entropy",
-                "linear_cross_entropy", "attention", "attention_dropout", "decode_attention", "decode_attention_window", "moe",
-                "moe_decode"}
+                "linear_cross_entropy", "attention", "attention_dropout", "attention_softcap", "decode_attention",
+                "decode_attention_window", "moe", "moe_decode"}
 
 
 def _case(name: str, label: str) -> W.Case:
@@ -1418,7 +1418,7 @@ def _hand_bytes(name: str, args: tuple, out) -> dict:
     if name == "linear_cross_entropy":   # fwd+bwd: and write dh, dW
         h, w, t = args
         return {"fwd": nb(h, w, t), "fwd+bwd": nb(h, w, t) + nb(h, w)}
-    if name in ("attention", "attention_dropout"):   # bwd: read q, k, v, o, do; write dq, dk, dv
+    if name in ("attention", "attention_dropout", "attention_softcap"):   # bwd: read q, k, v, o, do; write dq, dk, dv
         q, k, v = args[:3]
         return {"fwd": nb(q, k, v, out), "bwd": nb(q, k, v, out, out) + nb(q, k, v)}
     if name in ("decode_attention", "decode_attention_window"):   # q, the keys and values attended (k4/v4
@@ -1448,7 +1448,7 @@ def _hand_flops(name: str, case: W.Case) -> dict | None:
     if name == "linear_cross_entropy":   # logits; then dh and dW
         f = 2 * d["T"] * d["V"] * d["H"]
         return {"fwd": f, "fwd+bwd": 3 * f}
-    if name in ("attention", "attention_dropout"):   # QK^T and PV per head (the causal half counted as S^2 / 2); bwd 2.5x
+    if name in ("attention", "attention_dropout", "attention_softcap"):   # QK^T and PV per head (the causal half counted as S^2 / 2); bwd 2.5x
         f = 2 * 2 * d["B"] * d["Hq"] * d["S"] * d["S"] * d["D"] // (2 if d["causal"] else 1)
         return {"fwd": f, "bwd": f * 5 // 2}
     if name == "decode_attention":   # q.K^T and p.V over ctx cached tokens, per query head
@@ -1499,6 +1499,7 @@ HEADLINES = {"add": "n=2^28", "sum": "32768x4096", "amax": "32768x4096", "softma
              "linear_gelu": "8192x3072x768", "fp8_matmul": "8192x8192x8192", "cross_entropy": "8192x128256",
              "linear_cross_entropy": "8192x128256 H=4096", "attention": "B4 H32/32 S4096 D128 non-causal",
              "attention_dropout": "B4 H32/32 S4096 D128 non-causal",
+             "attention_softcap": "B4 H32/16 S4096 D128 causal cap50",
              "decode_attention": "B16 ctx32768 H32/8 D128 block16",
              "decode_attention_window": "B16 ctx32768 window4096 H32/8 D128 block16",
              "moe": "DeepSeek-V2-Lite T8192 d2048 n1408 E64 k6 random",

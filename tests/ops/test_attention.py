@@ -934,7 +934,7 @@ def _check_with_dropout(q, k, v, dtype, p, what, **kw):
     o, lse = wf.scaled_dot_product_attention(q, k, v, dropout_p=p, return_lse=True, **kw)
     keep = dropout_keep_mask(_call_seed(11), B, H, L, S, p)
     ref_kw = dict(is_causal=kw.get("is_causal", False), attn_mask=kw.get("attn_mask"),
-                  window_size=kw.get("window_size"))
+                  window_size=kw.get("window_size"), softcap=kw.get("softcap", 0.0))
     qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
     orf, lref = attention_reference(qr, kr, vr, dropout_keep=keep, dropout_p=p, **ref_kw)
     assert_close(o, orf, dtype, what=f"{what} out")
@@ -1146,3 +1146,121 @@ def test_dropout_cuda_graph_replays_draw_new_masks():
         assert torch.allclose(o.sum(), (gv * v.float()).sum(), rtol=2e-2, atol=1.0)
         outs.append(o)
     assert not torch.equal(outs[0], outs[1]) and not torch.equal(outs[1], outs[2])
+
+
+# ----------------------------------------------------------------------------------------------
+# Soft cap (Gemma 2: scores capped to c * tanh(score / c) before the mask)
+# ----------------------------------------------------------------------------------------------
+SOFTCAP_SHAPES = [(2, 4, 2, 17, 23, 16), (1, 3, 1, 40, 9, 32), (1, 1, 1, 1, 1, 16)]
+if ON_GPU:
+    SOFTCAP_SHAPES += [(2, 8, 4, 1000, 1000, 128), (1, 4, 1, 300, 4097, 64), (1, 2, 1, 257, 300, 256)]
+
+
+def _check_softcap(q, k, v, dtype, cap, what, **kw):
+    """_check with the cap, and that the cap matters: the uncapped reference is far off (where
+    there is more than one key to weigh)."""
+    _check(q, k, v, dtype, what=what, ref_kw=dict(softcap=cap, enable_gqa=kw.get("enable_gqa", False)),
+           softcap=cap, **kw)
+    if k.shape[-2] == 1:
+        return
+    o = wf.scaled_dot_product_attention(q, k, v, softcap=cap, **kw)
+    ref_kw = dict(is_causal=kw.get("is_causal", False), attn_mask=kw.get("attn_mask"),
+                  window_size=kw.get("window_size"), enable_gqa=kw.get("enable_gqa", False))
+    plain = attention_reference(*(t.detach().double() for t in (q, k, v)), **ref_kw)[0]
+    assert (o.double() - plain).norm() > 0.05 * plain.norm(), f"{what}: the cap changed nothing"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] + ([torch.float16] if ON_GPU else []))
+@pytest.mark.parametrize("shape", SOFTCAP_SHAPES)
+def test_softcap_forward_backward(shape, dtype, causal):
+    """Output, lse and the three gradients (through the cap's 1 - tanh^2) against the float64
+    reference: scores ~N(0, 9) under a cap of 4, so most of them sit on the tanh's bend or its
+    shoulders; odd lengths, L != S, GQA and MQA, one query and key; on the GPU D 64, 128, 256 and
+    the hardware tanh (16-bit inputs)."""
+    B, H, HK, L, S, D = shape
+    q = (randn(B, H, L, D, dtype=torch.float32) * 3).to(dtype).requires_grad_()
+    k, v = _inputs(B, H, HK, L, S, D, dtype)[1:]
+    _check_softcap(q, k, v, dtype, 4.0, f"softcap {shape}", is_causal=causal, enable_gqa=True)
+
+
+@pytest.mark.parametrize("kw", [dict(attn_mask="bool"), dict(attn_mask="float"), dict(window_size=(5, 2)),
+                                dict(dropout_p=0.3)])
+def test_softcap_with_masks_windows_dropout(kw):
+    """The cap on the masked paths (the cap comes first, then a float mask is added, as Gemma 2's
+    eager attention adds its causal mask to the capped scores), with a window, and with dropout."""
+    q = (randn(1, 2, 19, 16) * 3).requires_grad_()
+    k, v = _inputs(1, 2, 2, 19, 21, 16, torch.float32)[1:]
+    if kw.get("attn_mask") == "bool":
+        mask = torch.rand(19, 21, device=DEVICE) > 0.4
+        mask[:, 0] = True
+        kw = dict(attn_mask=mask)
+    elif kw.get("attn_mask") == "float":
+        kw = dict(attn_mask=randn(2, 19, 21) * 2)
+    if "dropout_p" in kw:
+        _check_with_dropout(q, k, v, torch.float32, 0.3, "softcap and dropout", softcap=2.5)
+        return
+    _check_softcap(q, k, v, torch.float32, 2.5, str(sorted(kw)), **kw)
+
+
+def test_softcap_varlen():
+    """Packed sequences (one empty, one of length 1), bottom-right causal with a window, capped."""
+    lens_q, lens_k = [5, 0, 1, 37, 20], [5, 3, 1, 40, 13]
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, 4, 2, 32, torch.float32)
+    with torch.no_grad():
+        q.mul_(3)
+    o, lse = wf.attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True, window_size=(6, -1),
+                                 softcap=3.0, return_lse=True)
+    leaves, orf, lses = _varlen_reference(q, k, v, cu_q, cu_k, is_causal=True, window_size=(6, -1), softcap=3.0)
+    assert_close(o, orf, torch.float32, what="out")
+    for b, lb in enumerate(lses):
+        if lens_q[b]:
+            assert_close(lse[:, cu_q[b]:cu_q[b + 1]], lb, torch.float32, scale=10.0, what=f"lse of sequence {b}")
+    do = torch.randn_like(o)
+    for name, g, r in zip(("dq", "dk", "dv"), torch.autograd.grad(o, (q, k, v), do),
+                          torch.autograd.grad(orf, leaves, do.double())):
+        assert_close(g, r, torch.float32, scale=2.0, what=name)
+    plain = _varlen_reference(q, k, v, cu_q, cu_k, is_causal=True, window_size=(6, -1))[1]
+    assert (o.double() - plain).norm() > 0.05 * plain.norm()
+
+
+def test_softcap_options_and_compile():
+    """softcap=0 is the plain call, bit for bit; bad caps are clear errors naming the argument;
+    torch.compile(fullgraph=True) gives the eager call's output and gradients; the operator's
+    schema and fake kernel take the cap."""
+    q = (randn(1, 2, 13, 16) * 3).requires_grad_()
+    k, v = _inputs(1, 1, 1, 13, 20, 16, torch.float32)[1:]
+    sdpa = functools.partial(wf.scaled_dot_product_attention, enable_gqa=True)
+    assert torch.equal(sdpa(q, k, v, softcap=0.0), sdpa(q, k, v))
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="'softcap' is .*; expected a finite number >= 0"):
+            sdpa(q, k, v, softcap=bad)
+    with pytest.raises(TypeError, match="'softcap' must be a real number, got str"):
+        sdpa(q, k, v, softcap="30")
+    qp, kp, vp, cu_q, cu_k = _packed([3, 2], [4, 3], 2, 2, 16, torch.float32)
+    with pytest.raises(ValueError, match="'softcap' is -2.0"):
+        wf.attention_varlen(qp, kp, vp, cu_q, cu_k, 3, 4, softcap=-2.0)
+
+    def f(q, k, v):
+        return sdpa(q, k, v, is_causal=True, softcap=5.0)
+
+    torch._dynamo.reset()
+    _same_with_grads(torch.compile(f, fullgraph=True)(q, k, v), f(q, k, v), (q, k, v), "compiled softcap")
+    args = (q.detach(), k.detach(), v.detach(), None, None, None, 13, 20, 0.25, -1, 0, False, 0.0, None, 5.0)
+    torch.library.opcheck(attention_op.overload, args, test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernels (ops/attention_sm90.py) run on sm_90 only")
+def test_sm90_softcap_takes_the_triton_kernels(monkeypatch):
+    """A call the Gluon kernels would take goes to the Triton kernels with a cap (they have none),
+    forward and backward, and the plain call still takes the Gluon ones."""
+    from warpforge.ops import attention as A
+    sm90 = A._sm90_kernels()
+    calls = {n: _spy(monkeypatch, sm90, n) for n in ("attention_fwd_sm90", "attention_bwd_fused_sm90")}
+    q, k, v = _inputs(2, 4, 2, 300, 300, 128, torch.bfloat16)
+    o = wf.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, softcap=30.0)
+    torch.autograd.grad(o, (q, k, v), torch.randn_like(o))
+    assert not any(calls.values()), {n: len(c) for n, c in calls.items()}
+    o = wf.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.autograd.grad(o, (q, k, v), torch.randn_like(o))
+    assert all(calls.values()), {n: len(c) for n, c in calls.items()}

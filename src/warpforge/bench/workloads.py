@@ -747,6 +747,96 @@ def attention_dropout_reference(q, k, v, causal, gqa, p, gen):
     return ref(q, k, v, is_causal=causal, enable_gqa=gqa, dropout_keep=keep, dropout_p=p)[0]
 
 
+GEMMA2_SOFTCAP = 50.0    # Gemma 2's attn_logit_softcapping (both sizes)
+CHECK_SOFTCAP = 2.0      # the correctness run's cap: with N(0, 1) scores a cap of 50 changes them by ~1e-4
+
+
+def _softcap_case(b: int, hq: int, hkv: int, s: int, d: int, causal: bool, cap: float = GEMMA2_SOFTCAP,
+                  headline: bool = False) -> Case:
+    base = _attn_case(b, hq, hkv, s, d, causal)
+    return Case(f"{base.label} cap{cap:g}", {**base.dims, "cap": cap}, headline=headline)
+
+
+def attention_softcap_cases(quick: bool) -> list[Case]:
+    """Gemma 2's attention: Gemma-2-27B's heads (32 over 16, D 128) and Gemma-2-9B's (16 over 8,
+    D 256) at B4 S4096 (causal, the model's; headline: the 27B shape), the 27B heads non-causal;
+    in the full sweep the 27B heads at S 1024 (B16) and 8192 (B2) too."""
+    cases = [_softcap_case(4, 32, 16, 4096, 128, True, headline=True), _softcap_case(4, 16, 8, 4096, 256, True)]
+    if quick:
+        return cases
+    return cases + [_softcap_case(4, 32, 16, 4096, 128, False), _softcap_case(16, 32, 16, 1024, 128, True),
+                    _softcap_case(2, 32, 16, 8192, 128, True)]
+
+
+def attention_softcap_check_cases() -> list[Case]:
+    return [_softcap_case(1, 2, 2, 17, 16, False, CHECK_SOFTCAP), _softcap_case(2, 4, 2, 33, 32, True, CHECK_SOFTCAP)]
+
+
+def _attn_softcap_make(case, dtype, device):
+    """_attn_make's q, k, v, causal, gqa, then the cap; q ~ N(0, 9) in the correctness run (scores
+    ~N(0, 9) against its cap of 2, so the cap bends most of them), N(0, 1) when timed."""
+    q, k, v, causal, gqa = _attn_make(case, dtype, device)
+    if case.dims["cap"] == CHECK_SOFTCAP:
+        q = q * 3
+    return q, k, v, causal, gqa, float(case.dims["cap"])
+
+
+def softcap_attention_eager(q, k, v, causal, gqa, cap):
+    """Gemma 2's eager attention (Hugging Face's): kv heads repeated, scores scaled, capped to
+    cap * tanh(s / cap), the causal mask, a float32 softmax cast back, then P V. In float64 (the
+    correctness run's reference) every step stays float64."""
+    if k.shape[-3] != q.shape[-3]:
+        rep = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    scores = torch.tanh(scores / cap) * cap
+    if causal:
+        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
+    return probs.to(q.dtype) @ v
+
+
+_FLEX: dict = {}
+
+
+def _flex_softcap(q, k, v, causal, gqa, cap):
+    """FlexAttention (torch.compile'd, PyTorch's own fused attention with a score_mod) with the
+    cap as its score_mod and the causal block mask; the mask (create_block_mask) and the compiled
+    function are built on the first call of a shape, outside the timing, as a model builds them
+    once. Off a GPU it runs uncompiled (flex_attention's own reference path, which takes float64:
+    the peer checked against the reference on the CPU)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if "fn" not in _FLEX:
+        _FLEX["fn"] = torch.compile(flex_attention)
+    fn = _FLEX["fn"] if q.is_cuda else flex_attention
+    mod = _FLEX.setdefault(("mod", cap), lambda score, b, h, i, j: torch.tanh(score / cap) * cap)
+    mask = None
+    if causal:
+        key = ("mask", q.shape[-2], k.shape[-2], q.device)
+        if key not in _FLEX:
+            _FLEX[key] = create_block_mask(lambda b, h, i, j: i >= j, None, None, q.shape[-2], k.shape[-2],
+                                           device=q.device)
+        mask = _FLEX[key]
+    return fn(q, k, v, score_mod=mod, block_mask=mask, enable_gqa=gqa)
+
+
+def _flex_retainable():
+    """The flex peer's set-up: its compiled backward without donated buffers, which refuses the
+    bwd mode's retain_graph=True (a buffer-reuse that changes memory, not the kernels)."""
+    import torch._functorch.config as functorch_config
+
+    return functorch_config.patch(donated_buffer=False)
+
+
+def softcap_attention_reference(q, k, v, causal, gqa, cap):
+    """warpforge's float64 reference with the cap (ops.attention.attention_reference)."""
+    from ..ops.attention import attention_reference as ref
+
+    return ref(q, k, v, is_causal=causal, enable_gqa=gqa, softcap=cap)[0]
+
+
 DECODE_HQ, DECODE_HKV, DECODE_D, DECODE_BLOCK = 32, 8, 128, 16
 DECODE_BATCHES = (1, 8, 16, 32, 64)
 DECODE_CONTEXTS = (4096, 8192, 16384, 32768)
@@ -1375,6 +1465,21 @@ _register(Workload(
     notes=f"attention with dropout_p = {ATTN_DROPOUT}, as the attention workload otherwise (q, k, v (B, H, S, D), "
           "the same FLOP and byte models); ours draws its mask in the kernels from a Philox key (its generator "
           "restarted each call, host only), SDPA's backends from torch's generator; " + SDPA_PEER_NOTES,
+))
+_register(Workload(
+    name="attention_softcap", module="warpforge.ops.attention",
+    cases=attention_softcap_cases, check_cases=attention_softcap_check_cases, make=_attn_softcap_make,
+    grad_args=(0, 1, 2),
+    ours_fn=_one("scaled_dot_product_attention",
+                 lambda f: lambda q, k, v, causal, gqa, cap: f(q, k, v, is_causal=causal, enable_gqa=gqa, softcap=cap)),
+    eager=_skip_long(softcap_attention_eager, MATH_MAX_S), reference=softcap_attention_reference,
+    peers=lambda: {"flex_attention": Peer(_flex_softcap, context=_flex_retainable)},
+    bytes_fn=attention_bytes, flops_fn=attention_flops, only_dtypes=(torch.bfloat16, torch.float16),
+    notes=f"Gemma 2's attention logit soft cap ({GEMMA2_SOFTCAP:g}: scores capped to cap * tanh(s / cap) before the "
+          "causal mask), q, k, v (B, H, S, D) as the attention workload (the same FLOP and byte models); SDPA has "
+          "no cap, so the peers are Hugging Face's eager Gemma 2 attention (kv heads repeated, scores materialised, "
+          f"a float32 softmax; skipped past S = {MATH_MAX_S}), its torch.compile, and flex_attention (compiled, "
+          "the cap as its score_mod, the causal block mask built once a shape, outside the timing)",
 ))
 _register(Workload(
     name="decode_attention", module="warpforge.ops.decode_attention",

@@ -79,11 +79,12 @@ MAX_HEAD_DIM = 256
 # Reference
 # ----------------------------------------------------------------------------------------------
 def attention_reference(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False,
-                        window_size=None, bottom_right=False, dropout_keep=None, dropout_p=0.0):
+                        window_size=None, bottom_right=False, dropout_keep=None, dropout_p=0.0, softcap=0.0):
     """Plain attention in float64 on the CPU (float32 elsewhere), for (..., H, L, D) inputs.
     Returns (out in q's dtype, lse in float32). Rows with no visible key give 0 and lse +inf.
     ``dropout_keep``: a bool mask broadcastable to the scores (dropout_keep_mask's); the kept
-    probabilities are scaled by 1 / (1 - dropout_p), the others dropped (lse is unchanged)."""
+    probabilities are scaled by 1 / (1 - dropout_p), the others dropped (lse is unchanged).
+    ``softcap`` > 0: the scaled scores capped to softcap * tanh(score / softcap), before the mask."""
     wd = torch.float64 if q.device.type == "cpu" else torch.float32
     qf, kf, vf = q.to(wd), k.to(wd), v.to(wd)
     if qf.shape[-3] != kf.shape[-3]:
@@ -92,6 +93,8 @@ def attention_reference(q, k, v, attn_mask=None, is_causal=False, scale=None, en
     L, S = qf.shape[-2], kf.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = (qf @ kf.transpose(-1, -2)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     i = torch.arange(L, device=q.device)[:, None]
     j = torch.arange(S, device=q.device)[None, :]
     off = S - L if bottom_right else 0
@@ -230,15 +233,37 @@ def _dropout_keep(seed, b, h, rows, n0, thr, BLOCK_N: tl.constexpr):
     return tl.reshape(r, (rows.shape[0], BLOCK_N)).to(tl.int32) >= thr
 
 
+TANH_APPROX = 2    # SOFTCAP: the hardware's tanh.approx.f32 (one MUFU op; 16-bit inputs on a GPU)
+TANH_EXP2 = 1      # SOFTCAP: 1 - 2 / (exp2(2 x log2 e) + 1) (fp32 inputs, and the interpreter)
+
+
+@triton.jit
+def _capped(qk, cap_in, cap_out, SOFTCAP: tl.constexpr):
+    """(scores in the exp2 domain, tanh) of raw products ``qk`` under a soft cap c: c tanh(scale
+    qk / c) log2(e), with cap_in = scale / c and cap_out = c log2(e) (_softcap_args). The tanh is
+    returned for the backward's chain rule, d(capped)/d(raw) = 1 - tanh^2. TANH_APPROX is one
+    MUFU op a score (FlashAttention-2/3 take the same instruction); the exp2 form, two (exp2 and a
+    reciprocal), is exact to fp32 rounding and the only one the interpreter can run."""
+    x = qk * cap_in
+    if SOFTCAP == 2:
+        t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                      is_pure=True, pack=1)
+    else:
+        t = 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)
+    return t * cap_out, t
+
+
 @triton.jit
 def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
                lo, hi, m0, len_q, len_k, off, win_left, win_right, scale_log2,
                offs_m, offs_n, offs_d,
                MASKED: tl.constexpr, MASK_KIND: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
-               WIDE: tl.constexpr, seed, drop_b, drop_h, drop_thr, DROPOUT: tl.constexpr):
+               WIDE: tl.constexpr, seed, drop_b, drop_h, drop_thr, DROPOUT: tl.constexpr,
+               cap_in, cap_out, SOFTCAP: tl.constexpr):
     """Key tiles [lo, hi) into the running (acc, l, m) of one query tile. With DROPOUT, l sums every
-    probability and the accumulator only the kept ones (the 1 / (1 - p) scale comes last)."""
+    probability and the accumulator only the kept ones (the 1 / (1 - p) scale comes last). With
+    SOFTCAP the scaled scores are capped (_capped) before any mask is added or applied."""
     dmask = offs_d < D
     for n0 in range(lo, hi, BLOCK_N):
         n = n0 + offs_n
@@ -260,7 +285,10 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
             i = m0 + offs_m
             mask_tile = mask_base + _wide(m0, WIDE) * smm      # columns n: 32-bit (ROW_STRIDE_LIMIT)
             ok = _visible(i[:, None], n[None, :], len_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
-            s = qk * scale_log2
+            if SOFTCAP:
+                s, _t = _capped(qk, cap_in, cap_out, SOFTCAP)
+            else:
+                s = qk * scale_log2
             if MASK_KIND == 1:
                 keep = tl.load(mask_tile + offs_m[:, None] * smm + n[None, :] * smn, mask=ok & (i[:, None] < len_q), other=0)
                 ok = ok & (keep != 0)
@@ -270,6 +298,11 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
             s = tl.where(ok, s, -float("inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_use = tl.where(m_new == -float("inf"), 0.0, m_new)               # a row with nothing visible yet
+            p = tl.math.exp2(s - m_use[:, None])
+        elif SOFTCAP:
+            s, _t = _capped(qk, cap_in, cap_out, SOFTCAP)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = m_new
             p = tl.math.exp2(s - m_use[:, None])
         else:
             m_new = tl.maximum(m_i, tl.max(qk, 1) * scale_log2)
@@ -323,9 +356,11 @@ def _attn_fwd_kernel(
     H, GROUP, len_q_fixed, len_k_fixed, total_q, total_k,
     scale_log2, win_left, win_right,
     seed_ptr, drop_thr, drop_scale, drop_b0,   # dropout (DROPOUT only): int64 seed, p * 2^16, 1 / (1 - p), batch offset
+    cap_in, cap_out,                     # soft cap (SOFTCAP only): scale / c and c * log2(e) (_capped)
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr, WIDE: tl.constexpr = True, DROPOUT: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = 0,
 ):
     b, h, hk, q_start, len_q, k_start, len_k, m0, off = _query_tile(
         cu_q_ptr, cu_k_ptr, H, GROUP, len_q_fixed, len_k_fixed, total_q, total_k,
@@ -357,15 +392,15 @@ def _attn_fwd_kernel(
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
                                    lo, a, m0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
                                    True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE,
-                                   seed, b + drop_b0, h, drop_thr, DROPOUT)
+                                   seed, b + drop_b0, h, drop_thr, DROPOUT, cap_in, cap_out, SOFTCAP)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
                                    a, bb, m0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
                                    False, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE,
-                                   seed, b + drop_b0, h, drop_thr, DROPOUT)
+                                   seed, b + drop_b0, h, drop_thr, DROPOUT, cap_in, cap_out, SOFTCAP)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
                                    bb, hi, m0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
                                    True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE,
-                                   seed, b + drop_b0, h, drop_thr, DROPOUT)
+                                   seed, b + drop_b0, h, drop_thr, DROPOUT, cap_in, cap_out, SOFTCAP)
         empty = l_i == 0.0
         out = acc / tl.where(empty, 1.0, l_i)[:, None]
         if DROPOUT:
@@ -409,10 +444,11 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sdm, s
                 MASKED: tl.constexpr, MASK_KIND: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                 D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, DOT_PREC: tl.constexpr,
                 WIDE: tl.constexpr, seed, drop_b, drop_h, drop_thr, drop_scale, BLOCK_N: tl.constexpr,
-                DROPOUT: tl.constexpr):
+                DROPOUT: tl.constexpr, cap_in, cap_out, SOFTCAP: tl.constexpr):
     """Query tiles [lo, hi) of one head into the dK, dV of one key tile (everything transposed:
     rows are keys, columns queries). With DROPOUT, dV takes the kept probabilities scaled by
-    1 / (1 - p), and dP the same mask and scale before dS = P (dP - delta)."""
+    1 / (1 - p), and dP the same mask and scale before dS = P (dP - delta). With SOFTCAP, dS takes
+    the cap's derivative 1 - tanh^2 on its way to the raw scores."""
     dmask = offs_d < D
     n = n0 + offs_n
     for m0 in range(lo, hi, BLOCK_M):
@@ -439,7 +475,10 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sdm, s
                 do = tl.load(do_tile + rm[:, None] * sdm + offs_d[None, :], mask=dmask[None, :], other=0.0)
             lse = tl.load(lse_tile + rm * slm)
             delta = tl.load(delta_tile + rm * slm)
-        st = _mm(k, tl.trans(q), None, DOT_PREC) * scale_log2   # (BLOCK_N, BLOCK_M)
+        if SOFTCAP:
+            st, tt = _capped(_mm(k, tl.trans(q), None, DOT_PREC), cap_in, cap_out, SOFTCAP)   # (BLOCK_N, BLOCK_M)
+        else:
+            st = _mm(k, tl.trans(q), None, DOT_PREC) * scale_log2   # (BLOCK_N, BLOCK_M)
         if MASKED:
             ok = _visible(i[None, :], n[:, None], len_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
             ok = ok & (i[None, :] < len_q)
@@ -458,6 +497,8 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sdm, s
             dv = _mm(pt.to(do.dtype), do, dv, DOT_PREC)
             dpt = _mm(v, tl.trans(do), None, DOT_PREC)
         dst = pt * (dpt - delta[None, :])
+        if SOFTCAP:
+            dst = dst * (1.0 - tt * tt)
         dk = _mm(dst.to(q.dtype), q, dk, DOT_PREC)
     return dk, dv
 
@@ -471,9 +512,11 @@ def _attn_bwd_dkdv_kernel(
     HK, GROUP, len_q_fixed, len_k_fixed, total_q, total_k,
     scale, scale_log2, win_left, win_right,
     seed_ptr, drop_thr, drop_scale, drop_b0,   # dropout (DROPOUT only), as the forward's
+    cap_in, cap_out,                     # soft cap (SOFTCAP only), as the forward's
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr, WIDE: tl.constexpr = True, DROPOUT: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = 0,
 ):
     bhk = tl.program_id(1)
     b = bhk // HK
@@ -519,15 +562,18 @@ def _attn_bwd_dkdv_kernel(
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sdm, slm, mask_base, smm, smn,
                                  lo, a, n0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
                                  True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_M, DOT_PREC, WIDE,
-                                 seed, b + drop_b0, h, drop_thr, drop_scale, BLOCK_N, DROPOUT)
+                                 seed, b + drop_b0, h, drop_thr, drop_scale, BLOCK_N, DROPOUT,
+                                 cap_in, cap_out, SOFTCAP)
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sdm, slm, mask_base, smm, smn,
                                  a, bb, n0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
                                  False, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_M, DOT_PREC, WIDE,
-                                 seed, b + drop_b0, h, drop_thr, drop_scale, BLOCK_N, DROPOUT)
+                                 seed, b + drop_b0, h, drop_thr, drop_scale, BLOCK_N, DROPOUT,
+                                 cap_in, cap_out, SOFTCAP)
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sdm, slm, mask_base, smm, smn,
                                  bb, hi, n0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
                                  True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_M, DOT_PREC, WIDE,
-                                 seed, b + drop_b0, h, drop_thr, drop_scale, BLOCK_N, DROPOUT)
+                                 seed, b + drop_b0, h, drop_thr, drop_scale, BLOCK_N, DROPOUT,
+                                 cap_in, cap_out, SOFTCAP)
         dk = dk * scale
         tl.store(dk_ptr + b64 * sdkb + hk64 * sdkh + (k0 + n[:, None]) * sdkn + offs_d[None, :], dk.to(dk_ptr.dtype.element_ty), mask=kmask)
         tl.store(dv_ptr + b64 * sdvb + hk64 * sdvh + (k0 + n[:, None]) * sdvn + offs_d[None, :], dv.to(dv_ptr.dtype.element_ty), mask=kmask)
@@ -538,9 +584,10 @@ def _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, s
               lo, hi, m0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
               MASKED: tl.constexpr, MASK_KIND: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
               D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
-              WIDE: tl.constexpr, seed, drop_b, drop_h, drop_thr, drop_scale, DROPOUT: tl.constexpr):
-    """Key tiles [lo, hi) into the dQ of one query tile (DROPOUT: dP masked and scaled as in
-    _dkdv_tiles)."""
+              WIDE: tl.constexpr, seed, drop_b, drop_h, drop_thr, drop_scale, DROPOUT: tl.constexpr,
+              cap_in, cap_out, SOFTCAP: tl.constexpr):
+    """Key tiles [lo, hi) into the dQ of one query tile (DROPOUT: dP masked and scaled, SOFTCAP: dS
+    through the cap, as in _dkdv_tiles)."""
     dmask = offs_d < D
     i = m0 + offs_m
     for n0 in range(lo, hi, BLOCK_N):
@@ -560,7 +607,10 @@ def _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, s
         else:
             k = tl.load(k_tile + rn[:, None] * skn + offs_d[None, :], mask=dmask[None, :], other=0.0)
             v = tl.load(v_tile + rn[:, None] * svn + offs_d[None, :], mask=dmask[None, :], other=0.0)
-        s = _mm(q, tl.trans(k), None, DOT_PREC) * scale_log2      # (BLOCK_M, BLOCK_N)
+        if SOFTCAP:
+            s, t = _capped(_mm(q, tl.trans(k), None, DOT_PREC), cap_in, cap_out, SOFTCAP)   # (BLOCK_M, BLOCK_N)
+        else:
+            s = _mm(q, tl.trans(k), None, DOT_PREC) * scale_log2      # (BLOCK_M, BLOCK_N)
         if MASKED:
             ok = _visible(i[:, None], n[None, :], len_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
             if MASK_KIND == 1:
@@ -575,6 +625,8 @@ def _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, s
         if DROPOUT:
             dp = tl.where(_dropout_keep(seed, drop_b, drop_h, i, n0, drop_thr, BLOCK_N), dp * drop_scale, 0.0)
         ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)
         dq = _mm(ds.to(k.dtype), k, dq, DOT_PREC)
     return dq
 
@@ -587,9 +639,11 @@ def _attn_bwd_dq_kernel(
     H, GROUP, len_q_fixed, len_k_fixed, total_q, total_k,
     scale, scale_log2, win_left, win_right,
     seed_ptr, drop_thr, drop_scale, drop_b0,   # dropout (DROPOUT only), as the forward's
+    cap_in, cap_out,                     # soft cap (SOFTCAP only), as the forward's
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr, WIDE: tl.constexpr = True, DROPOUT: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = 0,
 ):
     b, h, hk, q_start, len_q, k_start, len_k, m0, off = _query_tile(
         cu_q_ptr, cu_k_ptr, H, GROUP, len_q_fixed, len_k_fixed, total_q, total_k,
@@ -624,15 +678,15 @@ def _attn_bwd_dq_kernel(
         dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, smn,
                        lo, a, m0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
                        True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE,
-                       seed, b + drop_b0, h, drop_thr, drop_scale, DROPOUT)
+                       seed, b + drop_b0, h, drop_thr, drop_scale, DROPOUT, cap_in, cap_out, SOFTCAP)
         dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, smn,
                        a, bb, m0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
                        False, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE,
-                       seed, b + drop_b0, h, drop_thr, drop_scale, DROPOUT)
+                       seed, b + drop_b0, h, drop_thr, drop_scale, DROPOUT, cap_in, cap_out, SOFTCAP)
         dq = _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, smn,
                        bb, hi, m0, len_q, len_k, off, win_left, win_right, scale_log2, offs_m, offs_n, offs_d,
                        True, MASK_KIND, HAS_LEFT, HAS_RIGHT, D, BLOCK_D, BLOCK_N, DOT_PREC, WIDE,
-                       seed, b + drop_b0, h, drop_thr, drop_scale, DROPOUT)
+                       seed, b + drop_b0, h, drop_thr, drop_scale, DROPOUT, cap_in, cap_out, SOFTCAP)
         dq = dq * scale
         tl.store(dq_ptr + b64 * sdqb + h64 * sdqh + (q0 + i[:, None]) * sdqm + offs_d[None, :], dq.to(dq_ptr.dtype.element_ty), mask=qmask)
 
@@ -835,8 +889,18 @@ def _drop_threshold(dropout_p: float) -> int:
     return min(round(dropout_p * 2**DROP_BITS), 2**DROP_BITS)    # p = 1: 2^16, no score kept
 
 
+def _softcap_args(q, scale: float, softcap: float) -> tuple[tuple[float, float], int]:
+    """((cap_in, cap_out), SOFTCAP) as the Triton kernels take a soft cap (_capped): 0 off; the
+    hardware tanh for 16-bit inputs on a GPU, the exact exp2 form for fp32 and the interpreter."""
+    if not softcap:
+        return (0.0, 0.0), 0
+    kind = TANH_EXP2 if interpreting() or q.dtype == torch.float32 else TANH_APPROX
+    return (scale / softcap, softcap * LOG2E), kind
+
+
 def _attention_fwd(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
-                   win_left: int, win_right: int, bottom_right: bool, dropout_p: float = 0.0, seed=None):
+                   win_left: int, win_right: int, bottom_right: bool, dropout_p: float = 0.0, seed=None,
+                   softcap: float = 0.0):
     q, k, v, mask, cu_q, cu_k = _kernel_inputs(mask, cu_q, cu_k, q, k, v)
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
     o = _out_like(q)
@@ -846,17 +910,18 @@ def _attention_fwd(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale: flo
     for cq, ck, cut, b0 in _launch_sets(p, cu_q, cu_k):
         qs, ks, vs, ms, os_, ls = cut(q, k, v, mask, o, lse)
         _attention_fwd_into(qs, ks, vs, ms, cq, ck, max_q, max_k, scale, win_left, win_right, bottom_right,
-                            os_, ls, dropout_p, seed, b0)
+                            os_, ls, dropout_p, seed, b0, softcap)
     return o, lse
 
 
 def _attention_fwd_into(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
                         win_left: int, win_right: int, bottom_right: bool, o, lse,
-                        dropout_p: float = 0.0, seed=None, b0: int = 0):
+                        dropout_p: float = 0.0, seed=None, b0: int = 0, softcap: float = 0.0):
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
     drop, dropout = _dropout_args(dropout_p, seed, lse, b0)
+    cap, capped = _softcap_args(q, scale, softcap)
     sm90 = _sm90_kernels()
-    if sm90 is not None and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) and sm90.tma_ok(o) \
+    if sm90 is not None and not capped and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) and sm90.tma_ok(o) \
             and (not dropout or q.shape[-1] in sm90.DROPOUT_FWD_HEAD_DIMS):
         sm90.attention_fwd_sm90(q, k, v, o, lse, scale, causal=win_right == 0, dropout=drop if dropout else None)
         return
@@ -868,13 +933,14 @@ def _attention_fwd_into(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale
         _dummy(lse) if cu_q is None else cu_q, _dummy(lse) if cu_k is None else cu_k,
         *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(o), *p.lse_strides(lse), *p.mask_strides(mask),
         p.H, p.group, p.len_q, p.len_k, p.total_q, p.total_k,
-        scale * LOG2E, win_left, win_right, *drop), cfg,
+        scale * LOG2E, win_left, win_right, *drop, *cap), cfg,
         **_flags(p, q, mask, win_left, win_right, bottom_right, (q, k, v, o)), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        DROPOUT=dropout)
+        DROPOUT=dropout, SOFTCAP=capped)
 
 
 def _attention_bwd(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
-                   win_left: int, win_right: int, bottom_right: bool, dropout_p: float = 0.0, seed=None):
+                   win_left: int, win_right: int, bottom_right: bool, dropout_p: float = 0.0, seed=None,
+                   softcap: float = 0.0):
     do, q, k, v, o, mask, cu_q, cu_k = _kernel_inputs(mask, cu_q, cu_k, do, q, k, v, o)
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
     dq, dk, dv = _out_like(q), _out_like(k), _out_like(v)
@@ -883,15 +949,16 @@ def _attention_bwd(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_
     for cq, ck, cut, b0 in _launch_sets(p, cu_q, cu_k):
         part = cut(do, q, k, v, o, lse, dlse, mask, dq, dk, dv)
         _attention_bwd_into(*part[:8], cq, ck, max_q, max_k, scale, win_left, win_right, bottom_right, *part[8:],
-                            dropout_p, seed, b0)
+                            dropout_p, seed, b0, softcap)
     return dq, dk, dv
 
 
 def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
                         win_left: int, win_right: int, bottom_right: bool, dq, dk, dv,
-                        dropout_p: float = 0.0, seed=None, b0: int = 0):
+                        dropout_p: float = 0.0, seed=None, b0: int = 0, softcap: float = 0.0):
     p = _Problem(q, k, cu_q, cu_k, max_q, max_k)
     drop, dropout = _dropout_args(dropout_p, seed, lse, b0)
+    cap, capped = _softcap_args(q, scale, softcap)
     delta = torch.empty_like(lse)
     if dlse is not None:
         dlse = dlse.contiguous() if dlse.stride() != lse.stride() else dlse
@@ -901,7 +968,7 @@ def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int,
         *p.strides(o), *p.strides(do), *p.lse_strides(lse), p.H, p.len_q, p.total_q), _DELTA_CFG,
         D=p.D, BLOCK_D=p.block_d, BLOCK_M=block, VARLEN=p.varlen, HAS_DLSE=dlse is not None)
     sm90 = _sm90_kernels()
-    hopper = sm90 is not None and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) \
+    hopper = sm90 is not None and not capped and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) \
         and do.dtype == q.dtype and sm90.tma_ok(do) and sm90.tma_ok(dq)
     if hopper and sm90.FUSED_BACKWARD and not torch.are_deterministic_algorithms_enabled() \
             and sm90.tma_ok(dk) and sm90.tma_ok(dv):
@@ -924,7 +991,7 @@ def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int,
         q, k, v, do, lse, delta, dk, dv, mptr, *cu,
         *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(do), *p.strides(dk), *p.strides(dv), *common,
         p.HK, p.group, p.len_q, p.len_k, p.total_q, p.total_k, scale, scale * LOG2E, win_left, win_right,
-        *drop), cfg, **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DROPOUT=dropout)
+        *drop, *cap), cfg, **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DROPOUT=dropout, SOFTCAP=capped)
     if hopper:
         sm90.attention_bwd_dq_sm90(do, q, k, v, lse, delta, dq, scale, causal=win_right == 0)
         return
@@ -933,7 +1000,7 @@ def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int,
         q, k, v, do, lse, delta, dq, mptr, *cu,
         *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(do), *p.strides(dq), *common,
         p.H, p.group, p.len_q, p.len_k, p.total_q, p.total_k, scale, scale * LOG2E, win_left, win_right,
-        *drop), cfg, **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DROPOUT=dropout)
+        *drop, *cap), cfg, **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DROPOUT=dropout, SOFTCAP=capped)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -942,12 +1009,13 @@ def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int,
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
               cu_q: torch.Tensor | None, cu_k: torch.Tensor | None, max_q: int, max_k: int, scale: float,
               win_left: int, win_right: int, bottom_right: bool, dropout_p: float,
-              seed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+              seed: torch.Tensor | None, softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     return _attention_fwd(q, k, v, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right,
-                          dropout_p, seed)
+                          dropout_p, seed, softcap)
 
 
-def _fwd_fake(q, k, v, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right, dropout_p, seed):
+def _fwd_fake(q, k, v, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right, dropout_p, seed,
+              softcap=0.0):
     lse_shape = (q.shape[1], q.shape[0]) if cu_q is not None else q.shape[:-1]
     # laid out as the launcher allocates o: like q as the kernels take it (_kernel_inputs), which
     # is a contiguous copy past the 32-bit row limit
@@ -958,13 +1026,13 @@ def _bwd_impl(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
               lse: torch.Tensor, dlse: torch.Tensor | None, mask: torch.Tensor | None,
               cu_q: torch.Tensor | None, cu_k: torch.Tensor | None, max_q: int, max_k: int, scale: float,
               win_left: int, win_right: int, bottom_right: bool, dropout_p: float,
-              seed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              seed: torch.Tensor | None, softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _attention_bwd(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right,
-                          bottom_right, dropout_p, seed)
+                          bottom_right, dropout_p, seed, softcap)
 
 
 def _bwd_fake(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right,
-              dropout_p, seed):
+              dropout_p, seed, softcap=0.0):
     return tuple(torch.empty_like(_rows32(unit_last_dim(t), cu_q is not None)) for t in (q, k, v))
 
 
@@ -972,18 +1040,19 @@ attention_bwd_op = Op("attention_bwd", _bwd_impl, _bwd_fake)
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right, dropout_p, seed = inputs
+    q, k, v, mask, cu_q, cu_k, max_q, max_k, scale, win_left, win_right, bottom_right, dropout_p, seed = inputs[:14]
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, mask, cu_q, cu_k, seed)
     ctx.args = (max_q, max_k, scale, win_left, win_right, bottom_right, dropout_p)
+    ctx.softcap = inputs[14] if len(inputs) > 14 else 0.0
 
 
 def _backward(ctx, do, dlse):
     q, k, v, o, lse, mask, cu_q, cu_k, seed = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(o)
-    dq, dk, dv = attention_bwd_op(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, *ctx.args, seed)
-    return dq, dk, dv, *(None,) * 11
+    dq, dk, dv = attention_bwd_op(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, *ctx.args, seed, ctx.softcap)
+    return dq, dk, dv, *(None,) * 12
 
 
 attention_op = Op("attention", _fwd_impl, _fwd_fake, backward=_backward, setup_context=_setup)
@@ -1031,6 +1100,14 @@ def _window(window_size, causal: bool) -> tuple[int, int]:
     if causal:
         right = 0 if right < 0 else min(right, 0)
     return left, right
+
+
+def check_softcap(softcap) -> float:
+    """A soft cap as the attention functions take it: a finite float >= 0 (0: off)."""
+    softcap = to_float("softcap", softcap)
+    if not (softcap >= 0 and softcap < float("inf")):
+        raise ValueError(f"warpforge: 'softcap' is {softcap}; expected a finite number >= 0 (0: off)")
+    return softcap
 
 
 def _check_dropout(dropout_p) -> float:
@@ -1102,7 +1179,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                                  attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
                                  *, return_lse: bool = False, window_size: tuple[int, int] | None = None,
-                                 generator: torch.Generator | None = None):
+                                 generator: torch.Generator | None = None, softcap: float = 0.0):
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` (FlashAttention kernels).
 
     query (..., Hq, L, D), key and value (..., Hkv, S, D); fp16, bf16 or fp32; D up to 256; any
@@ -1112,7 +1189,10 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
     Extensions: ``return_lse=True`` also returns the (..., Hq, L) float32 log-sum-exp of the scaled
     scores (differentiable); ``window_size=(left, right)`` restricts query i to keys
-    [i - left, i + right] (-1: unbounded), a sliding window. The backward is bit for bit the
+    [i - left, i + right] (-1: unbounded), a sliding window; ``softcap`` > 0 caps the scaled scores
+    to softcap * tanh(score / softcap) before the mask is added or applied (Gemma 2; flash-attn's
+    ``softcap``: on a GPU the 16-bit calls take the hardware's approximate tanh, as it does), and
+    takes those calls to the Triton kernels (not the Hopper ones below). The backward is bit for bit the
     same from run to run, except on Hopper (sm_90) for the calls its fused kernel takes (dense,
     no mask or window, D 64/128, bf16/fp16), whose dQ is summed across key tiles by reduce-adds
     in an order that varies; ``torch.use_deterministic_algorithms(True)`` sends those calls to
@@ -1135,6 +1215,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     query, key, value, attn_mask = autocast_inputs(query, key, value, attn_mask)
     _check_qkv(query, key, value, "(..., heads, S)")
     dropout_p = _check_dropout(dropout_p)
+    softcap = check_softcap(softcap)
     if is_causal and attn_mask is not None:
         raise ValueError("warpforge: pass either 'attn_mask' or is_causal=True, not both (as torch requires)")
     if query.dim() < 3 or query.dim() != key.dim():
@@ -1168,7 +1249,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         lse = torch.full((*query.shape[:-1],), float("inf"), device=q.device, dtype=torch.float32)
     else:
         seed = dropout_seed(q.device, generator) if dropout_p else None
-        o, lse = attention_op(q, k, v, mask, None, None, L, S, scale, left, right, False, dropout_p, seed)
+        o, lse = attention_op(q, k, v, mask, None, None, L, S, scale, left, right, False, dropout_p, seed, softcap)
         o, lse = o.reshape(query.shape), lse.reshape(query.shape[:-1])
     return (o, lse) if return_lse else o
 
@@ -1177,7 +1258,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *,
                      causal: bool = False, scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
                      return_lse: bool = False, validate: bool = True, dropout_p: float = 0.0,
-                     generator: torch.Generator | None = None):
+                     generator: torch.Generator | None = None, softcap: float = 0.0):
     """Attention over a packed batch of sequences of different lengths (FlashAttention's varlen API).
 
     q (total_q, Hq, D), k and v (total_k, Hkv, D): the sequences one after another; sequence b is
@@ -1191,7 +1272,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     cu_seqlens still never reads outside q, k, v (programs
     clamp to them), but its rows are undefined. The backward is deterministic. ``dropout_p`` and
     ``generator``: attention dropout, as scaled_dot_product_attention's (a sequence's mask is that
-    of batch entry b of a dense call, over its own positions). Inside ``torch.autocast``, q, k and v
+    of batch entry b of a dense call, over its own positions). ``softcap``: as
+    scaled_dot_product_attention's (Gemma 2's prefill beside decode_attention's). Inside ``torch.autocast``, q, k and v
     are cast to the region's dtype first (runtime/amp.py).
     """
     q, k, v = autocast_inputs(q, k, v)
@@ -1225,9 +1307,10 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     left, right = _window(window_size, causal)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else check_finite("scale", scale)
     dropout_p = _check_dropout(dropout_p)
+    softcap = check_softcap(softcap)
     seed = dropout_seed(q.device, generator) if dropout_p else None
     o, lse = attention_op(q, k, v, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                          scale, left, right, True, dropout_p, seed)
+                          scale, left, right, True, dropout_p, seed, softcap)
     return (o, lse) if return_lse else o
 
 

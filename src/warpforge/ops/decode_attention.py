@@ -74,12 +74,12 @@ import triton
 import triton.language as tl
 
 from ..runtime import interpreting, new_empty, unit_last_dim
-from ..runtime.checks import check_device, check_same, check_tensor, host_sync_unavailable, is_finite, to_float
+from ..runtime.checks import check_device, check_same, check_tensor, host_sync_unavailable, is_finite
 from ..runtime import heuristics
 from ..runtime.heuristics import DECODE_COMBINE_D, DECODE_COMBINE_STEP, decode_config
 from ..runtime.launch import LaunchCache, Ptr, aligned, gdc_launch_dependents, gdc_wait, launch, pdl_supported
 from ..runtime.registry import Op
-from .attention import _window
+from .attention import _window, check_softcap
 
 LOG2E = 1.4426950408889634
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
@@ -765,9 +765,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"warpforge: 'num_splits' is {num_splits!r}; expected None or an int >= 1")
     window = _window(window_size, False)[0]
-    softcap = to_float("softcap", softcap)
-    if not (is_finite(softcap) and softcap >= 0):
-        raise ValueError(f"warpforge: 'softcap' is {softcap}; expected a finite number >= 0 (0: off)")
+    softcap = check_softcap(softcap)
     if validate:
         _validate_metadata(block_table, seq_lens, 0, page, nblocks, "seq_lens", "in use", window)
     return decode_attention_op(q, k_cache, v_cache, block_table, seq_lens, float(scale), num_splits or 0,
