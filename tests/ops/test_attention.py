@@ -964,6 +964,28 @@ def test_dropout_forward_backward(shape, dtype, causal):
     _check_with_dropout(q, k, v, dtype, 0.2, f"p=0.2 {shape}", is_causal=causal, enable_gqa=True)
 
 
+def _check_routed_bf16(got, run, q, k, v, do, ref_kw, what, monkeypatch):
+    """A bf16 call's (out, lse, dq, dk, dv) ``got``, as routed (the Gluon kernels), against the
+    float64 reference with options ``ref_kw``, and ``run()`` (the call again) on the deterministic
+    backward and on the Triton kernels alone, each within bf16 rounding."""
+    from warpforge.ops import attention as A
+    qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
+    orf, lref = attention_reference(qr, kr, vr, **ref_kw)
+    assert_close(got[0], orf, torch.bfloat16, what=f"{what} out")
+    assert_close(got[1], lref, torch.float32, scale=10.0, what=f"{what} lse")
+    _check_grads(got[2:], q, k, v, do, torch.bfloat16, what, **ref_kw)
+    with _deterministic_mode(True):
+        det = run()
+    sm90 = A._sm90_kernels()
+    monkeypatch.setattr(A, "_SM90", [None])
+    tri = run()
+    monkeypatch.setattr(A, "_SM90", [sm90])
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, tri):
+        assert_close(a, b.double(), torch.bfloat16, what=f"{what}: against Triton, {name}")
+    for name, a, b in zip(("dq", "dk", "dv"), got[2:], det[2:]):
+        assert_close(a, b.double(), torch.bfloat16, what=f"{what}: fused against deterministic, {name}")
+
+
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels (ops/attention_sm90.py) run on sm_90 only")
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(1, 2, 2, 17, 17, 64), (2, 4, 2, 1000, 300, 64), (1, 4, 1, 300, 1000, 128),
@@ -1001,20 +1023,7 @@ def test_sm90_dropout(shape, causal, monkeypatch):
     assert not any(t.isnan().any() for t in got)
     keep = dropout_keep_mask(_call_seed(4), B, H, L, S, p)
     ref_kw = dict(is_causal=causal, enable_gqa=True, dropout_keep=keep, dropout_p=p)
-    qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
-    orf, lref = attention_reference(qr, kr, vr, **ref_kw)
-    assert_close(got[0], orf, torch.bfloat16, what="sm90 dropout out")
-    assert_close(got[1], lref, torch.float32, scale=10.0, what="sm90 dropout lse")
-    _check_grads(got[2:], q, k, v, do, torch.bfloat16, "sm90 dropout", **ref_kw)
-    with _deterministic_mode(True):
-        det = run()
-    monkeypatch.setattr(A, "_SM90", [None])
-    tri = run()
-    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, tri):
-        assert_close(a, b.double(), torch.bfloat16, what=f"sm90 against Triton, same mask: {name}")
-    for name, a, b in zip(("dq", "dk", "dv"), got[2:], det[2:]):
-        assert_close(a, b.double(), torch.bfloat16, what=f"fused against deterministic, same mask: {name}")
-    monkeypatch.setattr(A, "_SM90", [sm90])
+    _check_routed_bf16(got, run, q, k, v, do, ref_kw, "sm90 dropout (same mask)", monkeypatch)
     monkeypatch.setattr(A, "GRID_Y_MAX", H)
     seen["fwd"].clear()
     sliced = run()
@@ -1251,16 +1260,46 @@ def test_softcap_options_and_compile():
 
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels (ops/attention_sm90.py) run on sm_90 only")
-def test_sm90_softcap_takes_the_triton_kernels(monkeypatch):
-    """A call the Gluon kernels would take goes to the Triton kernels with a cap (they have none),
-    forward and backward, and the plain call still takes the Gluon ones."""
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(1, 2, 2, 17, 17, 64), (2, 4, 2, 1000, 300, 64), (1, 4, 1, 300, 1000, 128),
+                                   (2, 4, 2, 1000, 1000, 128), (1, 2, 1, 4097, 4097, 128)])
+def test_sm90_softcap(shape, causal, monkeypatch):
+    """The Gluon forward (per-tile kernel, also where the plain call would take the persistent one)
+    and the fused backward take capped calls (checked, not assumed): output, lse and the three
+    gradients against the float64 reference, and against the Triton kernels (the same hardware
+    tanh, so within rounding); the deterministic backward (Triton kernels) too; with dropout at
+    D 128 the same against the reference with the call's mask."""
     from warpforge.ops import attention as A
     sm90 = A._sm90_kernels()
-    calls = {n: _spy(monkeypatch, sm90, n) for n in ("attention_fwd_sm90", "attention_bwd_fused_sm90")}
-    q, k, v = _inputs(2, 4, 2, 300, 300, 128, torch.bfloat16)
-    o = wf.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, softcap=30.0)
-    torch.autograd.grad(o, (q, k, v), torch.randn_like(o))
-    assert not any(calls.values()), {n: len(c) for n, c in calls.items()}
-    o = wf.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    torch.autograd.grad(o, (q, k, v), torch.randn_like(o))
-    assert all(calls.values()), {n: len(c) for n, c in calls.items()}
+    seen = {"fwd": [], "bwd": []}
+    for key, name in (("fwd", "attention_fwd_sm90"), ("bwd", "attention_bwd_fused_sm90")):
+        real = getattr(sm90, name)
+        monkeypatch.setattr(sm90, name, lambda *a, _r=real, _k=key, **kw: (seen[_k].append(kw.get("softcap")),
+                                                                            _r(*a, **kw))[1])
+    B, H, HK, L, S, D = shape
+    q = (randn(B, H, L, D) * 3).bfloat16().requires_grad_()
+    k, v = _inputs(B, H, HK, L, S, D, torch.bfloat16)[1:]
+    do = torch.randn(B, H, L, D, device=DEVICE, dtype=torch.bfloat16)
+    kw = dict(is_causal=causal, enable_gqa=True, softcap=4.0)
+
+    def run(**extra):
+        o, lse = wf.scaled_dot_product_attention(q, k, v, return_lse=True, **kw, **extra)
+        return (o, lse, *torch.autograd.grad(o, (q, k, v), do))
+
+    got = run()
+    assert seen["fwd"] and seen["fwd"][-1] is not None, "the capped forward did not take the Gluon kernel"
+    assert seen["bwd"] and seen["bwd"][-1] is not None, "the capped backward did not take the fused Gluon kernel"
+    assert not any(t.isnan().any() for t in got)
+    ref_kw = dict(is_causal=causal, enable_gqa=True, softcap=4.0)
+    _check_routed_bf16(got, run, q, k, v, do, ref_kw, "sm90 capped", monkeypatch)
+    qr, kr, vr = (t.detach().double() for t in (q, k, v))
+    plain = attention_reference(qr, kr, vr, is_causal=causal, enable_gqa=True)[0]
+    assert (got[0].double() - plain).norm() > 0.05 * plain.norm(), "the cap changed nothing"
+    if D == 128:
+        torch.manual_seed(5)
+        dropped = run(dropout_p=0.2)
+        keep = dropout_keep_mask(_call_seed(5), B, H, L, S, 0.2)
+        orf, lref = attention_reference(qr, kr, vr, dropout_keep=keep, dropout_p=0.2, **ref_kw)
+        assert_close(dropped[0], orf, torch.bfloat16, what="sm90 capped with dropout out")
+        _check_grads(dropped[2:], q, k, v, do, torch.bfloat16, "sm90 capped with dropout", dropout_keep=keep,
+                     dropout_p=0.2, **ref_kw)

@@ -39,7 +39,9 @@ Why the kernels look the way they do:
   torch.use_deterministic_algorithms(True), this file's dK/dV kernel plus a Gluon dQ kernel.
   With dropout, the forward at D 128 and the fused backward are the Gluon kernels too (they draw
   the mask in the wgmma accumulator's layout, _dropout_keep); the D-64 forward and the
-  deterministic backward stay here. Every other call runs the Triton kernels here.
+  deterministic backward stay here. A soft cap (Gemma 2) is taken by the Gluon forward (per-tile
+  kernel) and fused backward as by the Triton kernels (_capped: tanh.approx), the deterministic
+  backward's dQ here. Every other call runs the Triton kernels here.
 - GQA/MQA: query head h reads KV head h // (Hq/Hkv); nothing is repeated in memory.
 - Variable length: the same kernels, where a program reads its sequence's start and length from
   cu_seqlens (clamped to the packed tensor, so a bad cu_seqlens cannot send a read out of bounds).
@@ -921,9 +923,10 @@ def _attention_fwd_into(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale
     drop, dropout = _dropout_args(dropout_p, seed, lse, b0)
     cap, capped = _softcap_args(q, scale, softcap)
     sm90 = _sm90_kernels()
-    if sm90 is not None and not capped and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) and sm90.tma_ok(o) \
+    if sm90 is not None and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) and sm90.tma_ok(o) \
             and (not dropout or q.shape[-1] in sm90.DROPOUT_FWD_HEAD_DIMS):
-        sm90.attention_fwd_sm90(q, k, v, o, lse, scale, causal=win_right == 0, dropout=drop if dropout else None)
+        sm90.attention_fwd_sm90(q, k, v, o, lse, scale, causal=win_right == 0, dropout=drop if dropout else None,
+                                softcap=cap if capped else None)
         return
     pattern = attention_pattern(mask is not None, win_left, win_right)
     cfg = attention_config("fwd", p.block_d, q.element_size(), pattern)
@@ -968,7 +971,7 @@ def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int,
         *p.strides(o), *p.strides(do), *p.lse_strides(lse), p.H, p.len_q, p.total_q), _DELTA_CFG,
         D=p.D, BLOCK_D=p.block_d, BLOCK_M=block, VARLEN=p.varlen, HAS_DLSE=dlse is not None)
     sm90 = _sm90_kernels()
-    hopper = sm90 is not None and not capped and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) \
+    hopper = sm90 is not None and sm90.covers(q, k, v, mask, cu_q, win_left, win_right, bottom_right) \
         and do.dtype == q.dtype and sm90.tma_ok(do) and sm90.tma_ok(dq)
     if hopper and sm90.FUSED_BACKWARD and not torch.are_deterministic_algorithms_enabled() \
             and sm90.tma_ok(dk) and sm90.tma_ok(dv):
@@ -976,10 +979,10 @@ def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int,
         # reproducible, so torch.use_deterministic_algorithms(True) takes the form below)
         dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         sm90.attention_bwd_fused_sm90(do, q, k, v, lse, delta, dq_acc, dk, dv, scale, causal=win_right == 0,
-                                      dropout=drop if dropout else None)
+                                      dropout=drop if dropout else None, softcap=cap if capped else None)
         dq.copy_(dq_acc)
         return
-    hopper = hopper and not dropout        # the Gluon dQ kernel below has no dropout
+    hopper = hopper and not dropout and not capped   # the Gluon dQ kernel below has neither dropout nor a cap
     # the Triton kernels' arguments (not built on the fused path above: the host time of every call)
     flags = _flags(p, q, mask, win_left, win_right, bottom_right, (do, q, k, v, o, dq, dk, dv))
     common = (*p.lse_strides(lse), *p.mask_strides(mask))
@@ -1191,8 +1194,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     scores (differentiable); ``window_size=(left, right)`` restricts query i to keys
     [i - left, i + right] (-1: unbounded), a sliding window; ``softcap`` > 0 caps the scaled scores
     to softcap * tanh(score / softcap) before the mask is added or applied (Gemma 2; flash-attn's
-    ``softcap``: on a GPU the 16-bit calls take the hardware's approximate tanh, as it does), and
-    takes those calls to the Triton kernels (not the Hopper ones below). The backward is bit for bit the
+    ``softcap``: on a GPU the 16-bit calls take the hardware's approximate tanh, as it does; the
+    Hopper kernels below take capped calls too, but for the deterministic backward's dQ). The backward is bit for bit the
     same from run to run, except on Hopper (sm_90) for the calls its fused kernel takes (dense,
     no mask or window, D 64/128, bf16/fp16), whose dQ is summed across key tiles by reduce-adds
     in an order that varies; ``torch.use_deterministic_algorithms(True)`` sends those calls to

@@ -53,6 +53,13 @@ transposed, packs its mask to 16 bits a (row, t) through shared memory into S^T'
 B4 H32 S4096 D128 bf16 p = 0.1: forward 3.13 ms (Triton 3.39, cuDNN 3.60), backward 7.50 (Triton
 11.22, cuDNN 6.72; NOTES items 156-157). The draws are integer work beside the MMAs (+1.4 ms forward,
 +2.2 backward over p = 0): the mask costs about what the tensor cores leave free.
+
+Soft cap (SOFTCAP; Gemma 2's c tanh(s / c), the per-tile forward and the fused backward): one
+tanh.approx a score beside the exp2, so the MUFU pipe does twice the work a score; the backward
+recomputes the tanh for dS's 1 - tanh^2. The flag reaches the worker partitions as the shape of
+a never-read shared-memory stub (``capf``), so no wrapper is added. H200, B4 H32/16 S4096 D128
+bf16 (NOTES item 159): forward 2.22 ms against 1.82 uncapped (causal 1.20 / 0.93), backward 5.87
+against 5.36; the Triton kernels capped 2.62 / 8.46, flex_attention 5.17 / 12.92.
 """
 from __future__ import annotations
 
@@ -107,25 +114,42 @@ def _visible(rows, cols, n0, len_k, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _scores(s, m_i, l_i, rows, cols, n0, len_k, scale_log2, EDGE: gl.constexpr, CAUSAL: gl.constexpr):
+def _tanh(x):
+    """The hardware's tanh.approx.f32 (one MUFU op; ops/attention.py's _capped takes the same)."""
+    return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _scores(s, m_i, l_i, rows, cols, n0, len_k, scale_log2, EDGE: gl.constexpr, CAUSAL: gl.constexpr,
+            cap_in=0.0, cap_out=0.0, SOFTCAP: gl.constexpr = False):
     """Online-softmax step on one score tile: new running max and sum, P (unnormalised) and the
     rescale factor of the older accumulator. The mask (keys past the end, keys after the row
-    under causal) is applied only on tiles that need it."""
+    under causal) is applied only on tiles that need it. SOFTCAP: the raw products capped first,
+    c tanh(scale s / c) log2(e) with cap_in = scale / c, cap_out = c log2(e)."""
+    if SOFTCAP:
+        s = _tanh(s * cap_in) * cap_out
     if EDGE:
         s = gl.where(_visible(rows, cols, n0, len_k, CAUSAL), s, -float("inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1) * scale_log2)
-    p = gl.exp2(s * scale_log2 - m_new[:, None])
+    if SOFTCAP:
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        p = gl.exp2(s - m_new[:, None])
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, 1) * scale_log2)
+        p = gl.exp2(s * scale_log2 - m_new[:, None])
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, m_new, l_i, alpha
 
 
 @gluon.jit
-def _softmax_any(s, m_i, l_i, rows, cols, n0, len_k, row_lo, scale_log2, CAUSAL: gl.constexpr):
+def _softmax_any(s, m_i, l_i, rows, cols, n0, len_k, row_lo, scale_log2, CAUSAL: gl.constexpr,
+                 cap_in=0.0, cap_out=0.0, SOFTCAP: gl.constexpr = False):
     if _edge_tile(n0, s.type.shape[1], len_k, row_lo, CAUSAL):
-        p, m_i, l_i, alpha = _scores(s, m_i, l_i, rows, cols, n0, len_k, scale_log2, True, CAUSAL)
+        p, m_i, l_i, alpha = _scores(s, m_i, l_i, rows, cols, n0, len_k, scale_log2, True, CAUSAL,
+                                     cap_in, cap_out, SOFTCAP)
     else:
-        p, m_i, l_i, alpha = _scores(s, m_i, l_i, rows, cols, n0, len_k, scale_log2, False, CAUSAL)
+        p, m_i, l_i, alpha = _scores(s, m_i, l_i, rows, cols, n0, len_k, scale_log2, False, CAUSAL,
+                                     cap_in, cap_out, SOFTCAP)
     return p, m_i, l_i, alpha
 
 
@@ -329,13 +353,13 @@ def _unpack_keep(mk, QUERIES: gl.constexpr):
 @gluon.jit
 def _attend(qs, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows, row_lo, len_k, kv, n_tiles, scale_log2,
             CAUSAL: gl.constexpr, k0=0, k1=0, drop_b=0, drop_h=0, drop_thr=0, DROPOUT: gl.constexpr = False,
-            ROUNDS: gl.constexpr = 10):
+            ROUNDS: gl.constexpr = 10, cap_in=0.0, cap_out=0.0, SOFTCAP: gl.constexpr = False):
     """QK^T, the online softmax and O += P V over ring tiles kv .. kv + n_tiles - 1 (slots and
     phases count from kv): tile j's QK^T and tile j-1's PV in flight together, only QK^T waited
     on before the softmax. Returns the last tile's P (its PV not issued), O, the row max and sum.
     DROPOUT (Philox key (k0, k1), the batch entry and head its counters take, the threshold): the
     sum takes every P, the PV GEMMs only the kept ones; each tile's Philox words are drawn while
-    its QK^T (and the previous tile's PV) run."""
+    its QK^T (and the previous tile's PV) run. SOFTCAP (cap_in, cap_out): capped scores (_scores)."""
     HM: gl.constexpr = qs.type.shape[0]
     D: gl.constexpr = qs.type.shape[1]
     BN: gl.constexpr = k_smem.type.shape[3]
@@ -361,7 +385,7 @@ def _attend(qs, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows, row_lo
     mbarrier.arrive(k_empty.index(slot))
     p, m_i, l_i, alpha = _softmax_any(s, gl.full([HM], -float("inf"), gl.float32, srow),
                                       gl.zeros([HM], gl.float32, srow), rows, cols, 0, len_k, row_lo,
-                                      scale_log2, CAUSAL)
+                                      scale_log2, CAUSAL, cap_in, cap_out, SOFTCAP)
     if DROPOUT:
         p = _dropped(p, w0, w1, w2, w3, drop_thr)
     acc = gl.zeros([HM, D], gl.float32, o_layout)
@@ -379,7 +403,8 @@ def _attend(qs, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows, row_lo
             w0, w1, w2, w3 = _dropout_words(k0, k1, drop_b, drop_h, row_lo, j * BN, HM, BN, ROUNDS)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))                          # S_j done, PV in flight
         mbarrier.arrive(k_empty.index(slot))
-        p, m_i, l_i, alpha = _softmax_any(s, m_i, l_i, rows, cols, j * BN, len_k, row_lo, scale_log2, CAUSAL)
+        p, m_i, l_i, alpha = _softmax_any(s, m_i, l_i, rows, cols, j * BN, len_k, row_lo, scale_log2, CAUSAL,
+                                          cap_in, cap_out, SOFTCAP)
         if DROPOUT:
             p = _dropped(p, w0, w1, w2, w3, drop_thr)
         acc, pv = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pv))
@@ -408,11 +433,14 @@ def _last_pv(p, acc, v_smem, v_ready, v_empty, t):
 @gluon.jit
 def _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
              lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-             seed_ptr, drop_thr, drop_scale, drop_b0,
+             seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out,
              WG: gl.constexpr, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr = False, ROUNDS: gl.constexpr = 10):
     """A consumer warpgroup: query rows [m0 + 64 WG, +64) against every visible K/V tile. DROPOUT:
     the Philox key at seed_ptr, batch entries counted from drop_b0, P kept where its 16 bits are
-    >= drop_thr, O scaled by drop_scale = 1 / (1 - p); lse is the undropped one."""
+    >= drop_thr, O scaled by drop_scale = 1 / (1 - p); lse is the undropped one. A soft cap
+    (cap_in, cap_out; _scores) when ``capf``, a never-read shared-memory stub, has 2 rows: its shape
+    is how the flag reaches the worker partitions, which take no constexpr arguments."""
+    SOFTCAP: gl.constexpr = capf.type.shape[0] == 2
     HM: gl.constexpr = q_desc.block_type.shape[2]
     D: gl.constexpr = q_desc.block_type.shape[3]
     dtype: gl.constexpr = q_desc.dtype
@@ -430,10 +458,11 @@ def _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_re
     if DROPOUT:
         k0, k1 = _philox_key(gl.load(seed_ptr))
         p, acc, m_i, l_i = _attend(qs, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows, row_lo, len_k, 0,
-                                   n_tiles, scale_log2, CAUSAL, k0, k1, b + drop_b0, h, drop_thr, True, ROUNDS)
+                                   n_tiles, scale_log2, CAUSAL, k0, k1, b + drop_b0, h, drop_thr, True, ROUNDS,
+                                   cap_in, cap_out, SOFTCAP)
     else:
         p, acc, m_i, l_i = _attend(qs, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, rows, row_lo, len_k, 0,
-                                   n_tiles, scale_log2, CAUSAL)
+                                   n_tiles, scale_log2, CAUSAL, cap_in=cap_in, cap_out=cap_out, SOFTCAP=SOFTCAP)
     acc = _last_pv(p, acc, v_smem, v_ready, v_empty, n_tiles - 1)
 
     if DROPOUT:
@@ -451,46 +480,46 @@ def _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_re
 @gluon.jit
 def _consume_wg1_full(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
                       v_empty, lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-                      seed_ptr, drop_thr, drop_scale, drop_b0):
+                      seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out):
     # worker partitions take no constexpr arguments (Triton 3.6 flattens a worker's arguments to IR values,
     # and a constexpr there is a bare Python value: tried in session 52): one wrapper per (warpgroup,
     # causal, dropout)
     _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
              lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-             seed_ptr, drop_thr, drop_scale, drop_b0, 1, False)
+             seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out, 1, False)
 
 
 @gluon.jit
 def _consume_wg1_causal(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
                         v_empty, lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-                        seed_ptr, drop_thr, drop_scale, drop_b0):
+                        seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out):
     _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
              lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-             seed_ptr, drop_thr, drop_scale, drop_b0, 1, True)
+             seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out, 1, True)
 
 
 @gluon.jit
 def _consume_wg1_full_drop(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
                            v_empty, lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-                           seed_ptr, drop_thr, drop_scale, drop_b0):
+                           seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out):
     _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
              lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-             seed_ptr, drop_thr, drop_scale, drop_b0, 1, False, True)
+             seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out, 1, False, True)
 
 
 @gluon.jit
 def _consume_wg1_causal_drop(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty,
                              v_ready, v_empty, lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles,
-                             scale_log2, seed_ptr, drop_thr, drop_scale, drop_b0):
+                             scale_log2, seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out):
     _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
              lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-             seed_ptr, drop_thr, drop_scale, drop_b0, 1, True, True)
+             seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out, 1, True, True)
 
 
 @gluon.jit
 def _load(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
           lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-          seed_ptr, drop_thr, drop_scale, drop_b0):
+          seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out):
     """The producer warp: both halves of the Q tile, then K_j and V_j into the rings as the
     consumers free the slots (an empty barrier completes when both consumers arrive)."""
     HM: gl.constexpr = q_desc.block_type.shape[2]
@@ -505,8 +534,9 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc,   # 4-D (B, H, L, D) T
                           lse_ptr, slb, slh, slm,           # lse (B, H, L) fp32 and its strides
                           H, GROUP, len_q, len_k, scale_log2,
                           seed_ptr, drop_thr, drop_scale, drop_b0,   # dropout (DROPOUT only), as _consume takes them
+                          cap_in, cap_out,                  # soft cap (SOFTCAP only), as _scores takes them
                           CAUSAL: gl.constexpr, REGS: gl.constexpr, num_warps: gl.constexpr,
-                          DROPOUT: gl.constexpr = False):
+                          DROPOUT: gl.constexpr = False, SOFTCAP: gl.constexpr = False):
     HM: gl.constexpr = q_desc.block_type.shape[2]
     BN: gl.constexpr = k_desc.block_type.shape[2]
     NB: gl.constexpr = 2
@@ -517,9 +547,10 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc,   # 4-D (B, H, L, D) T
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(q_bar.index(i), count=1)
+    capf = gl.allocate_shared_memory(gl.int8, [1 + SOFTCAP, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))   # its shape only
     args = (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
             lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-            seed_ptr, drop_thr, drop_scale, drop_b0)
+            seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out)
     WG0: gl.constexpr = 0
     if DROPOUT:
         if CAUSAL:
@@ -808,16 +839,28 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
+def _dscore_t(pt, dpt, delta1, scol: gl.constexpr, tt, SOFTCAP: gl.constexpr):
+    """dS^T = P^T (dP^T - delta) of one step, through the cap's 1 - tanh^2 (tt) under SOFTCAP."""
+    ds = pt * (dpt - gl.convert_layout(delta1, scol)[None, :])
+    if SOFTCAP:
+        ds = ds * (1.0 - tt * tt)
+    return ds
+
+
+@gluon.jit
 def _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
                 ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb,
                 slh, slm,
                 b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale, drop_b0,
+                capf, cap_in, cap_out,
                 WG: gl.constexpr, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr = False, ROUNDS: gl.constexpr = 10):
     """A consumer warpgroup: dK and dV of keys [n0 + 64 WG, +64), and its half of every dQ tile.
     DROPOUT (as the forward's _consume): each step draws the forward's mask for its (query tile,
     keys) in the forward's orientation while S^T and dP^T run, and moves it into S^T's layout
     (through shared memory); dV takes the kept P^T scaled by drop_scale, dP^T the same mask and
-    scale before dS^T = P^T (dP^T - delta)."""
+    scale before dS^T = P^T (dP^T - delta). A soft cap (``capf`` of 2 rows, as the forward's
+    _consume): P^T from the capped scores, and dS^T through the cap's 1 - tanh^2."""
+    SOFTCAP: gl.constexpr = capf.type.shape[0] == 2
     BM: gl.constexpr = q_desc.block_type.shape[2]
     D: gl.constexpr = q_desc.block_type.shape[3]
     KN: gl.constexpr = k_desc.block_type.shape[2]          # keys a program owns (two warpgroups)
@@ -875,7 +918,12 @@ def _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_s
             _pack_keep(w0, w1, w2, w3, drop_thr, mk_smem.index(WG), BM)
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st,))
         lse2 = gl.convert_layout(lse1, scol) * 1.4426950408889634
-        pt = gl.exp2(st * scale_log2 - lse2[None, :])
+        tt = st           # (unused without the cap)
+        if SOFTCAP:
+            tt = _tanh(st * cap_in)
+            pt = gl.exp2(tt * cap_out - lse2[None, :])
+        else:
+            pt = gl.exp2(st * scale_log2 - lse2[None, :])
         if CAUSAL:
             if m0 < key_lo + HN:                           # a tile on the diagonal: keys after the row get P = 0
                 pt = gl.where((m0 + cols)[None, :] >= keys[:, None], pt, 0.0)
@@ -883,10 +931,10 @@ def _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_s
         if DROPOUT:
             keep = gl.convert_layout(_unpack_keep(mk_smem.index(WG), BM), s_layout)
             dpt = gl.where(keep, dpt * drop_scale, 0.0)
-            dst = (pt * (dpt - gl.convert_layout(delta1, scol)[None, :])).to(dtype)
+            dst = _dscore_t(pt, dpt, delta1, scol, tt, SOFTCAP).to(dtype)
             pa = gl.convert_layout(gl.where(keep, pt * drop_scale, 0.0).to(dtype), a_layout)
         else:
-            dst = (pt * (dpt - gl.convert_layout(delta1, scol)[None, :])).to(dtype)
+            dst = _dscore_t(pt, dpt, delta1, scol, tt, SOFTCAP).to(dtype)
             pa = gl.convert_layout(pt.to(dtype), a_layout)
         da = gl.convert_layout(dst, a_layout)
         dv = warpgroup_mma(pa, do2, dv, is_async=True)
@@ -925,12 +973,13 @@ def _fb_consume_wg1_full(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_
                          v_smem, ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr,
                          delta_ptr,
                          slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
-                         seed_ptr, drop_thr, drop_scale, drop_b0):
+                         seed_ptr, drop_thr, drop_scale, drop_b0,
+                capf, cap_in, cap_out):
     _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
                 ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb,
                 slh, slm,
                 b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale,
-                drop_b0, 1, False)
+                drop_b0, capf, cap_in, cap_out, 1, False)
 
 
 @gluon.jit
@@ -938,12 +987,13 @@ def _fb_consume_wg1_full_drop(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc,
                               v_smem, ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty,
                               lse_ptr, delta_ptr,
                               slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
-                              seed_ptr, drop_thr, drop_scale, drop_b0):
+                              seed_ptr, drop_thr, drop_scale, drop_b0,
+                capf, cap_in, cap_out):
     _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
                 ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb,
                 slh, slm,
                 b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale,
-                drop_b0, 1, False, True)
+                drop_b0, capf, cap_in, cap_out, 1, False, True)
 
 
 @gluon.jit
@@ -951,12 +1001,13 @@ def _fb_consume_wg1_causal(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dq
                            v_smem, ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr,
                            delta_ptr,
                            slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
-                           seed_ptr, drop_thr, drop_scale, drop_b0):
+                           seed_ptr, drop_thr, drop_scale, drop_b0,
+                capf, cap_in, cap_out):
     _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
                 ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb,
                 slh, slm,
                 b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale,
-                drop_b0, 1, True)
+                drop_b0, capf, cap_in, cap_out, 1, True)
 
 
 @gluon.jit
@@ -964,18 +1015,20 @@ def _fb_consume_wg1_causal_drop(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_des
                                 v_smem, ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty,
                                 lse_ptr, delta_ptr,
                                 slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
-                                seed_ptr, drop_thr, drop_scale, drop_b0):
+                                seed_ptr, drop_thr, drop_scale, drop_b0,
+                capf, cap_in, cap_out):
     _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
                 ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb,
                 slh, slm,
                 b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale,
-                drop_b0, 1, True, True)
+                drop_b0, capf, cap_in, cap_out, 1, True, True)
 
 
 @gluon.jit
 def _fb_load(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
              ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
-             b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale, drop_b0):
+             b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale, drop_b0,
+                capf, cap_in, cap_out):
     """The producer warp: the program's K and V once, then Q and dO of each step into the ring."""
     BM: gl.constexpr = q_desc.block_type.shape[2]
     NQ: gl.constexpr = q_smem.type.shape[0]
@@ -996,8 +1049,9 @@ def _fb_load(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem
 def _attn_bwd_fused_sm90_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc,
                                 lse_ptr, delta_ptr, slb, slh, slm, HK, GROUP, len_q, len_k, scale, scale_log2,
                                 seed_ptr, drop_thr, drop_scale, drop_b0,   # dropout (DROPOUT only), as the forward's
+                                cap_in, cap_out,                  # soft cap (SOFTCAP only), as the forward's
                                 CAUSAL: gl.constexpr, NQ: gl.constexpr, REVERSE: gl.constexpr,
-                                num_warps: gl.constexpr, DROPOUT: gl.constexpr = False):
+                                num_warps: gl.constexpr, DROPOUT: gl.constexpr = False, SOFTCAP: gl.constexpr = False):
     BM: gl.constexpr = q_desc.block_type.shape[2]
     D: gl.constexpr = q_desc.block_type.shape[3]
     KN: gl.constexpr = k_desc.block_type.shape[2]
@@ -1030,6 +1084,7 @@ def _attn_bwd_fused_sm90_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_des
     q_empty = gl.allocate_shared_memory(gl.int64, [NQ, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    capf = gl.allocate_shared_memory(gl.int8, [1 + SOFTCAP, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))   # its shape only
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(NQ):
         mbarrier.init(q_ready.index(i), count=1)
@@ -1039,7 +1094,8 @@ def _attn_bwd_fused_sm90_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_des
         mbarrier.init(ds_empty.index(i), count=2)
     args = (q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
             ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
-            b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale, drop_b0)
+            b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale, drop_b0,
+            capf, cap_in, cap_out)
     WG0: gl.constexpr = 0
     if DROPOUT:
         if CAUSAL:
@@ -1110,7 +1166,7 @@ def attention_bwd_dq_sm90(do, q, k, v, lse, delta, dq, scale: float, causal: boo
 
 
 def attention_fwd_sm90(q, k, v, o, lse, scale: float, causal: bool, block_n: int | None = None,
-                       maxnreg: int | None = None, regs: int | None = None, dropout=None) -> None:
+                       maxnreg: int | None = None, regs: int | None = None, dropout=None, softcap=None) -> None:
     """o, lse = attention(q, k, v) for (B, H, L, D) q and (B, Hkv, S, D) k, v, written in place
     (o like q, 16-byte aligned; lse (B, H, L) fp32). The caller checked ``covers``. Non-causal
     calls with L <= PERSISTENT_MAX_LEN take the persistent kernel, the rest a program a tile;
@@ -1118,9 +1174,10 @@ def attention_fwd_sm90(q, k, v, o, lse, scale: float, causal: bool, block_n: int
     thread at launch (the consumers rise to 112), so two programs share an SM. ``block_n``,
     ``maxnreg`` and ``regs`` (the consumers' registers) override the choice, for the probes.
     ``dropout``: (seed tensor, threshold, keep scale, first batch index) as ops/attention.py's
-    launcher passes them; such calls take the per-tile kernel with 128-key tiles."""
+    launcher passes them; such calls take the per-tile kernel with 128-key tiles, as do capped ones
+    (``softcap``: (cap_in, cap_out), _scores')."""
     B, H, L, D = q.shape
-    if dropout is not None:
+    if dropout is not None or softcap is not None:
         block_n = BLOCK_N          # neither the short causal form nor the persistent kernel below
     if causal and D <= 64 and L <= SHORT_CAUSAL_MAX_LEN and block_n is None:
         block_n, maxnreg, regs = SHORT_CAUSAL["block_n"], SHORT_CAUSAL["maxnreg"], SHORT_CAUSAL["regs"]
@@ -1137,7 +1194,8 @@ def attention_fwd_sm90(q, k, v, o, lse, scale: float, causal: bool, block_n: int
         return
     _attn_fwd_sm90_kernel[(n_m, B * H)](
         *descs, *lse_args, H, H // k.shape[1], L, k.shape[2], scale * LOG2E, *(dropout or (lse, 0, 1.0, 0)),
-        CAUSAL=causal, REGS=regs or 240, num_warps=4, maxnreg=maxnreg or MAXNREG, DROPOUT=dropout is not None)
+        *(softcap or (0.0, 0.0)), CAUSAL=causal, REGS=regs or 240, num_warps=4, maxnreg=maxnreg or MAXNREG,
+        DROPOUT=dropout is not None, SOFTCAP=softcap is not None)
 
 
 FUSED_SLOTS = 2     # Q/dO ring slots of the fused backward (3 measured the same at D 64; no room at D 128)
@@ -1146,11 +1204,12 @@ FUSED_BACKWARD = True   # the probes switch it off to time the seven-GEMM form
 
 
 def attention_bwd_fused_sm90(do, q, k, v, lse, delta, dq_acc, dk, dv, scale: float, causal: bool,
-                             block_m: int | None = None, reverse: bool = False, dropout=None) -> None:
+                             block_m: int | None = None, reverse: bool = False, dropout=None, softcap=None) -> None:
     """dk, dv written and dq_acc (fp32, (B, H, L, D), zeroed by the caller) accumulated with
     scale * dS K, all from one pass over the key tiles (see _attn_bwd_fused_sm90_kernel); the
     caller casts dq_acc into dq. The caller checked ``covers`` and ``tma_ok`` for every tensor.
-    ``dropout``: (seed tensor, threshold, keep scale, first batch index), as the forward's."""
+    ``dropout``: (seed tensor, threshold, keep scale, first batch index), as the forward's;
+    ``softcap``: (cap_in, cap_out), as the forward's."""
     B, H, L, D = q.shape
     HK, S = k.shape[1], k.shape[2]
     bm = block_m or (FUSED_BLOCK_M_D64_FULL if D <= 64 and not causal else HALF)
@@ -1158,5 +1217,6 @@ def attention_bwd_fused_sm90(do, q, k, v, lse, delta, dq_acc, dk, dv, scale: flo
     _attn_bwd_fused_sm90_kernel[grid](
         _desc(q, bm), _desc(do, bm), _desc(k, 2 * HALF), _desc(v, 2 * HALF), _desc(dk, HALF), _desc(dv, HALF),
         _desc(dq_acc, bm, D // 2), lse, delta, lse.stride(0), lse.stride(1), lse.stride(2),
-        HK, H // HK, L, S, scale, scale * LOG2E, *(dropout or (lse, 0, 1.0, 0)),
-        CAUSAL=causal, NQ=FUSED_SLOTS, REVERSE=reverse, num_warps=4, maxnreg=MAXNREG, DROPOUT=dropout is not None)
+        HK, H // HK, L, S, scale, scale * LOG2E, *(dropout or (lse, 0, 1.0, 0)), *(softcap or (0.0, 0.0)),
+        CAUSAL=causal, NQ=FUSED_SLOTS, REVERSE=reverse, num_warps=4, maxnreg=MAXNREG, DROPOUT=dropout is not None,
+        SOFTCAP=softcap is not None)

@@ -1056,15 +1056,19 @@ def attention_config(kind: str, head_dim: int, elem_bytes: int, pattern: str = "
         if head_dim <= 128:                     # H100: 484 TFLOP/s at D = 128 (128x128 s3: 483, 64x64 w4: 480)
             return AttentionConfig(128, 64, 8, 3)
         return AttentionConfig(64, 32, 4, 2)   # D 256 (item 77): 0.78-0.88x the time of 64 x 64 at every pattern
+    # D 256 backward (H200, benchmarks/probe_attn_bwd256.py, NOTES item 159): the 32 x 64 x 4-warp
+    # dK/dV tile spilled ~1 KB a thread (two 64 x 256 fp32 accumulators on 128 threads); on 8 warps
+    # with 3 stages (40 B) and a 128-row dQ tile on 8 warps (none), B4 H16/8 S4096 takes 12.9 ms
+    # against 26.4 (causal 6.8 against 13.7)
     if kind == "dq":
         if head_dim <= 128:
             return AttentionConfig(128, 64, 8, 3)
-        return AttentionConfig(64, 32, 4, 2)
+        return AttentionConfig(128, 32, 8, 2)
     if head_dim <= 64:                          # dkdv; H200 at D 64 (probe_attn_bwd_tiles): the whole
         return AttentionConfig(64, 64, 4, 3)   # backward 6-11% faster than with 64 x 128 x 8 warps
     if head_dim <= 128:
         return AttentionConfig(64, 128, 8, 4)
-    return AttentionConfig(32, 64, 4, 2)
+    return AttentionConfig(32, 64, 8, 3)
 
 
 # ----------------------------------------------------------------------------------------------
