@@ -56,10 +56,11 @@ B4 H32 S4096 D128 bf16 p = 0.1: forward 3.13 ms (Triton 3.39, cuDNN 3.60), backw
 
 Soft cap (SOFTCAP; Gemma 2's c tanh(s / c), the per-tile forward and the fused backward): one
 tanh.approx a score beside the exp2, so the MUFU pipe does twice the work a score; the backward
-recomputes the tanh for dS's 1 - tanh^2. The flag reaches the worker partitions as the shape of
-a never-read shared-memory stub (``capf``), so no wrapper is added. H200, B4 H32/16 S4096 D128
-bf16 (NOTES item 159): forward 2.22 ms against 1.82 uncapped (causal 1.20 / 0.93), backward 5.87
-against 5.36; the Triton kernels capped 2.62 / 8.46, flex_attention 5.17 / 12.92.
+recomputes the tanh for dS's 1 - tanh^2. The switches (cap, dropout, causal) reach the worker
+partitions as the shape of a never-read shared-memory stub (_flag_stub): one wrapper for all.
+H200, B4 H32/16 S4096 D128 bf16 (NOTES item 159): forward 2.22 ms against 1.82 uncapped (causal
+1.20 / 0.93), backward 5.87 against 5.36; the Triton kernels capped 2.62 / 8.46, flex_attention
+5.17 / 12.92.
 """
 from __future__ import annotations
 
@@ -115,7 +116,7 @@ def _visible(rows, cols, n0, len_k, CAUSAL: gl.constexpr):
 
 @gluon.jit
 def _tanh(x):
-    """The hardware's tanh.approx.f32 (one MUFU op; ops/attention.py's _capped takes the same)."""
+    """The hardware's tanh.approx.f32 (one MUFU op; ops/attention.py's _exp2_scores takes the same)."""
     return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True, pack=1)
 
 
@@ -431,16 +432,27 @@ def _last_pv(p, acc, v_smem, v_ready, v_empty, t):
 
 
 @gluon.jit
+def _flag_stub(SOFTCAP: gl.constexpr, DROPOUT: gl.constexpr, CAUSAL: gl.constexpr):
+    """A never-read shared-memory stub whose shape, [1 + SOFTCAP, 1 + DROPOUT, 1 + CAUSAL], carries
+    a kernel's switches into its warp partitions (which take no constexpr arguments); they read
+    them back from ``flags.type.shape``."""
+    return gl.allocate_shared_memory(gl.int8, [1 + SOFTCAP, 1 + DROPOUT, 1 + CAUSAL],
+                                     gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+
+
+@gluon.jit
 def _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
              lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-             seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out,
-             WG: gl.constexpr, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr = False, ROUNDS: gl.constexpr = 10):
-    """A consumer warpgroup: query rows [m0 + 64 WG, +64) against every visible K/V tile. DROPOUT:
-    the Philox key at seed_ptr, batch entries counted from drop_b0, P kept where its 16 bits are
-    >= drop_thr, O scaled by drop_scale = 1 / (1 - p); lse is the undropped one. A soft cap
-    (cap_in, cap_out; _scores) when ``capf``, a never-read shared-memory stub, has 2 rows: its shape
-    is how the flag reaches the worker partitions, which take no constexpr arguments."""
-    SOFTCAP: gl.constexpr = capf.type.shape[0] == 2
+             seed_ptr, drop_thr, drop_scale, drop_b0, flags, cap_in, cap_out,
+             WG: gl.constexpr, ROUNDS: gl.constexpr = 10):
+    """A consumer warpgroup: query rows [m0 + 64 WG, +64) against every visible K/V tile. The
+    switches come as the shape of ``flags`` (_flag_stub): CAUSAL; DROPOUT: the Philox key at
+    seed_ptr, batch entries counted from drop_b0, P kept where its 16 bits are >= drop_thr, O
+    scaled by drop_scale = 1 / (1 - p), lse the undropped one; SOFTCAP: capped scores (cap_in,
+    cap_out; _scores)."""
+    SOFTCAP: gl.constexpr = flags.type.shape[0] == 2
+    DROPOUT: gl.constexpr = flags.type.shape[1] == 2
+    CAUSAL: gl.constexpr = flags.type.shape[2] == 2
     HM: gl.constexpr = q_desc.block_type.shape[2]
     D: gl.constexpr = q_desc.block_type.shape[3]
     dtype: gl.constexpr = q_desc.dtype
@@ -478,48 +490,21 @@ def _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_re
 
 
 @gluon.jit
-def _consume_wg1_full(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
-                      v_empty, lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-                      seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out):
-    # worker partitions take no constexpr arguments (Triton 3.6 flattens a worker's arguments to IR values,
-    # and a constexpr there is a bare Python value: tried in session 52): one wrapper per (warpgroup,
-    # causal, dropout)
+def _consume_wg1(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+                 lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
+                 seed_ptr, drop_thr, drop_scale, drop_b0, flags, cap_in, cap_out):
+    # worker partitions take no constexpr arguments (Triton 3.6 flattens a worker's arguments to IR
+    # values, and a constexpr there is a bare Python value: tried in session 52), so the switches
+    # ride in the shape of ``flags`` and the warpgroup index is this wrapper's
     _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
              lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-             seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out, 1, False)
-
-
-@gluon.jit
-def _consume_wg1_causal(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
-                        v_empty, lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-                        seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out):
-    _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-             lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-             seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out, 1, True)
-
-
-@gluon.jit
-def _consume_wg1_full_drop(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready,
-                           v_empty, lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-                           seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out):
-    _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-             lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-             seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out, 1, False, True)
-
-
-@gluon.jit
-def _consume_wg1_causal_drop(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty,
-                             v_ready, v_empty, lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles,
-                             scale_log2, seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out):
-    _consume(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
-             lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-             seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out, 1, True, True)
+             seed_ptr, drop_thr, drop_scale, drop_b0, flags, cap_in, cap_out, 1)
 
 
 @gluon.jit
 def _load(q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
           lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-          seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out):
+          seed_ptr, drop_thr, drop_scale, drop_b0, flags, cap_in, cap_out):
     """The producer warp: both halves of the Q tile, then K_j and V_j into the rings as the
     consumers free the slots (an empty barrier completes when both consumers arrive)."""
     HM: gl.constexpr = q_desc.block_type.shape[2]
@@ -547,24 +532,11 @@ def _attn_fwd_sm90_kernel(q_desc, k_desc, v_desc, o_desc,   # 4-D (B, H, L, D) T
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(q_bar.index(i), count=1)
-    capf = gl.allocate_shared_memory(gl.int8, [1 + SOFTCAP, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))   # its shape only
     args = (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
             lse_ptr, slb, slh, slm, b, h, hk, m0, len_q, len_k, n_tiles, scale_log2,
-            seed_ptr, drop_thr, drop_scale, drop_b0, capf, cap_in, cap_out)
+            seed_ptr, drop_thr, drop_scale, drop_b0, _flag_stub(SOFTCAP, DROPOUT, CAUSAL), cap_in, cap_out)
     WG0: gl.constexpr = 0
-    if DROPOUT:
-        if CAUSAL:
-            gl.warp_specialize([(_consume, args + (WG0, CAUSAL, DROPOUT)), (_consume_wg1_causal_drop, args),
-                                (_load, args)], [4, 1], [REGS, 24])
-        else:
-            gl.warp_specialize([(_consume, args + (WG0, CAUSAL, DROPOUT)), (_consume_wg1_full_drop, args),
-                                (_load, args)], [4, 1], [REGS, 24])
-    elif CAUSAL:
-        gl.warp_specialize([(_consume, args + (WG0, CAUSAL)), (_consume_wg1_causal, args), (_load, args)],
-                           [4, 1], [REGS, 24])
-    else:
-        gl.warp_specialize([(_consume, args + (WG0, CAUSAL)), (_consume_wg1_full, args), (_load, args)],
-                           [4, 1], [REGS, 24])
+    gl.warp_specialize([(_consume, args + (WG0,)), (_consume_wg1, args), (_load, args)], [4, 1], [REGS, 24])
 
 
 # Persistent form of the forward (non-causal, short sequences)
@@ -852,15 +824,17 @@ def _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_s
                 ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb,
                 slh, slm,
                 b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale, drop_b0,
-                capf, cap_in, cap_out,
-                WG: gl.constexpr, CAUSAL: gl.constexpr, DROPOUT: gl.constexpr = False, ROUNDS: gl.constexpr = 10):
+                flags, cap_in, cap_out, WG: gl.constexpr, ROUNDS: gl.constexpr = 10):
     """A consumer warpgroup: dK and dV of keys [n0 + 64 WG, +64), and its half of every dQ tile.
+    The switches come as the shape of ``flags`` (_flag_stub), as the forward's _consume takes them.
     DROPOUT (as the forward's _consume): each step draws the forward's mask for its (query tile,
     keys) in the forward's orientation while S^T and dP^T run, and moves it into S^T's layout
     (through shared memory); dV takes the kept P^T scaled by drop_scale, dP^T the same mask and
-    scale before dS^T = P^T (dP^T - delta). A soft cap (``capf`` of 2 rows, as the forward's
-    _consume): P^T from the capped scores, and dS^T through the cap's 1 - tanh^2."""
-    SOFTCAP: gl.constexpr = capf.type.shape[0] == 2
+    scale before dS^T = P^T (dP^T - delta). SOFTCAP: P^T from the capped scores, and dS^T through
+    the cap's 1 - tanh^2."""
+    SOFTCAP: gl.constexpr = flags.type.shape[0] == 2
+    DROPOUT: gl.constexpr = flags.type.shape[1] == 2
+    CAUSAL: gl.constexpr = flags.type.shape[2] == 2
     BM: gl.constexpr = q_desc.block_type.shape[2]
     D: gl.constexpr = q_desc.block_type.shape[3]
     KN: gl.constexpr = k_desc.block_type.shape[2]          # keys a program owns (two warpgroups)
@@ -969,66 +943,22 @@ def _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_s
 
 
 @gluon.jit
-def _fb_consume_wg1_full(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem,
-                         v_smem, ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr,
-                         delta_ptr,
-                         slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
-                         seed_ptr, drop_thr, drop_scale, drop_b0,
-                capf, cap_in, cap_out):
+def _fb_consume_wg1(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
+                    ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr,
+                    slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
+                    seed_ptr, drop_thr, drop_scale, drop_b0, flags, cap_in, cap_out):
+    # the second warpgroup (worker partitions take no constexpr arguments: see _consume_wg1)
     _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
-                ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb,
-                slh, slm,
-                b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale,
-                drop_b0, capf, cap_in, cap_out, 1, False)
-
-
-@gluon.jit
-def _fb_consume_wg1_full_drop(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem,
-                              v_smem, ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty,
-                              lse_ptr, delta_ptr,
-                              slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
-                              seed_ptr, drop_thr, drop_scale, drop_b0,
-                capf, cap_in, cap_out):
-    _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
-                ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb,
-                slh, slm,
-                b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale,
-                drop_b0, capf, cap_in, cap_out, 1, False, True)
-
-
-@gluon.jit
-def _fb_consume_wg1_causal(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem,
-                           v_smem, ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr,
-                           delta_ptr,
-                           slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
-                           seed_ptr, drop_thr, drop_scale, drop_b0,
-                capf, cap_in, cap_out):
-    _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
-                ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb,
-                slh, slm,
-                b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale,
-                drop_b0, capf, cap_in, cap_out, 1, True)
-
-
-@gluon.jit
-def _fb_consume_wg1_causal_drop(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem,
-                                v_smem, ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty,
-                                lse_ptr, delta_ptr,
-                                slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
-                                seed_ptr, drop_thr, drop_scale, drop_b0,
-                capf, cap_in, cap_out):
-    _fb_consume(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
-                ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb,
-                slh, slm,
-                b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale,
-                drop_b0, capf, cap_in, cap_out, 1, True, True)
+                ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr,
+                slb, slh, slm, b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2,
+                seed_ptr, drop_thr, drop_scale, drop_b0, flags, cap_in, cap_out, 1)
 
 
 @gluon.jit
 def _fb_load(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
              ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
              b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale, drop_b0,
-                capf, cap_in, cap_out):
+             flags, cap_in, cap_out):
     """The producer warp: the program's K and V once, then Q and dO of each step into the ring."""
     BM: gl.constexpr = q_desc.block_type.shape[2]
     NQ: gl.constexpr = q_smem.type.shape[0]
@@ -1084,7 +1014,6 @@ def _attn_bwd_fused_sm90_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_des
     q_empty = gl.allocate_shared_memory(gl.int64, [NQ, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    capf = gl.allocate_shared_memory(gl.int8, [1 + SOFTCAP, 1], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))   # its shape only
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(NQ):
         mbarrier.init(q_ready.index(i), count=1)
@@ -1095,21 +1024,9 @@ def _attn_bwd_fused_sm90_kernel(q_desc, do_desc, k_desc, v_desc, dk_desc, dv_des
     args = (q_desc, do_desc, k_desc, v_desc, dk_desc, dv_desc, dqa_desc, q_smem, do_smem, k_smem, v_smem,
             ds_smem, st_smem, mk_smem, kv_bar, q_ready, q_empty, ds_ready, ds_empty, lse_ptr, delta_ptr, slb, slh, slm,
             b, hk, n0, GROUP, len_q, i_lo, n_i, scale, scale_log2, seed_ptr, drop_thr, drop_scale, drop_b0,
-            capf, cap_in, cap_out)
+            _flag_stub(SOFTCAP, DROPOUT, CAUSAL), cap_in, cap_out)
     WG0: gl.constexpr = 0
-    if DROPOUT:
-        if CAUSAL:
-            gl.warp_specialize([(_fb_consume, args + (WG0, CAUSAL, DROPOUT)), (_fb_consume_wg1_causal_drop, args),
-                                (_fb_load, args)], [4, 1], [240, 24])
-        else:
-            gl.warp_specialize([(_fb_consume, args + (WG0, CAUSAL, DROPOUT)), (_fb_consume_wg1_full_drop, args),
-                                (_fb_load, args)], [4, 1], [240, 24])
-    elif CAUSAL:
-        gl.warp_specialize([(_fb_consume, args + (WG0, CAUSAL)), (_fb_consume_wg1_causal, args), (_fb_load, args)],
-                           [4, 1], [240, 24])
-    else:
-        gl.warp_specialize([(_fb_consume, args + (WG0, CAUSAL)), (_fb_consume_wg1_full, args), (_fb_load, args)],
-                           [4, 1], [240, 24])
+    gl.warp_specialize([(_fb_consume, args + (WG0,)), (_fb_consume_wg1, args), (_fb_load, args)], [4, 1], [240, 24])
 
 
 @functools.lru_cache(maxsize=None)
