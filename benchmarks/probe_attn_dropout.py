@@ -125,6 +125,31 @@ VARIANTS = {"r7x16": _keep_r7x16, "r10x8": _keep_r10x8, "sel16": _keep_sel16, "s
             "cheap": _keep_cheap}
 
 
+def time_rows(rows: dict, inputs: tuple, do, rounds: int, bench) -> dict:
+    """{name: (fwd ms, fwd+bwd ms, bwd ms, error)} of ``rows`` {name: (forward, route)}, each the
+    least over ``rounds`` alternating rounds (``route`` wraps every timing of its row; the
+    gradients are taken into ``inputs`` with upstream ``do``); a row that raises keeps (None,
+    None, None, the error's first line)."""
+    best = {}
+    for _ in range(rounds):
+        for name, (fn, route) in rows.items():
+            try:
+                with torch.no_grad():
+                    f = bench(route(fn))
+                fb = bench(route(lambda: torch.autograd.grad(fn(), inputs, do)))
+                o = route(fn)()
+                bw = bench(route(lambda: torch.autograd.grad(o, inputs, do, retain_graph=True)))
+            except Exception as e:  # noqa: BLE001 -- a backend that cannot run the case
+                best[name] = (None, None, None, str(e).splitlines()[0][:60])
+                continue
+            old = best.get(name)
+            if old is None or old[0] is None:
+                best[name] = (f, fb, bw, "")
+            else:
+                best[name] = (min(old[0], f), min(old[1], fb), min(old[2], bw), "")
+    return best
+
+
 def _check_variant(p: float, triton_only: bool = False) -> str:
     """Ours at p against the reference with the mask dropout_keep_mask rebuilds (it draws with the
     swapped _dropout_keep too): forward and gradients' relative errors, bf16 (as routed, or on the
@@ -189,23 +214,7 @@ def main():
                 rows["sdpa[efficient]"] = (sdpa(SDPBackend.EFFICIENT_ATTENTION), _plain)
             if args.ours_only:
                 rows = {f"ours p={p} {args.variant or 'shipped'}": (ours(p), _triton_only if args.variant else _plain)}
-            best = {}
-            for _ in range(args.rounds):
-                for name, (fn, route) in rows.items():
-                    try:
-                        with torch.no_grad():
-                            f = bench(route(fn))
-                        fb = bench(route(lambda: torch.autograd.grad(fn(), (q, k, v), do)))
-                        o = route(fn)()
-                        bw = bench(route(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)))
-                    except Exception as e:  # noqa: BLE001 -- a backend that cannot run the case
-                        best[name] = (None, None, None, str(e).splitlines()[0][:60])
-                        continue
-                    old = best.get(name)
-                    if old is None or old[0] is None:
-                        best[name] = (f, fb, bw, "")
-                    else:
-                        best[name] = (min(old[0], f), min(old[1], fb), min(old[2], bw), "")
+            best = time_rows(rows, (q, k, v), do, args.rounds, bench)
             flops = 4 * B * H * S * S * D // (2 if causal else 1)
             for name, (f, fb, bw, err) in best.items():
                 if f is None:

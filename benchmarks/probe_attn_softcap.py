@@ -21,7 +21,7 @@ import triton
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 import warpforge as wf
-from probe_attn_dropout import _plain, _triton_only   # (run from benchmarks/: its folder is on the path)
+from probe_attn_dropout import _plain, _triton_only, time_rows   # (run from benchmarks/: on the path)
 from warpforge.ops import attention as attn
 
 
@@ -85,28 +85,13 @@ def main():
                     "ours capped routed": (ours(cap), _plain), "ours capped triton": (ours(cap), _triton_only),
                     "ours capped exp2 form": (ours(cap), lambda f: _exp2_form(_triton_only(f))),
                     "flex capped": (lambda: flex(q, k, v, score_mod=mod, block_mask=mask, enable_gqa=True), _plain)}
-            best = {}
             flops = 4 * B * H * S * S * D // (2 if causal else 1)
-            for _ in range(args.rounds):
-                for name, (fn, route) in rows.items():
-                    try:
-                        with torch.no_grad():
-                            f = bench(route(fn))
-                        fb = bench(route(lambda: torch.autograd.grad(fn(), (q, k, v), do)))
-                        o = route(fn)()
-                        bw = bench(route(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)))
-                    except Exception as e:  # noqa: BLE001
-                        best[name] = f"failed: {type(e).__name__}: {str(e)[:100]}"
-                        continue
-                    old = best.get(name)
-                    t = (f, fb, bw)
-                    best[name] = t if not isinstance(old, tuple) else tuple(min(a, b) for a, b in zip(old, t))
-            for name, t in best.items():
-                if isinstance(t, str):
-                    print(f"{shape:>20} {str(causal):>6} {name:>24} {t}")
+            for name, (f, fb, bw, err) in time_rows(rows, (q, k, v), do, args.rounds, bench).items():
+                if f is None:
+                    print(f"{shape:>20} {str(causal):>6} {name:>24} failed: {err}")
                 else:
-                    print(f"{shape:>20} {str(causal):>6} {name:>24} {t[0]:8.3f} {t[1]:10.3f} {t[2]:8.3f} "
-                          f"{flops / t[0] / 1e9:8.1f}")
+                    print(f"{shape:>20} {str(causal):>6} {name:>24} {f:8.3f} {fb:10.3f} {bw:8.3f} "
+                          f"{flops / f / 1e9:8.1f}")
 
 
 if __name__ == "__main__":

@@ -653,17 +653,27 @@ def _sdpa(q, k, v, causal, gqa):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
 
-def attention_reference(q, k, v, causal=False, gqa=False):
-    """Plain math attention (float64 in the correctness run): kv heads repeated for GQA, SDPA's
-    top-left causal mask (torch.ones(L, S).tril()), scale 1/sqrt(D)."""
+def _math_attention(q, k, v, causal, cap=None, softmax_dtype=None):
+    """Attention in PyTorch ops: kv heads repeated for GQA, scores scaled by 1/sqrt(D), capped to
+    cap * tanh(s / cap) when ``cap`` is given, SDPA's top-left causal mask (torch.ones(L, S).tril()),
+    the softmax (in ``softmax_dtype`` and cast back, when given), then P V."""
     if k.shape[-3] != q.shape[-3]:
         rep = q.shape[-3] // k.shape[-3]
         k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
     scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    if cap is not None:
+        scores = torch.tanh(scores / cap) * cap
     if causal:
         keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
         scores = scores.masked_fill(~keep, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
+    if softmax_dtype is None:
+        return torch.softmax(scores, dim=-1) @ v
+    return torch.softmax(scores, dim=-1, dtype=softmax_dtype).to(q.dtype) @ v
+
+
+def attention_reference(q, k, v, causal=False, gqa=False):
+    """Plain math attention (float64 in the correctness run): _math_attention without a cap."""
+    return _math_attention(q, k, v, causal)
 
 
 def attention_flops(case: Case, mode: str) -> int:
@@ -784,18 +794,9 @@ def _attn_softcap_make(case, dtype, device):
 
 def softcap_attention_eager(q, k, v, causal, gqa, cap):
     """Gemma 2's eager attention (Hugging Face's): kv heads repeated, scores scaled, capped to
-    cap * tanh(s / cap), the causal mask, a float32 softmax cast back, then P V. In float64 (the
-    correctness run's reference) every step stays float64."""
-    if k.shape[-3] != q.shape[-3]:
-        rep = q.shape[-3] // k.shape[-3]
-        k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
-    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
-    scores = torch.tanh(scores / cap) * cap
-    if causal:
-        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~keep, float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
-    return probs.to(q.dtype) @ v
+    cap * tanh(s / cap), the causal mask, a float32 softmax cast back, then P V (_math_attention).
+    In float64 (the correctness run's reference) every step stays float64."""
+    return _math_attention(q, k, v, causal, cap, torch.float64 if q.dtype == torch.float64 else torch.float32)
 
 
 _FLEX: dict = {}

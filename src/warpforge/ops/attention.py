@@ -40,7 +40,7 @@ Why the kernels look the way they do:
   With dropout, the forward at D 128 and the fused backward are the Gluon kernels too (they draw
   the mask in the wgmma accumulator's layout, _dropout_keep); the D-64 forward and the
   deterministic backward stay here. A soft cap (Gemma 2) is taken by the Gluon forward (per-tile
-  kernel) and fused backward as by the Triton kernels (_capped: tanh.approx), the deterministic
+  kernel) and fused backward as by the Triton kernels (_exp2_scores: tanh.approx), the deterministic
   backward's dQ here. Every other call runs the Triton kernels here.
 - GQA/MQA: query head h reads KV head h // (Hq/Hkv); nothing is repeated in memory.
 - Variable length: the same kernels, where a program reads its sequence's start and length from
@@ -240,12 +240,15 @@ TANH_EXP2 = 1      # SOFTCAP: 1 - 2 / (exp2(2 x log2 e) + 1) (fp32 inputs, and t
 
 
 @triton.jit
-def _capped(qk, cap_in, cap_out, SOFTCAP: tl.constexpr):
-    """(scores in the exp2 domain, tanh) of raw products ``qk`` under a soft cap c: c tanh(scale
-    qk / c) log2(e), with cap_in = scale / c and cap_out = c log2(e) (_softcap_args). The tanh is
-    returned for the backward's chain rule, d(capped)/d(raw) = 1 - tanh^2. TANH_APPROX is one
-    MUFU op a score (FlashAttention-2/3 take the same instruction); the exp2 form, two (exp2 and a
-    reciprocal), is exact to fp32 rounding and the only one the interpreter can run."""
+def _exp2_scores(qk, scale_log2, cap_in, cap_out, SOFTCAP: tl.constexpr):
+    """(scores in the exp2 domain, tanh) of raw products ``qk``: scale qk log2(e), or under a soft
+    cap c (SOFTCAP) c tanh(scale qk / c) log2(e), with cap_in = scale / c and cap_out = c log2(e)
+    (_softcap_args). The tanh is returned for the backward's chain rule, d(capped)/d(raw) =
+    1 - tanh^2 (without the cap, ``qk`` stands in, unused). TANH_APPROX is one MUFU op a score
+    (FlashAttention-2/3 take the same instruction); the exp2 form, two (exp2 and a reciprocal), is
+    exact to fp32 rounding and the only one the interpreter can run."""
+    if not SOFTCAP:
+        return qk * scale_log2, qk
     x = qk * cap_in
     if SOFTCAP == 2:
         t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
@@ -265,7 +268,7 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
                cap_in, cap_out, SOFTCAP: tl.constexpr):
     """Key tiles [lo, hi) into the running (acc, l, m) of one query tile. With DROPOUT, l sums every
     probability and the accumulator only the kept ones (the 1 / (1 - p) scale comes last). With
-    SOFTCAP the scaled scores are capped (_capped) before any mask is added or applied."""
+    SOFTCAP the scaled scores are capped (_exp2_scores) before any mask is added or applied."""
     dmask = offs_d < D
     for n0 in range(lo, hi, BLOCK_N):
         n = n0 + offs_n
@@ -287,10 +290,7 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
             i = m0 + offs_m
             mask_tile = mask_base + _wide(m0, WIDE) * smm      # columns n: 32-bit (ROW_STRIDE_LIMIT)
             ok = _visible(i[:, None], n[None, :], len_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
-            if SOFTCAP:
-                s, _t = _capped(qk, cap_in, cap_out, SOFTCAP)
-            else:
-                s = qk * scale_log2
+            s, _t = _exp2_scores(qk, scale_log2, cap_in, cap_out, SOFTCAP)
             if MASK_KIND == 1:
                 keep = tl.load(mask_tile + offs_m[:, None] * smm + n[None, :] * smn, mask=ok & (i[:, None] < len_q), other=0)
                 ok = ok & (keep != 0)
@@ -302,7 +302,7 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, skn, svn, mask_base, smm, smn,
             m_use = tl.where(m_new == -float("inf"), 0.0, m_new)               # a row with nothing visible yet
             p = tl.math.exp2(s - m_use[:, None])
         elif SOFTCAP:
-            s, _t = _capped(qk, cap_in, cap_out, SOFTCAP)
+            s, _t = _exp2_scores(qk, scale_log2, cap_in, cap_out, SOFTCAP)
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_use = m_new
             p = tl.math.exp2(s - m_use[:, None])
@@ -358,7 +358,7 @@ def _attn_fwd_kernel(
     H, GROUP, len_q_fixed, len_k_fixed, total_q, total_k,
     scale_log2, win_left, win_right,
     seed_ptr, drop_thr, drop_scale, drop_b0,   # dropout (DROPOUT only): int64 seed, p * 2^16, 1 / (1 - p), batch offset
-    cap_in, cap_out,                     # soft cap (SOFTCAP only): scale / c and c * log2(e) (_capped)
+    cap_in, cap_out,                     # soft cap (SOFTCAP only): scale / c and c * log2(e) (_exp2_scores)
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     MASK_KIND: tl.constexpr, DOT_PREC: tl.constexpr, WIDE: tl.constexpr = True, DROPOUT: tl.constexpr = False,
@@ -477,10 +477,8 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, sqm, sdm, s
                 do = tl.load(do_tile + rm[:, None] * sdm + offs_d[None, :], mask=dmask[None, :], other=0.0)
             lse = tl.load(lse_tile + rm * slm)
             delta = tl.load(delta_tile + rm * slm)
-        if SOFTCAP:
-            st, tt = _capped(_mm(k, tl.trans(q), None, DOT_PREC), cap_in, cap_out, SOFTCAP)   # (BLOCK_N, BLOCK_M)
-        else:
-            st = _mm(k, tl.trans(q), None, DOT_PREC) * scale_log2   # (BLOCK_N, BLOCK_M)
+        st, tt = _exp2_scores(_mm(k, tl.trans(q), None, DOT_PREC), scale_log2, cap_in, cap_out,   # (BLOCK_N, BLOCK_M)
+                              SOFTCAP)
         if MASKED:
             ok = _visible(i[None, :], n[:, None], len_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
             ok = ok & (i[None, :] < len_q)
@@ -609,10 +607,8 @@ def _dq_tiles(dq, q, do, lse, delta, k_base, v_base, skn, svn, mask_base, smm, s
         else:
             k = tl.load(k_tile + rn[:, None] * skn + offs_d[None, :], mask=dmask[None, :], other=0.0)
             v = tl.load(v_tile + rn[:, None] * svn + offs_d[None, :], mask=dmask[None, :], other=0.0)
-        if SOFTCAP:
-            s, t = _capped(_mm(q, tl.trans(k), None, DOT_PREC), cap_in, cap_out, SOFTCAP)   # (BLOCK_M, BLOCK_N)
-        else:
-            s = _mm(q, tl.trans(k), None, DOT_PREC) * scale_log2      # (BLOCK_M, BLOCK_N)
+        s, t = _exp2_scores(_mm(q, tl.trans(k), None, DOT_PREC), scale_log2, cap_in, cap_out,   # (BLOCK_M, BLOCK_N)
+                            SOFTCAP)
         if MASKED:
             ok = _visible(i[:, None], n[None, :], len_k, off, win_left, win_right, HAS_LEFT, HAS_RIGHT)
             if MASK_KIND == 1:
@@ -892,7 +888,7 @@ def _drop_threshold(dropout_p: float) -> int:
 
 
 def _softcap_args(q, scale: float, softcap: float) -> tuple[tuple[float, float], int]:
-    """((cap_in, cap_out), SOFTCAP) as the Triton kernels take a soft cap (_capped): 0 off; the
+    """((cap_in, cap_out), SOFTCAP) as the Triton kernels take a soft cap (_exp2_scores): 0 off; the
     hardware tanh for 16-bit inputs on a GPU, the exact exp2 form for fp32 and the interpreter."""
     if not softcap:
         return (0.0, 0.0), 0
@@ -1047,6 +1043,8 @@ def _setup(ctx, inputs, output):
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, mask, cu_q, cu_k, seed)
     ctx.args = (max_q, max_k, scale, win_left, win_right, bottom_right, dropout_p)
+    # torch's autograd fills the defaulted softcap into ``inputs``; the eager door (runtime/registry.py)
+    # passes the call's arguments as given, which may stop before it
     ctx.softcap = inputs[14] if len(inputs) > 14 else 0.0
 
 

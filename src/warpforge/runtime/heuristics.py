@@ -1056,7 +1056,7 @@ def attention_config(kind: str, head_dim: int, elem_bytes: int, pattern: str = "
         if head_dim <= 128:                     # H100: 484 TFLOP/s at D = 128 (128x128 s3: 483, 64x64 w4: 480)
             return AttentionConfig(128, 64, 8, 3)
         return AttentionConfig(64, 32, 4, 2)   # D 256 (item 77): 0.78-0.88x the time of 64 x 64 at every pattern
-    # D 256 backward (H200, benchmarks/probe_attn_bwd256.py, NOTES item 159): the 32 x 64 x 4-warp
+    # D 256 backward (H200, benchmarks/probe_attn_bwd256.py, NOTES item 160): the 32 x 64 x 4-warp
     # dK/dV tile spilled ~1 KB a thread (two 64 x 256 fp32 accumulators on 128 threads); on 8 warps
     # with 3 stages (40 B) and a 128-row dQ tile on 8 warps (none), B4 H16/8 S4096 takes 12.9 ms
     # against 26.4 (causal 6.8 against 13.7)
