@@ -66,3 +66,33 @@ def noncontig(t: torch.Tensor) -> torch.Tensor:
     v = buf[..., 0, :]
     assert not v.is_contiguous() or t.numel() <= t.shape[-1]
     return v.requires_grad_(t.requires_grad)
+
+
+
+SHARED_MEMORY = {"A100": 166_912, "sm_86/89": 101_376}   # bytes a block may use (Hopper: 232,448)
+
+
+@pytest.fixture
+def lower_shared_memory(monkeypatch):
+    """``lower(limit, *caches)``: run the test as on a GPU with ``limit`` bytes of shared memory a
+    block (GPU only): Triton's limit lowered, and the kernels of ``caches`` (runtime.launch
+    LaunchCaches) forgotten so each loads afresh and meets it (a loaded kernel is not checked
+    again). Forgotten again at the end, since a kernel refused under the lower limit stays refused
+    in Triton's cache."""
+    from triton.compiler import compiler
+    from warpforge.runtime import launch
+
+    seen = []
+
+    def forget(caches):
+        for c in caches:
+            c.kernel.device_caches.clear()
+            c.plans.clear()
+
+    def lower(limit: int, *caches) -> None:
+        seen.extend(caches)
+        forget(caches)
+        monkeypatch.setattr(compiler, "max_shared_mem", lambda device: limit)
+        monkeypatch.setattr(launch, "_TOO_BIG", {})
+    yield lower
+    forget(seen)

@@ -50,6 +50,31 @@ def test_info_on_cpu(monkeypatch, capsys):
     assert "Triton interpreter" in out and "no CUDA device" in out
 
 
+@pytest.mark.parametrize("capability, limit, hopper", [((9, 0), 232_448, True), ((8, 0), 166_912, False)])
+def test_info_on_a_gpu(monkeypatch, capsys, capability, limit, hopper):
+    """On a GPU, info names the device's facts, its shared memory a block (where the Hopper tiles
+    step down below 227 KB) and whether the Hopper kernels run there (stand-ins: no GPU needed)."""
+    import torch
+
+    from warpforge.runtime import device, launch
+    from warpforge.runtime.device import DeviceInfo
+
+    info = DeviceInfo("GPU X", 108, 40 << 20, capability, 80 << 30)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(warpforge, "interpreting", lambda: False)
+    monkeypatch.setattr(device, "device_info", lambda index=None: info)
+    monkeypatch.setattr(device, "ceilings", lambda refresh=False: {"copy_gbps": 1500.0, "bf16_tflops": 280.0,
+                                                                   "fp16_tflops": 280.0, "measured_at": ""})
+    monkeypatch.setattr(launch, "shared_memory_limit", lambda index=None: limit)
+    monkeypatch.setattr("warpforge.cli._cuda_status", lambda: "stand-in")
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "device    GPU X" in out and f"compute capability  {capability[0]}.{capability[1]}" in out
+    assert f"shared memory       {limit // 1024} KB a block" in out
+    assert ("step down" in out) is not hopper
+    assert ("Hopper kernels      on" in out) is hopper and ("off (sm_90 only)" in out) is not hopper
+
+
 def test_report_merges_runs(tmp_path):
     import json
 

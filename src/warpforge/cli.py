@@ -145,6 +145,7 @@ def _info(args) -> int:
         print(f"fastpath  {fastpath.status()}")
         return 0
     from .runtime.device import ceilings, device_info
+    from .runtime.launch import shared_memory_limit
 
     d = device_info()
     print(f"kernels   run on the GPU{' (but TRITON_INTERPRET=1 is set: interpreted)' if warpforge.interpreting() else ''}")
@@ -155,6 +156,11 @@ def _info(args) -> int:
     print(f"  L2                  {d.l2_bytes / 2**20:.0f} MiB")
     print(f"  compute capability  {d.capability[0]}.{d.capability[1]}")
     print(f"  memory              {d.memory_bytes / 2**30:.1f} GiB")
+    hopper = d.capability[0] == 9
+    print(f"  shared memory       {shared_memory_limit() // 1024} KB a block"
+          + ("" if hopper else " (tiles chosen for Hopper's 227 KB step down where they do not fit)"))
+    print(f"  Hopper kernels      {'on' if hopper else 'off (sm_90 only): the Triton kernels take every call'}"
+          " (Gluon attention and decode, TMA matmul and MoE, cluster row ops)")
     started = _dt.datetime.now().astimezone()
     c = ceilings(refresh=args.refresh)
     source = "measured just now"

@@ -14,7 +14,7 @@ import triton.language as tl
 
 import warpforge as wf
 from warpforge.ops.attention import attention_op, attention_reference, dropout_keep_mask, dropout_seed
-from conftest import DTYPES, ON_GPU, DEVICE, assert_close, gpu_only, noncontig, randn
+from conftest import DTYPES, ON_GPU, DEVICE, SHARED_MEMORY, assert_close, gpu_only, noncontig, randn
 
 # (B, Hq, Hkv, L, S, D): one query and key, odd lengths, L != S both ways, GQA and MQA, D not a power of 2
 SHAPES = [(1, 1, 1, 1, 1, 16), (2, 4, 2, 17, 17, 32), (1, 2, 1, 40, 70, 16), (1, 3, 3, 70, 33, 24)]
@@ -413,7 +413,7 @@ def test_wide_offsets_path(monkeypatch):
 
 
 def test_tiles_follow_the_key_pattern(monkeypatch):
-    """Each Triton kernel asks attention_config for the pattern of keys a query sees (a mask wins,
+    """Each Triton kernel asks attention_configs for the pattern of keys a query sees (a mask wins,
     then a left window, then causal / a right bound, else full), and at D = 64 and 128 on a GPU the
     patterns measured to gain (NOTES item 77) get their own tiles; other head dims and fp32 do not."""
     import warpforge.ops.attention as A
@@ -424,8 +424,8 @@ def test_tiles_follow_the_key_pattern(monkeypatch):
              (True, 8, 0), (False, 0, 0), (False, 0, -1))] == \
         ["full", "causal", "causal", "window", "window", "mask", "mask", "window", "window"]    # left 0 is a window
     seen = []
-    real = A.attention_config
-    monkeypatch.setattr(A, "attention_config", lambda kind, *a: seen.append((kind, a[-1])) or real(kind, *a))
+    real = A.attention_configs
+    monkeypatch.setattr(A, "attention_configs", lambda kind, *a: seen.append((kind, a[-1])) or real(kind, *a))
     q, k, v = _inputs(1, 2, 2, 9, 9, 16, torch.float32)        # fp32: the Triton kernels on any device
     mask = torch.rand(9, 9, device=DEVICE) > 0.3
     for kw, pattern in ((dict(), "full"), (dict(is_causal=True), "causal"), (dict(window_size=(3, 0)), "window"),
@@ -447,16 +447,66 @@ def test_tiles_follow_the_key_pattern(monkeypatch):
     assert Hc.attention_config("dkdv", 128, 2, "mask") == Hc.attention_config("dkdv", 128, 2)   # 32 x 64: 1.02x
 
 
+def test_tiles_step_down_where_shared_memory_is_short(monkeypatch):
+    """Where a tile does not load (Triton refuses a kernel that needs more shared memory than the
+    GPU has: an A100's 163 KB, an sm_86/89 card's 99 KB, against the 227 KB the tiles were chosen
+    for), each Triton kernel runs the first smaller tile of heuristics.attention_configs, and its
+    grid follows the new tile: forward, lse and gradients stay right. A stand-in refuses tiles over
+    512 elements; under the interpreter every kernel starts at 32 x 32."""
+    import warpforge.ops.attention as A
+    from triton.runtime.errors import OutOfResources
+    from warpforge.runtime import launch as launch_mod
+    monkeypatch.setattr(launch_mod, "_TOO_BIG", {})
+    monkeypatch.setattr(A, "_sm90_kernels", lambda: None)
+    real, ran = A._launch, []
+
+    def refusing(cache, grid, args, cfg, **const):
+        if cfg.block_m * cfg.block_n > 512:
+            raise OutOfResources(cfg.block_m * cfg.block_n, 512, "shared memory")
+        ran.append((cache.kernel.__name__, cfg.block_m, cfg.block_n))
+        return real(cache, grid, args, cfg, **const)
+    monkeypatch.setattr(A, "_launch", refusing)
+    mask = torch.rand(37, 45, device=DEVICE) > 0.3
+    for kw in (dict(), dict(is_causal=True), dict(attn_mask=mask), dict(window_size=(7, 3))):
+        ran.clear()
+        _check(*_inputs(2, 4, 2, 37, 45, 24, torch.float32), torch.float32, what=str(kw), enable_gqa=True, **kw)
+        tiles = {name: (m, n) for name, m, n in ran if m}
+        assert tiles == {"_attn_fwd_kernel": (32, 16), "_attn_bwd_dq_kernel": (32, 16),
+                         "_attn_bwd_dkdv_kernel": (16, 32)}, (kw, ran)
+    refused = {(k[1], k[2]) for k in launch_mod.shared_memory_fallbacks()}
+    assert {what for what, _ in refused} == {"attention fwd", "attention dq", "attention dkdv"}
+
+
+@gpu_only
+@pytest.mark.parametrize("gpu", ["A100", "sm_86/89"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_small_shared_memory_gpu(lower_shared_memory, monkeypatch, gpu, head_dim):
+    """As on a GPU with less shared memory a block than Hopper (Triton's limit lowered to an A100's
+    or an sm_86/89 card's; the Hopper kernels off, as there): every Triton kernel loads a tile that
+    fits, and forward, lse and gradients stay right. At D = 128 the dK/dV tile (64 x 128, 4 stages:
+    ~199 KB compiled for sm_90) is refused on both, so the step-down is exercised."""
+    import warpforge.ops.attention as A
+    from warpforge.runtime import launch
+    monkeypatch.setattr(A, "_sm90_kernels", lambda: None)
+    lower_shared_memory(SHARED_MEMORY[gpu], A._FWD, A._DQ, A._DKDV, A._DELTA)
+    for kw in (dict(), dict(is_causal=True), dict(window_size=(100, 0))):
+        q, k, v = _inputs(2, 4, 2, 300, 277, head_dim, torch.bfloat16)
+        _check(q, k, v, torch.bfloat16, what=f"{gpu} D{head_dim} {kw}", enable_gqa=True, **kw)
+    refused = {key[1] for key in launch.shared_memory_fallbacks()}
+    if head_dim == 128:
+        assert "attention dkdv" in refused, refused
+
+
 @pytest.mark.parametrize("block_m,block_n", [(16, 32), (32, 16)])
 def test_tiles_not_square(block_m, block_n, monkeypatch):
     """The interpreter's tiles are square (32 x 32), the GPU's mostly not (dkdv 16 x 64 and 32 x 64,
-    fwd 64 x 32 with a window: runtime/heuristics.py); forced here through attention_config, causal
+    fwd 64 x 32 with a window: runtime/heuristics.py); forced here through attention_configs, causal
     and a two-sided window, L = 50 (a ragged half tile either way), GQA: a query or key span cut in
     the other side's tile size, or a dQ grid counted in key tiles (rows left unwritten), passed
     every square tile."""
     import warpforge.ops.attention as A
     from warpforge.runtime.heuristics import AttentionConfig
-    monkeypatch.setattr(A, "attention_config", lambda *a: AttentionConfig(block_m, block_n, 4, 1))
+    monkeypatch.setattr(A, "attention_configs", lambda *a: iter([AttentionConfig(block_m, block_n, 4, 1)]))
     q, k, v = _inputs(1, 2, 1, 50, 45, 16, torch.float32)
     _check(q, k, v, torch.float32, what=f"{block_m} x {block_n} causal", is_causal=True, enable_gqa=True)
     _check(q, k, v, torch.float32, what=f"{block_m} x {block_n} window", window_size=(7, 3), enable_gqa=True)

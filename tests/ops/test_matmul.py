@@ -26,7 +26,7 @@ from warpforge.ops.matmul import (ACTIVATIONS, VARIANTS, _Epilogue, _launch_tile
 from warpforge.runtime import tuning
 from warpforge.runtime.device import DeviceInfo
 from warpforge.runtime.heuristics import MATMUL_NAIVE, MatmulConfig
-from conftest import DTYPES, ON_GPU, DEVICE, TOL, assert_close, gpu_only, noncontig, randn, rel_err
+from conftest import DTYPES, ON_GPU, DEVICE, SHARED_MEMORY, TOL, assert_close, gpu_only, noncontig, randn, rel_err
 
 big = ON_GPU
 # (M, N, K): 1s, primes, 255, 4097. A dim of 4097 costs 0.5-2 s a call on the CPU interpreter, so
@@ -361,6 +361,54 @@ def test_fit_stages():
     assert mm._fit_stages(dataclasses.replace(cfg, store_split=2), 2, 2).num_stages == 4   # half-tile TMA slices
     assert mm._fit_stages(dataclasses.replace(cfg, store_split=1), 2, 2).num_stages == 3   # whole-tile: 64 KB
     assert mm._fit_stages(MatmulConfig(64, 64, 128, num_stages=6, num_warps=4), 2, 2).num_stages == 6
+    # a smaller GPU's limit: an A100's 166,912 B, an sm_86/89 card's 101,376 B
+    assert mm._fit_stages(cfg, 2, 2, 166_912).num_stages == 2    # 2 x 48 KB + 32 KB
+    assert mm._fit_stages(cfg, 2, 2, 101_376).num_stages == 1
+
+
+@gpu_only
+@pytest.mark.parametrize("gpu", ["A100", "sm_86/89"])
+def test_small_shared_memory_gpu(lower_shared_memory, monkeypatch, gpu):
+    """As on a GPU with less shared memory a block than Hopper (Triton's limit lowered to an A100's
+    or an sm_86/89 card's; no TMA, as there): _fit_stages sizes the pipeline for that limit, the
+    pointer kernel loads, and every variant and dtype stays right."""
+    monkeypatch.setattr(mm, "_tma_ok", lambda a, b: False)
+    monkeypatch.setattr(mm, "_PLANS", {})
+    lower_shared_memory(SHARED_MEMORY[gpu], mm._TILED)
+    for m, n, k in ((1, 4096, 4096), (200, 4096, 1024), (4096, 4096, 1024), (1000, 333, 4097)):
+        for dtype in (torch.bfloat16, torch.float32):
+            a, b = randn(m, k, dtype=dtype), randn(k, n, dtype=dtype)
+            for variant in ("auto", "grouped", "pipelined", "splitk"):
+                assert_close(warpforge.matmul(a, b, variant=variant), _ref(a, b), dtype, what=f"{gpu} {m}x{n}x{k} {variant}")
+
+
+def test_tiles_step_down_where_shared_memory_is_short(monkeypatch):
+    """Where the plan's tile does not load (Triton refuses a kernel needing more shared memory than
+    the GPU has; here a stand-in refuses tiles over 32 x 32 x 32), the first smaller tile of
+    heuristics.gemm_configs runs, right, and the plan keeps it: a second call tries nothing else."""
+    from triton.runtime.errors import OutOfResources
+    from warpforge.runtime import launch as launch_mod
+    monkeypatch.setattr(launch_mod, "_TOO_BIG", {})
+    monkeypatch.setattr(mm, "_tma_ok", lambda a, b: False)
+    monkeypatch.setattr(mm, "_PLANS", {})
+    real, tried = mm._launch_tiled, []
+
+    def refusing(a, b, out, ep, cfg, plan=None):
+        tried.append(cfg)
+        need = cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n
+        if need > 2048:
+            raise OutOfResources(need, 2048, "shared memory")
+        return real(a, b, out, ep, cfg, plan)
+    monkeypatch.setattr(mm, "_launch_tiled", refusing)
+    a, b = randn(37, 45, dtype=torch.float32), randn(45, 70, dtype=torch.float32)
+    for variant in ("grouped", "splitk"):
+        tried.clear()
+        assert_close(warpforge.matmul(a, b, variant=variant), _ref(a, b), torch.float32, what=variant)
+        fit = tried[-1]
+        assert len(tried) > 1 and fit.block_m * fit.block_k + fit.block_k * fit.block_n <= 2048, tried
+        tried.clear()
+        assert_close(warpforge.matmul(a, b, variant=variant), _ref(a, b), torch.float32, what=variant)
+        assert tried == [fit]
 
 
 def test_tma_view_rejects(launches):

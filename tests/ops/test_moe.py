@@ -11,7 +11,7 @@ import warpforge as wf
 from warpforge.ops.moe import moe_experts, moe_experts_bwd_op, moe_experts_op, moe_experts_reference
 from warpforge.ops.moe_routing import moe_route_reference
 
-from conftest import DEVICE, ON_GPU, assert_close, gpu_only, randn, rel_err
+from conftest import DEVICE, ON_GPU, SHARED_MEMORY, assert_close, gpu_only, randn, rel_err
 
 SMALL = (13, 32, 24, 6, 2) if not ON_GPU else (300, 256, 192, 12, 3)
 
@@ -86,6 +86,34 @@ def test_backward_wider_row_tiles(monkeypatch):
         monkeypatch.setattr(M, "moe_config", lambda kind, bm, s: real(kind, bm, s) if kind == "wgrad"
                             else MoEConfig(bm, 16, 16, 4, 1, 2))
     _check(*_inputs(ids.shape[0], 16, 24, len(counts), 1, torch.float32, ids), torch.float32)
+
+
+def test_tiles_step_down_where_shared_memory_is_short(monkeypatch):
+    """Where a grouped-GEMM or weight-gradient tile does not load (Triton refuses a kernel that
+    needs more shared memory than the GPU has; here a stand-in refuses N x K or M x N tiles of
+    2,048 elements), the first smaller tile of heuristics.gemm_configs runs, keeping the row tile
+    (the sorted layout's padding unit): output and every gradient stay right."""
+    import warpforge.ops.moe as M
+    from triton.runtime.errors import OutOfResources
+    from warpforge.runtime import launch as launch_mod
+    from warpforge.runtime.heuristics import MoEConfig
+
+    monkeypatch.setattr(launch_mod, "_TOO_BIG", {})
+    monkeypatch.setattr(M, "moe_config", lambda kind, bm, s: MoEConfig(64, 32, 32, 4, 1) if kind == "wgrad"
+                        else MoEConfig(bm, 64, 32, 4, 1))
+    real, ran = M._launch, []
+
+    def refusing(cache, grid, args, cfg, pdl=False, **const):
+        if cache in (M._GEMM, M._WGRAD):
+            area = cfg.block_n * cfg.block_k if cache is M._GEMM else cfg.block_m * cfg.block_n
+            if area >= 2048:
+                raise OutOfResources(area, 2047, "shared memory")
+            ran.append((cache.kernel.__name__, cfg.block_m if cache is M._WGRAD else "row tile", cfg.block_n,
+                        cfg.block_k))
+        return real(cache, grid, args, cfg, pdl, **const)
+    monkeypatch.setattr(M, "_launch", refusing)
+    _check(*_inputs(37, 48, 40, 5, 2, torch.float32), torch.float32)
+    assert set(ran) == {("_moe_gemm_kernel", "row tile", 32, 32), ("_moe_wgrad_kernel", 32, 32, 32)}, ran
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -330,6 +358,23 @@ def test_module_matches_reference():
         wf.nn.MoE(d, n, 6, 2, n_group=4)
     with pytest.raises(ValueError, match="top_k"):
         wf.nn.MoE(d, n, 4, 5)
+
+
+@gpu_only
+@pytest.mark.parametrize("gpu", ["A100", "sm_86/89"])
+def test_small_shared_memory_gpu(lower_shared_memory, monkeypatch, gpu):
+    """As on a GPU with less shared memory a block than Hopper (Triton's limit lowered to an A100's
+    or an sm_86/89 card's; the TMA kernels off, as there): the pointer GEMMs load a tile that fits
+    (the 128-row tiles of 3 stages, 96-144 KB for sm_90, are refused on the smaller card; all fit
+    an A100), and output and gradients stay right, training-size and decode."""
+    import warpforge.ops.moe as M
+    from warpforge.runtime import launch
+    monkeypatch.setattr(M, "_TMA_ON", False)
+    lower_shared_memory(SHARED_MEMORY[gpu], M._GEMM, M._WGRAD)
+    _check(*_inputs(1024, 1024, 512, 8, 2, torch.bfloat16), torch.bfloat16)
+    _check(*_inputs(8, 1024, 512, 8, 2, torch.bfloat16), torch.bfloat16)
+    if gpu == "sm_86/89":
+        assert "MoE grouped GEMM" in {key[1] for key in launch.shared_memory_fallbacks()}
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU: the training-size shapes are too slow for the interpreter")

@@ -1,5 +1,6 @@
 """LaunchCache's plans, with a stand-in kernel (no GPU needed): the first launch goes through the
 JIT and records the constexprs; later launches pass them straight to the compiled kernel."""
+import dataclasses
 import inspect
 from types import SimpleNamespace
 
@@ -112,3 +113,81 @@ def test_pdl_supported_from_sm90(monkeypatch):
     assert not launch_mod.pdl_supported(SimpleNamespace(is_cuda=False, device=SimpleNamespace(index=None)))
     monkeypatch.setattr(launch_mod, "interpreting", lambda: True)
     assert not launch_mod.pdl_supported(t)
+
+
+def _refuse_over(limit, needs, calls):
+    """A launch_one that records each config it is given and refuses (as Triton does when a
+    compiled kernel loads) those whose ``needs(cfg)`` bytes of shared memory exceed ``limit``."""
+    from triton.runtime.errors import OutOfResources
+
+    def one(cfg):
+        calls.append(cfg)
+        if needs(cfg) > limit:
+            raise OutOfResources(needs(cfg), limit, "shared memory")
+        return ("ran", cfg)
+    return one
+
+
+def test_launch_fitting_steps_down_once_and_remembers(monkeypatch):
+    """The first config that fits runs; a refused one is skipped on later calls without another
+    attempt (each attempt is a compile), per kernel and key; nothing fitting is a clear error."""
+    monkeypatch.setattr(launch_mod, "_TOO_BIG", {})
+    calls = []
+    one = _refuse_over(100, lambda c: c, calls)
+    assert launch_mod.launch_fitting("k", iter([300, 200, 80, 40]), one, key=("a",)) == ("ran", 80)
+    assert calls == [300, 200, 80]
+    calls.clear()
+    assert launch_mod.launch_fitting("k", iter([300, 200, 80, 40]), one, key=("a",)) == ("ran", 80)
+    assert calls == [80]
+    calls.clear()                                  # another key (head dim, dtype, switches): tried afresh
+    assert launch_mod.launch_fitting("k", iter([300, 200, 80]), one, key=("b",)) == ("ran", 80)
+    assert calls == [300, 200, 80]
+    assert {(k[1], k[2], k[3]): v for k, v in launch_mod.shared_memory_fallbacks().items()} == {
+        ("k", 300, ("a",)): (300, 100), ("k", 200, ("a",)): (200, 100),
+        ("k", 300, ("b",)): (300, 100), ("k", 200, ("b",)): (200, 100)}
+    with pytest.raises(RuntimeError, match=r"attention dq: no launch configuration fits .*100 bytes.*300 needs 300"):
+        launch_mod.launch_fitting("attention dq", iter([300, 200]), _refuse_over(100, lambda c: c, []))
+
+
+def test_launch_fitting_passes_other_errors(monkeypatch):
+    """Only a shared-memory refusal steps down: too many threads, or any other error, propagates."""
+    from triton.runtime.errors import OutOfResources
+    monkeypatch.setattr(launch_mod, "_TOO_BIG", {})
+
+    def threads(cfg):
+        raise OutOfResources(2048, 1024, "threads")
+    with pytest.raises(OutOfResources, match="threads"):
+        launch_mod.launch_fitting("k", iter([1, 2]), threads)
+
+    def broken(cfg):
+        raise ValueError("bad argument")
+    with pytest.raises(ValueError, match="bad argument"):
+        launch_mod.launch_fitting("k", iter([1, 2]), broken)
+    assert launch_mod.shared_memory_fallbacks() == {}
+
+
+def test_fallback_ladders(monkeypatch):
+    """The step-down ladders start at the Hopper tile, never grow shared memory's main terms
+    (stages, and each tile side), end at the smallest tile, and keep what may not change: the MoE
+    row tile (the sorted layout's padding unit)."""
+    from warpforge.runtime import heuristics as Hc
+    monkeypatch.setattr(Hc, "interpreting", lambda: False)
+    for kind in ("fwd", "dq", "dkdv"):
+        for d, e, pattern in ((128, 2, "full"), (128, 2, "causal"), (64, 2, "window"), (256, 2, "full"), (128, 4, "full")):
+            ladder = list(Hc.attention_configs(kind, d, e, pattern))
+            assert ladder[0] == Hc.attention_config(kind, d, e, pattern)
+            assert len(set(ladder)) == len(ladder), ladder
+            assert (ladder[-1].block_m, ladder[-1].block_n, ladder[-1].num_stages) == (16, 16, 1)
+            for a, b in zip(ladder, ladder[1:]):
+                tile = lambda c: (c.block_m, c.block_n)
+                assert b.block_m <= a.block_m and b.block_n <= a.block_n, (kind, a, b)
+                assert tile(b) != tile(a) or b.num_stages < a.num_stages, (kind, a, b)
+                assert b.num_warps == a.num_warps, (kind, a, b)
+    big = Hc.MatmulConfig(128, 256, 64, group_m=8, num_stages=3, num_warps=8)
+    ladder = list(Hc.gemm_configs(big))
+    assert ladder[0] == big and ladder[1:3] == [dataclasses.replace(big, num_stages=s) for s in (2, 1)]
+    assert (ladder[-1].block_m, ladder[-1].block_n, ladder[-1].block_k, ladder[-1].num_stages) == (32, 32, 32, 1)
+    assert all(c.group_m == 8 and c.num_warps == 8 for c in ladder)
+    moe = list(Hc.gemm_configs(Hc.MoEConfig(16, 64, 128, 4, 4), keep_m=True))
+    assert {c.block_m for c in moe} == {16} and moe[-1].block_n == 32 and moe[-1].block_k == 32
+    assert list(Hc.gemm_configs(Hc.MoEConfig(128, 128, 64, 8, 3), keep_m=True))[-1].block_m == 128

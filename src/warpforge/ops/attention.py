@@ -67,8 +67,8 @@ from ..runtime import interpreting, unit_last_dim
 from ..runtime.amp import autocast_inputs
 from ..runtime.checks import (as_index, check_device, check_finite, check_same, check_tensor, host_sync_unavailable,
                               to_float)
-from ..runtime.heuristics import AttentionConfig, attention_config, attention_pattern
-from ..runtime.launch import LaunchCache
+from ..runtime.heuristics import AttentionConfig, attention_configs, attention_pattern
+from ..runtime.launch import LaunchCache, launch_fitting
 from ..runtime.registry import Op
 
 LOG2E = 1.4426950408889634
@@ -772,6 +772,18 @@ def _launch(cache: LaunchCache, grid: tuple, args: tuple, cfg, **const) -> None:
     cache.specialized(grid, args, const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
+def _launch_tiled(cache: LaunchCache, kind: str, p, q, pattern: str, rows: int, args: tuple, **const) -> None:
+    """One of the tiled kernels ("fwd", "dq", "dkdv") over ``rows`` rows (queries; keys for dk dv) a
+    (batch, head) pair, at attention_config's tile or, where this GPU's shared memory cannot hold
+    it, the first smaller one that fits (heuristics.attention_configs, launch.launch_fitting)."""
+    def one(cfg):
+        grid = (triton.cdiv(rows, cfg.block_n if kind == "dkdv" else cfg.block_m), p.B * (p.HK if kind == "dkdv" else p.H))
+        _launch(cache, grid, args, cfg, **const, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+
+    launch_fitting(f"attention {kind}", attention_configs(kind, p.block_d, q.element_size(), pattern), one,
+                   (q.dtype, const))
+
+
 def _dummy(t: torch.Tensor) -> torch.Tensor:
     return t   # an unused pointer argument (never dereferenced: its constexpr switch is off)
 
@@ -925,16 +937,13 @@ def _attention_fwd_into(q, k, v, mask, cu_q, cu_k, max_q: int, max_k: int, scale
                                 softcap=cap if capped else None)
         return
     pattern = attention_pattern(mask is not None, win_left, win_right)
-    cfg = attention_config("fwd", p.block_d, q.element_size(), pattern)
-    grid = (triton.cdiv(p.len_q, cfg.block_m), p.B * p.H)
-    _launch(_FWD, grid, (
+    _launch_tiled(_FWD, "fwd", p, q, pattern, p.len_q, (
         q, k, v, o, lse, _mask_arg(mask, q),
         _dummy(lse) if cu_q is None else cu_q, _dummy(lse) if cu_k is None else cu_k,
         *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(o), *p.lse_strides(lse), *p.mask_strides(mask),
         p.H, p.group, p.len_q, p.len_k, p.total_q, p.total_k,
-        scale * LOG2E, win_left, win_right, *drop, *cap), cfg,
-        **_flags(p, q, mask, win_left, win_right, bottom_right, (q, k, v, o)), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        DROPOUT=dropout, SOFTCAP=capped)
+        scale * LOG2E, win_left, win_right, *drop, *cap),
+        **_flags(p, q, mask, win_left, win_right, bottom_right, (q, k, v, o)), DROPOUT=dropout, SOFTCAP=capped)
 
 
 def _attention_bwd(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int, max_k: int, scale: float,
@@ -985,21 +994,19 @@ def _attention_bwd_into(do, q, k, v, o, lse, dlse, mask, cu_q, cu_k, max_q: int,
     cu = (_dummy(lse) if cu_q is None else cu_q, _dummy(lse) if cu_k is None else cu_k)
     mptr = _mask_arg(mask, q)
     pattern = attention_pattern(mask is not None, win_left, win_right)
-    cfg = attention_config("dkdv", p.block_d, q.element_size(), pattern)
-    _launch(_DKDV, (triton.cdiv(p.len_k, cfg.block_n), p.B * p.HK), (
+    _launch_tiled(_DKDV, "dkdv", p, q, pattern, p.len_k, (
         q, k, v, do, lse, delta, dk, dv, mptr, *cu,
         *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(do), *p.strides(dk), *p.strides(dv), *common,
         p.HK, p.group, p.len_q, p.len_k, p.total_q, p.total_k, scale, scale * LOG2E, win_left, win_right,
-        *drop, *cap), cfg, **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DROPOUT=dropout, SOFTCAP=capped)
+        *drop, *cap), **flags, DROPOUT=dropout, SOFTCAP=capped)
     if hopper:
         sm90.attention_bwd_dq_sm90(do, q, k, v, lse, delta, dq, scale, causal=win_right == 0)
         return
-    cfg = attention_config("dq", p.block_d, q.element_size(), pattern)
-    _launch(_DQ, (triton.cdiv(p.len_q, cfg.block_m), p.B * p.H), (
+    _launch_tiled(_DQ, "dq", p, q, pattern, p.len_q, (
         q, k, v, do, lse, delta, dq, mptr, *cu,
         *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(do), *p.strides(dq), *common,
         p.H, p.group, p.len_q, p.len_k, p.total_q, p.total_k, scale, scale * LOG2E, win_left, win_right,
-        *drop, *cap), cfg, **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DROPOUT=dropout, SOFTCAP=capped)
+        *drop, *cap), **flags, DROPOUT=dropout, SOFTCAP=capped)
 
 
 # ----------------------------------------------------------------------------------------------

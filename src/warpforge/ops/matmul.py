@@ -83,8 +83,8 @@ from ..runtime import interpreting, new_empty, tuning
 from ..runtime.amp import autocast_inputs
 from ..runtime.checks import check_backend, check_device
 from ..runtime.device import sm_count
-from ..runtime.heuristics import MatmulConfig, matmul_candidates, matmul_config
-from ..runtime.launch import Desc, LaunchCache, aligned, launch
+from ..runtime.heuristics import MatmulConfig, gemm_configs, matmul_candidates, matmul_config
+from ..runtime.launch import Desc, LaunchCache, aligned, launch, launch_fitting, shared_memory_limit
 from ..runtime.registry import Op, may_keep_buffers
 from .activations import _act, _act_and_grad
 
@@ -680,17 +680,17 @@ def _resolve(a, b, variant: str) -> tuple[str, bool]:
 SMEM_BYTES = 232_448        # shared memory one block may use on Hopper (227 KB)
 
 
-def _fit_stages(cfg: MatmulConfig, in_bytes: int, out_bytes: int) -> MatmulConfig:
+def _fit_stages(cfg: MatmulConfig, in_bytes: int, out_bytes: int, limit: int = SMEM_BYTES) -> MatmulConfig:
     """Fewer pipeline stages when the ring of A/B tiles plus the epilogue's staging of the output
     tile would not fit in shared memory. The staging was read off compiled kernels (sm_90, Triton
     3.6): 128x256 with a 16-bit output takes 32 KB (so 4 stages of 48 KB fit: 229,376 B), with an
     fp32 output 128 KB (so fp8's 128x256x128 tiles fit 2 stages, not 4: the fp8 helper's H200
-    failures, benchmarks/NOTES.md)."""
+    failures, benchmarks/NOTES.md). ``limit``: the device's bytes a block (Hopper's by default)."""
     per_stage = (cfg.block_m + cfg.block_n) * cfg.block_k * in_bytes
     staging = cfg.block_m * cfg.block_n * (4 if out_bytes >= 4 else 1)
     if cfg.store_split:      # TMA stores (the persistent kernel) stage one column slice of the tile
         staging = max(staging, cfg.block_m * cfg.block_n // cfg.store_split * out_bytes)
-    stages = max(1, min(cfg.num_stages, (SMEM_BYTES - staging) // per_stage))
+    stages = max(1, min(cfg.num_stages, (limit - staging) // per_stage))
     return cfg if stages == cfg.num_stages else dataclasses.replace(cfg, num_stages=stages)
 
 
@@ -717,7 +717,13 @@ def _run(a, b, out, ep: _Epilogue, variant: str) -> None:
     if fire is not None:
         fire(a, b, out, ep)
         return
-    (_launch_tma if tma else _launch_tiled)(a, b, out, ep, cfg, key)
+    if tma:
+        _launch_tma(a, b, out, ep, cfg, key)
+    else:
+        # where the tile's pipeline does not fit this GPU's shared memory after all (_fit_stages is a
+        # model), the first smaller tile that does; the plan keeps it
+        cfg = plan[1] = launch_fitting("matmul", gemm_configs(cfg), lambda c: _launch_tiled(a, b, out, ep, c, key) or c,
+                                       (a.dtype, out.dtype, ep.signature()))
     recorded = (_TMA if tma else _TILED).get(key)
     if recorded is not None:          # None under the interpreter: every call takes the JIT
         plan[2] = (_fast_tma if tma else _fast_tiled)(a, b, out, ep, cfg, recorded)
@@ -734,10 +740,12 @@ def _plan(a, b, out, ep: _Epilogue, variant: str, problem: tuple):
     key = (f"matmul|{cand_family}|{str(a.dtype)[6:]}|a{_layout(a)}b{_layout(b)}{'' if tma else '-notma'}|"
            f"{tuning.bucket(m)}x{tuning.bucket(n)}x{tuning.bucket(k)}")
 
+    limit = shared_memory_limit(a.device.index) if a.is_cuda and not interpreting() else SMEM_BYTES
+
     def usable(c: MatmulConfig) -> MatmulConfig:
         if c.persistent and not tma:
             c = dataclasses.replace(c, persistent=False)
-        return _fit_stages(c, a.element_size(), out.element_size())
+        return _fit_stages(c, a.element_size(), out.element_size(), limit)
 
     cached = None if interpreting() else tuning.lookup(key)
     if cached is not None:

@@ -87,9 +87,9 @@ from ..runtime import interpreting, new_empty, unit_last_dim
 from ..runtime.amp import autocast_inputs
 from ..runtime.checks import check_same, check_tensor, host_sync_unavailable
 from ..runtime.device import sm_count
-from ..runtime.heuristics import (MOE_ALIGN_CHUNK, MOE_ALIGN_ONE_MAX, MOE_ALIGN_ONE_WORK, MOE_SWAP, MOE_SWAP_MAX_ROWS, MoEConfig, moe_block_m,
-                                  moe_config, moe_tma_config)
-from ..runtime.launch import LaunchCache, gdc_launch_dependents, gdc_wait, pdl_supported
+from ..runtime.heuristics import (MOE_ALIGN_CHUNK, MOE_ALIGN_ONE_MAX, MOE_ALIGN_ONE_WORK, MOE_SWAP, MOE_SWAP_MAX_ROWS, MoEConfig, gemm_configs,
+                                  moe_block_m, moe_config, moe_tma_config)
+from ..runtime.launch import LaunchCache, gdc_launch_dependents, gdc_wait, launch_fitting, pdl_supported
 from ..runtime.registry import Op
 from .matmul import _column_halves, _dot, _precision, _tile_coords, _tma_store_tile, _tma_view, _upcast
 
@@ -819,27 +819,37 @@ def _gemm(a, b_view, c, *, meta, K: int, N: int, cfg: MoEConfig, topk: int, gath
           weights=None, scale_rows=False, z=None, store_z=False, pdl: bool = False) -> None:
     """Launch _moe_gemm_kernel over every possible tile. ``b_view``: (E, K, N) strides of B."""
     sorted_slot, tile_expert = meta
-    tiles_n = triton.cdiv(N, cfg.block_n)
-    grid = (tile_expert.numel() * tiles_n,)
     s_be, s_bk, s_bn, b = b_view
     dummy = sorted_slot
-    args = (a, b, c, dummy if z is None else z, dummy if weights is None else weights, sorted_slot, tile_expert,
-            K, N, tiles_n, a.stride(0), a.stride(1), s_be, s_bk, s_bn, c.stride(0),
-            0 if z is None else z.stride(0))
-    _launch(_GEMM, grid, args, cfg, pdl, TOPK=topk, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            GROUP_M=cfg.group_m, GATHER_A=gather_a, EPI=epi, SCALE_ROWS=scale_rows, STORE_Z=store_z,
-            EVEN_K=(K % cfg.block_k == 0), PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype))
+    flags = dict(TOPK=topk, GATHER_A=gather_a, EPI=epi, SCALE_ROWS=scale_rows, STORE_Z=store_z,
+                 PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype))
+
+    def one(cfg):
+        tiles_n = triton.cdiv(N, cfg.block_n)
+        args = (a, b, c, dummy if z is None else z, dummy if weights is None else weights, sorted_slot, tile_expert,
+                K, N, tiles_n, a.stride(0), a.stride(1), s_be, s_bk, s_bn, c.stride(0),
+                0 if z is None else z.stride(0))
+        _launch(_GEMM, (tile_expert.numel() * tiles_n,), args, cfg, pdl, **flags, BLOCK_M=cfg.block_m,
+                BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, EVEN_K=(K % cfg.block_k == 0))
+
+    # the row tile stays: it is the sorted layout's padding unit
+    launch_fitting("MoE grouped GEMM", gemm_configs(cfg, keep_m=True), one, (a.dtype, flags))
 
 
 def _wgrad(a, b, c, *, sorted_slot, start, M: int, N: int, topk: int, gather_a: bool, gather_b: bool,
            cfg: MoEConfig) -> None:
     E = c.shape[0]
-    grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n), E)
     args = (a, b, c, sorted_slot, start, M, N, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             c.stride(0), c.stride(1), c.stride(2))
-    _launch(_WGRAD, grid, args, cfg, TOPK=topk, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            GROUP_M=cfg.group_m, GATHER_A=gather_a, GATHER_B=gather_b,
-            PRECISION=_precision(a.dtype), UPCAST=_upcast(a.dtype))
+    flags = dict(TOPK=topk, GATHER_A=gather_a, GATHER_B=gather_b, PRECISION=_precision(a.dtype),
+                 UPCAST=_upcast(a.dtype))
+
+    def one(cfg):
+        grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n), E)
+        _launch(_WGRAD, grid, args, cfg, **flags, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                GROUP_M=cfg.group_m)
+
+    launch_fitting("MoE weight gradient", gemm_configs(cfg), one, (a.dtype, flags))
 
 
 def _combine(y, slot_pos, T: int, topk: int, D: int, dtype, pdl: bool = False) -> torch.Tensor:

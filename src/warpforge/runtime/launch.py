@@ -18,6 +18,7 @@ import os
 
 import torch
 from triton import knobs
+from triton.runtime.errors import OutOfResources
 
 from . import fastpath, interpreting
 from .device import device_info
@@ -135,6 +136,67 @@ class Ptr:
 
     def data_ptr(self) -> int:
         return self.addr
+
+
+def shared_memory_limit(index: int | None = None) -> int:
+    """Shared memory one block may use on the current CUDA device (or ``index``), in bytes: the
+    limit Triton checks a compiled kernel against (227 KB on Hopper, 163 KB on an A100, 99 KB on
+    sm_86/89 cards). The launch tiles are chosen on Hopper; :func:`launch_fitting` steps down from
+    them where a kernel does not fit."""
+    from triton.compiler import compiler
+    return compiler.max_shared_mem(torch.cuda.current_device() if index is None else index)
+
+
+# (device, kernel, config, key) -> (bytes needed, the device's limit): configs whose compiled kernel
+# did not fit, found on their first launch and skipped after
+_TOO_BIG: dict = {}
+
+
+def _device() -> int:
+    return torch.cuda.current_device() if torch.cuda.is_available() else -1
+
+
+def launch_fitting(what: str, configs, launch_one, key=()):
+    """``launch_one(cfg)`` for the first of ``configs`` (an iterable, best first: a generator's later
+    configs are built only if needed) whose compiled kernel fits the device's shared memory per
+    block, and its result. The tiles are chosen on Hopper (227 KB); on an A100 (163 KB) or an
+    sm_86/89 card (99 KB) some do not fit, and Triton refuses them when the kernel loads, before
+    anything runs (``OutOfResources``). Such a config is remembered per device, ``what`` and ``key``
+    (a tuple of everything else that sizes the kernel's shared memory: head dim, dtype, switches;
+    dicts in it are taken as their items) and skipped on later calls, so a step down costs its
+    compiles once. ``what`` names the kernel in the error raised when none fits. Where nothing was
+    ever refused (Hopper) the first config is launched with little else (under 1 us of host time)."""
+    refused, frozen = [], None
+    for cfg in configs:
+        if _TOO_BIG:                     # something was refused before: skip what is known not to fit
+            frozen = _frozen(key) if frozen is None else frozen
+            seen = _TOO_BIG.get((_device(), what, cfg, frozen))
+            if seen is not None:
+                refused.append((cfg, *seen))
+                continue
+        try:
+            return launch_one(cfg)
+        except OutOfResources as e:
+            if e.name != "shared memory":
+                raise
+            frozen = _frozen(key) if frozen is None else frozen
+            _TOO_BIG[(_device(), what, cfg, frozen)] = (e.required, e.limit)
+            refused.append((cfg, e.required, e.limit))
+    tried = "; ".join(f"{cfg} needs {need:,} B" for cfg, need, _ in refused)
+    limit = refused[-1][2] if refused else shared_memory_limit()
+    raise RuntimeError(f"warpforge: {what}: no launch configuration fits this GPU's {limit:,} bytes of shared "
+                       f"memory per block (tried {tried or 'none'})")
+
+
+def _frozen(key: tuple) -> tuple:
+    return tuple(tuple(k.items()) if isinstance(k, dict) else k for k in key)
+
+
+def shared_memory_fallbacks() -> dict:
+    """The configs :func:`launch_fitting` found too large on this process's devices, as
+    ``{(device, kernel, config, key): (bytes needed, limit)}``: what a run on a GPU with less shared
+    memory than Hopper stepped down from."""
+    return dict(_TOO_BIG)
 
 
 def aligned(*tensors) -> tuple[bool, ...]:
