@@ -8,7 +8,8 @@ import torch
 import warpforge as wf
 import warpforge.runtime.heuristics as heur
 from warpforge.ops.decode_attention import (append_paged_kv, append_paged_kv_op, decode_attention,
-                                            decode_attention_op, decode_attention_reference)
+                                            decode_attention_lse_op, decode_attention_op,
+                                            decode_attention_reference)
 from conftest import DTYPES, DEVICE, ON_GPU, assert_close, gpu_only, randn, rel_err
 
 
@@ -55,6 +56,52 @@ def test_decode(case, dtype):
         assert out.dtype == dtype and out.shape == q.shape
         assert_close(out, ref, dtype, what=f"num_splits={splits}")
         assert out[3].abs().max() == 0, "seq_len 0 gives zeros"
+
+
+def _check_lse(got, want, dtype, what):
+    """A log-sum-exp against float64's: -inf exactly where nothing is attended, else within a
+    tolerance on its absolute error (lse sits in an exponent: an absolute error e scales a merge
+    weight by e^e), 16-bit inputs rounding the scores first."""
+    out, lse = got
+    ref_out, ref_lse = want
+    assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape, (lse.dtype, lse.shape)
+    assert_close(out, ref_out, dtype, what=f"{what} out")
+    empty = ref_lse == -float("inf")
+    assert torch.equal(lse == -float("inf"), empty.to(lse.device)), f"{what}: -inf where nothing is attended"
+    err = (lse.double() - ref_lse.to(lse.device))[~empty].abs().max().item() if (~empty).any() else 0.0
+    assert err <= (1e-5 if dtype == torch.float32 else 2e-2), f"{what}: lse off by {err:.2e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES[:3])
+def test_return_lse(case, dtype):
+    """return_lse: the output as without it (bit for bit on the Triton kernels, which these head
+    dims take) and the log-sum-exp of the scaled scores,
+    at every split count (one split included: the lse then comes from the combine), with a window
+    and a softcap, a length-0 sequence (-inf); merging two halves of a context by their lse gives
+    the whole context's attention (what a shared prefix or a sharded cache needs)."""
+    hq, hkv, d, page, mb = case
+    cap = mb * page
+    lens = torch.tensor([1, cap, 13, 0, cap - page + 3], device=DEVICE, dtype=torch.int32)
+    kc, vc, bt, _ = paged(lens.numel(), mb, page, hkv, d, dtype)
+    q = randn(lens.numel(), hq, d, dtype=dtype, scale=2.0)
+    for kw in (dict(), dict(window_size=(6, 0), softcap=3.0)):
+        want = reference(q, kc, vc, bt, lens, return_lse=True, **kw)
+        for splits in (None, 1, 3):
+            got = decode_attention(q, kc, vc, bt, lens, num_splits=splits, return_lse=True, **kw)
+            _check_lse(got, want, dtype, f"{kw} num_splits={splits}")
+            assert torch.equal(got[0], decode_attention(q, kc, vc, bt, lens, num_splits=splits, **kw))
+    # the first half of each page-aligned context and the rest, merged by their lse
+    half = (lens // (2 * page)) * page
+    first = decode_attention(q, kc, vc, bt, half, return_lse=True)
+    rest_bt = torch.stack([torch.roll(row, -int(h) // page) for row, h in zip(bt, half)])   # from page half / page
+    rest = decode_attention(q, kc, vc, rest_bt, lens - half, return_lse=True)
+    lse = torch.logaddexp(first[1], rest[1])
+    merged = sum(o.double() * torch.exp(l - lse).nan_to_num()[..., None] for o, l in (first, rest))
+    want_out, want_lse = reference(q, kc, vc, bt, lens, return_lse=True)
+    assert_close(merged.to(dtype), want_out, dtype, what="merged halves")
+    live = want_lse > -float("inf")
+    assert torch.allclose(lse[live].double(), want_lse[live].to(lse.device), atol=2e-2 if dtype != torch.float32 else 1e-5)
 
 
 def test_combine_wide_head_dim_and_many_splits(monkeypatch):
@@ -326,6 +373,8 @@ def test_compile_fullgraph():
     append_paged_kv(key, value, kc2, vc2, bt, lens)                          # eager twin
     assert torch.equal(kc, kc2) and torch.equal(vc, vc2), "compiled append mutated the caches as eager does"
     assert_close(out, 2 * reference(q, kc2, vc2, bt, lens + 1), torch.float32, what="compiled")
+    o, lse = torch.compile(lambda *a: decode_attention(*a, return_lse=True), fullgraph=True)(q, kc, vc, bt, lens)
+    _check_lse((o, lse), reference(q, kc, vc, bt, lens, return_lse=True), torch.float32, "compiled")
 
 
 def test_opcheck():
@@ -333,6 +382,7 @@ def test_opcheck():
     kc, vc, bt, _ = paged(2, mb, page, hkv, d, torch.float32)
     lens = torch.tensor([5, 16], device=DEVICE, dtype=torch.int32)
     torch.library.opcheck(decode_attention_op.overload, (randn(2, hq, d), kc, vc, bt, lens, 0.25, 2))
+    torch.library.opcheck(decode_attention_lse_op.overload, (randn(2, hq, d), kc, vc, bt, lens, 0.25, 0))
     torch.library.opcheck(append_paged_kv_op.overload, (randn(2, 1, hkv, d), randn(2, 1, hkv, d), kc, vc, bt, lens))
 
 
@@ -792,6 +842,51 @@ def test_plan_replay(route, bsz, heads, monkeypatch):
         scale = 0.05 * (i + 1)
         out = decode_attention(q, kc, vc, bt, lens, scale=scale, validate=False)
         assert_close(out, reference(q, kc, vc, bt, lens, scale=scale), torch.bfloat16, what=f"call {i}")
+    assert len(firsts) == 1 and len(DA._PLANS) == 1, "calls after the first replay the plan"
+
+
+@sm90_only
+@pytest.mark.parametrize("case", SM90_CASES)
+def test_sm90_return_lse(case, monkeypatch):
+    """The Hopper kernel with return_lse: the partials at every split count, one included (where
+    the kernel otherwise merges its warps itself), merged by the combine, which writes the lse;
+    checked to be the sm_90 kernel's. At one split the output may differ from the plain call's in
+    the last bit (the plain call merges in the kernel), so both are held to float64's."""
+    hq, hkv, d, page, lens, interleave, bt_dtype = case
+    calls = _sm90_calls(monkeypatch)
+    lens_t = torch.tensor(lens, device=DEVICE, dtype=torch.int32)
+    mb = -(-max(lens) // page) + 1
+    kc, vc, bt, _ = paged(len(lens), mb, page, hkv, d, torch.bfloat16, guard=interleave)
+    bt = bt.to(bt_dtype)
+    q = randn(len(lens), hq, d, dtype=torch.bfloat16, scale=2.0)
+    want = reference(q, kc, vc, bt, lens_t, return_lse=True)
+    for splits in (None, 1, 5):
+        got = decode_attention(q, kc, vc, bt, lens_t, num_splits=splits, return_lse=True)
+        _check_lse(got, want, torch.bfloat16, f"num_splits={splits}")
+        assert_close(decode_attention(q, kc, vc, bt, lens_t, num_splits=splits), want[0], torch.bfloat16,
+                     what=f"plain, num_splits={splits}")
+    assert len(calls) == 6, "the sm_90 kernel took the calls"
+
+
+@gpu_only
+@pytest.mark.parametrize("bsz", [4, 17])
+@pytest.mark.parametrize("route", ["triton", "sm90"])
+def test_plan_replay_return_lse(route, bsz, monkeypatch):
+    """return_lse's plan (its own, beside the plain call's) replays: new contents, lengths and
+    scale each call, output and lse against float64; batch 17 x 8 kv heads is one split (the
+    partials and the combine only because the lse is asked for)."""
+    firsts, DA = _replay_route(route, monkeypatch)
+    hq, hkv, d, page, mb = 32, 8, 128, 16, 20
+    kc, vc, bt, _ = paged(bsz, mb, page, hkv, d, torch.bfloat16)
+    for i in range(3):
+        kc.normal_()
+        vc.normal_()
+        lens = torch.randint(0, mb * page + 1, (bsz,), device=DEVICE, dtype=torch.int32)
+        lens[0] = mb * page
+        q = randn(bsz, hq, d, dtype=torch.bfloat16)
+        scale = 0.05 * (i + 1)
+        got = decode_attention(q, kc, vc, bt, lens, scale=scale, validate=False, return_lse=True)
+        _check_lse(got, reference(q, kc, vc, bt, lens, scale=scale, return_lse=True), torch.bfloat16, f"call {i}")
     assert len(firsts) == 1 and len(DA._PLANS) == 1, "calls after the first replay the plan"
 
 

@@ -408,7 +408,8 @@ def test_tiles_step_down_where_shared_memory_is_short(monkeypatch):
         assert len(tried) > 1 and fit.block_m * fit.block_k + fit.block_k * fit.block_n <= 2048, tried
         tried.clear()
         assert_close(warpforge.matmul(a, b, variant=variant), _ref(a, b), torch.float32, what=variant)
-        assert tried == [fit]
+        assert tried in ([fit], []), tried        # [] on a GPU: the plan replays its compiled kernel
+        assert fit in [plan[1] for plan in mm._PLANS.values()]
 
 
 def test_tma_view_rejects(launches):

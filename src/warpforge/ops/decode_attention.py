@@ -56,6 +56,11 @@ read nor checked, and the split count is planned on the window. ``softcap`` caps
 to softcap * tanh(score / softcap) (Gemma 2), computed as one exp2. Rows of a page past a
 sequence's length (or before its window) are never let into the output, whatever they hold.
 
+``return_lse=True`` also returns each head's log-sum-exp of the scores (to merge this result with
+attention over other keys: a shared prefix, another rank's shard). Such a call always goes through
+the partials and the combine kernel, which writes it: free where the call splits anyway (batch
+1-8 on an H200), +1-4% where one split would have written the output directly (NOTES item 163).
+
 Semantics decisions: seq_len 0 gives an all-zero output row (a softmax over nothing, read as the
 empty sum; a NaN would poison a batched serving step). Forward only: decode needs no gradient, so
 no autograd formula is registered (backward through it raises). ``append_paged_kv`` writes in place
@@ -91,11 +96,13 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 # Reference
 # ----------------------------------------------------------------------------------------------
 def decode_attention_reference(q, k_cache, v_cache, block_table, seq_lens, scale=None, window_size=(-1, -1),
-                               softcap=0.0) -> torch.Tensor:
+                               softcap=0.0, return_lse: bool = False):
     """Ground truth: gather each sequence's pages and do softmax attention, in float64 on the CPU
     (float32 on a GPU, float64 for float64 inputs); cast back to q's dtype. seq_len 0 gives zeros.
     ``window_size[0]`` >= 0 keeps the last window_size[0] + 1 positions; ``softcap`` > 0 caps the
-    scaled scores to softcap * tanh(score / softcap). Pages before the window are not gathered."""
+    scaled scores to softcap * tanh(score / softcap). Pages before the window are not gathered.
+    ``return_lse``: also the (B, Hq) log-sum-exp of the (capped) scaled scores, in that wide dtype
+    (-inf where nothing is attended)."""
     wide = torch.float64 if q.device.type == "cpu" or q.dtype == torch.float64 else torch.float32
     bsz, hq, d = q.shape
     bs = k_cache.shape[1]
@@ -103,6 +110,7 @@ def decode_attention_reference(q, k_cache, v_cache, block_table, seq_lens, scale
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     left = window_size[0]
     out = torch.zeros((bsz, hq, d), dtype=wide, device=q.device)
+    lse = torch.full((bsz, hq), -math.inf, dtype=wide, device=q.device)
     for b, n in enumerate(seq_lens.tolist()):
         if n <= 0:
             continue
@@ -118,7 +126,8 @@ def decode_attention_reference(q, k_cache, v_cache, block_table, seq_lens, scale
         if softcap > 0:
             s = softcap * torch.tanh(s / softcap)
         out[b] = torch.einsum("hn,nhd->hd", torch.softmax(s, dim=-1), keys(v_cache))
-    return out.to(q.dtype)
+        lse[b] = torch.logsumexp(s, dim=-1)
+    return (out.to(q.dtype), lse) if return_lse else out.to(q.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -235,15 +244,17 @@ def _decode_attention_split_kernel(
 def _decode_attention_combine_kernel(
     m_ptr, l_ptr, acc_ptr,     # (B, Hq, S), (B, Hq, S), (B, Hq, S, D) fp32 partials
     out_ptr,                   # (B, Hq, D) output
+    lse_ptr,                   # (B, Hq) fp32 log-sum-exp of the scores (LSE only)
     Hq, num_splits, s_ob, s_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, STEP: tl.constexpr, ONE_PASS: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, LSE: tl.constexpr = False,
 ):
     """Merge the S partials of one (sequence, head) over a BLOCK_D slice of D. ONE_PASS (S <= STEP):
     every partial's max, sum and accumulator slice loaded at once, so the merge costs one round
     trip to L2, not one per STEP partials (H200, batch 1 x 4K, 64 partials: 6.0 us a merge before).
     PDL: launched as a programmatic dependent of the split kernel, it waits here for that grid's
-    writes (griddepcontrol.wait) instead of at the kernel boundary."""
+    writes (griddepcontrol.wait) instead of at the kernel boundary. LSE: the D slice's first program
+    also writes the natural log-sum-exp, ln 2 * (M + log2 L) (-inf where nothing was attended)."""
     if PDL:
         gdc_wait()
     pid = tl.program_id(0)                     # b * Hq + head
@@ -257,7 +268,8 @@ def _decode_attention_combine_kernel(
         l = tl.load(l_ptr + base + c, mask=cm, other=0.0)
         a = tl.load(acc_ptr + (base + c)[:, None] * HEAD_DIM + d[None, :], mask=cm[:, None] & dmask[None, :], other=0.0)
         mx = tl.max(m, axis=0)
-        w = tl.math.exp2(m - tl.where(mx == -float("inf"), 0.0, mx))      # empty split: 0
+        mx = tl.where(mx == -float("inf"), 0.0, mx)
+        w = tl.math.exp2(m - mx)                                           # empty split: 0
         total = tl.sum(l * w, axis=0)
         acc = tl.sum(a * w[:, None], axis=0)
     else:
@@ -283,6 +295,11 @@ def _decode_attention_combine_kernel(
     b = pid // Hq
     h = pid % Hq
     tl.store(out_ptr + b.to(tl.int64) * s_ob + h.to(tl.int64) * s_oh + d, o.to(out_ptr.dtype.element_ty), mask=dmask)
+    if LSE:
+        if tl.program_id(1) == 0:
+            lse = tl.where(total > 0, (mx + tl.math.log2(tl.where(total > 0, total, 1.0))) * 0.6931471805599453,
+                           -float("inf"))                                  # ln 2 * log2: natural log
+            tl.store(lse_ptr + pid, lse)
 
 
 @triton.jit
@@ -348,39 +365,44 @@ def _sm90_kernel():
     return _SM90[0]
 
 
-def _combine_plan(out, parts: int, pdl: bool):
-    """(plan key, grid, constexprs) of the combine launch for ``out`` (a fresh contiguous tensor)."""
+def _combine_plan(out, parts: int, pdl: bool, lse: bool = False):
+    """(plan key, grid, constexprs) of the combine launch for ``out`` (a fresh contiguous tensor);
+    ``lse``: it writes the log-sum-exp too."""
     bsz, hq, d = out.shape
     one = parts <= DECODE_COMBINE_STEP
     block_d = min(triton.next_power_of_2(d), DECODE_COMBINE_D) if one else triton.next_power_of_2(d)
     step = triton.next_power_of_2(parts) if one else 16
-    key = (out.device.index, out.shape, out.stride(), out.dtype, parts, pdl)
-    return key, (bsz * hq, triton.cdiv(d, block_d)), dict(HEAD_DIM=d, BLOCK_D=block_d, STEP=step, ONE_PASS=one, PDL=pdl)
+    key = (out.device.index, out.shape, out.stride(), out.dtype, parts, pdl, lse)
+    return key, (bsz * hq, triton.cdiv(d, block_d)), dict(HEAD_DIM=d, BLOCK_D=block_d, STEP=step, ONE_PASS=one, PDL=pdl,
+                                                          LSE=lse)
 
 
-def _combine(m, l, acc, out, parts: int, pdl: bool = False) -> None:
+def _combine(m, l, acc, out, parts: int, pdl: bool = False, lse=None) -> None:
     """out = the merge of ``parts`` (max, sum, acc) partials of each (sequence, head): a program a
     (sequence, head, DECODE_COMBINE_D slice of D), in one pass up to DECODE_COMBINE_STEP partials.
     ``pdl``: launched as a programmatic dependent of the split kernel before it. The Triton split
     kernel lets it launch from its first instruction (H200, batch 1: 4-6% off the call; NOTES item
     65); the Gluon kernel once each of its programs is done (released at a program's start it
     measured slower; at the end, 1.4-1.6 us off a batch-1 or batch-8 call, NOTES item 136). ``m``,
-    ``l``, ``acc`` and ``out`` are fresh (aligned, contiguous) allocations."""
-    key, grid, const = _combine_plan(out, parts, pdl)
-    _COMBINE_LAUNCH(key, grid, (m, l, acc, out, out.shape[1], parts, out.stride(0), out.stride(1)), const,
+    ``l``, ``acc`` and ``out`` are fresh (aligned, contiguous) allocations; so is ``lse`` (B, Hq)
+    fp32, written where given."""
+    key, grid, const = _combine_plan(out, parts, pdl, lse is not None)
+    _COMBINE_LAUNCH(key, grid, (m, l, acc, out, out if lse is None else lse, out.shape[1], parts, out.stride(0),
+                                out.stride(1)), const,
                     num_warps=4, num_stages=1, **({"launch_pdl": True} if pdl else {}))
 
 
-def _combine_replay(out, parts: int, pdl: bool):
-    """After a :func:`_combine` like this one: ``fire(m, l, acc, out)`` launching its compiled
-    kernel directly (None under the JIT)."""
-    key, grid, _ = _combine_plan(out, parts, pdl)
+def _combine_replay(out, parts: int, pdl: bool, lse: bool = False):
+    """After a :func:`_combine` like this one (``lse``: with a log-sum-exp output):
+    ``fire(m, l, acc, out, lse)`` launching its compiled kernel directly (None under the JIT)."""
+    key, grid, _ = _combine_plan(out, parts, pdl, lse)
     recorded = _COMBINE_LAUNCH.get(key)
     if recorded is None:
         return None
     compiled, tail = recorded
     ints = (out.shape[1], parts, out.stride(0), out.stride(1))
-    return lambda m, l, acc, out: launch(compiled, grid, (m, l, acc, out, *ints, *tail))
+    return lambda m, l, acc, out, lse: launch(compiled, grid, (m, l, acc, out, out if lse is None else lse, *ints,
+                                                               *tail))
 
 
 _PDL_ON = os.environ.get("WARPFORGE_DECODE_PDL", "1") != "0"
@@ -414,10 +436,13 @@ def window_span(capacity: int, window: int, granule: int) -> int:
 
 
 def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int, window: int = -1,
-                   softcap: float = 0.0) -> torch.Tensor:
+                   softcap: float = 0.0, want_lse: bool = False):
+    """out, or (out, lse) with ``want_lse``: then every call takes the partials and the combine
+    kernel (at one split too), which writes the log-sum-exp; without it the launches are as ever."""
     bsz, hq, d = q.shape
     if bsz == 0:
-        return new_empty((bsz, hq, d), dtype=q.dtype, device=q.device)
+        out = new_empty((bsz, hq, d), dtype=q.dtype, device=q.device)
+        return (out, new_empty((bsz, hq), dtype=torch.float32, device=q.device)) if want_lse else out
     q = unit_last_dim(q)
     seq_lens = seq_lens.contiguous()           # the kernels index it densely (a strided view read wrong lengths)
     sm90 = _sm90_kernel()
@@ -425,12 +450,12 @@ def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num
         q.device.index, q.dtype, q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(),
         block_table.shape, block_table.stride(), block_table.dtype, seq_lens.dtype, num_splits,
         aligned(q, k_cache, v_cache, block_table, seq_lens), sm90 is None, heuristics.DECODE_SM90_MIN_TOKENS,
-        window, softcap > 0)
+        window, softcap > 0, want_lse)
     fire = _PLANS.get(key) if key is not None else None
     if fire is not None:
         return fire(q, k_cache, v_cache, block_table, seq_lens, scale, softcap)
     out, fire = _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, sm90, key, window,
-                              softcap)
+                              softcap, want_lse)
     if fire is not None:
         if len(_PLANS) >= _MAX_PLANS:          # many distinct shapes (a serving loop's varying batch): start over
             _PLANS.clear()
@@ -439,37 +464,41 @@ def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num
 
 
 def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int, sm90, key,
-                  window: int = -1, softcap: float = 0.0):
-    """A call through the launchers (recording the compiled kernels under ``key``): (out, a
+                  window: int = -1, softcap: float = 0.0, want_lse: bool = False):
+    """A call through the launchers (recording the compiled kernels under ``key``): (result, a
     ``fire(q, k_cache, v_cache, block_table, seq_lens, scale, softcap)`` replaying the same
-    launches, or None under the interpreter)."""
+    launches, or None under the interpreter); the result is out, or (out, lse) with ``want_lse``."""
     bsz, hq, d = q.shape
     nblocks, page, hkv, _ = k_cache.shape
     out = new_empty((bsz, hq, d), dtype=q.dtype, device=q.device)
+    lse = new_empty((bsz, hq), dtype=torch.float32, device=q.device) if want_lse else None
+    result = (out, lse) if want_lse else out
     if sm90 is not None and bsz * hkv * block_table.shape[1] * page >= heuristics.DECODE_SM90_MIN_TOKENS \
             and sm90.covers(q, k_cache, v_cache):
         pdl = _pdl(q)
         parts = sm90.decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale * LOG2E, num_splits or None,
                                  key=key if not num_splits else None, pdl=pdl, window=window,
-                                 softcap=_softcap_args(scale, softcap) if softcap > 0 else None)
+                                 softcap=_softcap_args(scale, softcap) if softcap > 0 else None, partials=want_lse)
         if parts is not None:
-            _combine(*parts, out, parts[0].shape[2], pdl=pdl)
+            _combine(*parts, out, parts[0].shape[2], pdl=pdl, lse=lse)
         if key is None or num_splits:          # a forced split count is a probe's or a test's: no plan
-            return out, None
-        sfire = sm90.replay(key, q, k_cache, v_cache, block_table, pdl, window=window, softcap=softcap > 0)
-        cfire = _combine_replay(out, parts[0].shape[2], pdl) if parts is not None else None
+            return result, None
+        sfire = sm90.replay(key, q, k_cache, v_cache, block_table, pdl, window=window, softcap=softcap > 0,
+                            partials=want_lse)
+        cfire = _combine_replay(out, parts[0].shape[2], pdl, want_lse) if parts is not None else None
         if sfire is None or (parts is not None and cfire is None):
-            return out, None
+            return result, None
         shape, dtype, device = out.shape, out.dtype, out.device
 
         def fire(q, k_cache, v_cache, block_table, seq_lens, scale, softcap):
             out = new_empty(shape, dtype=dtype, device=device)
+            lse = new_empty(shape[:2], dtype=torch.float32, device=device) if want_lse else None
             parts = sfire(q, k_cache, v_cache, block_table, seq_lens, out, scale * LOG2E, _softcap_args(scale, softcap))
             if parts is not None:
-                cfire(*parts[:3], out)
-            return out
+                cfire(*parts[:3], out, lse)
+            return (out, lse) if want_lse else out
 
-        return out, fire
+        return result, fire
     group = hq // hkv
     max_blocks = block_table.shape[1]
     forced = num_splits if num_splits > 0 else None
@@ -478,7 +507,7 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
         cfg = decode_config(bsz, hkv, group, window_span(max_blocks * page, window, cfg.granule), d, page,
                             q.element_size(), forced)
     splits = cfg.num_splits
-    parts = None if splits == 1 else (new_empty((bsz, hq, splits), dtype=torch.float32, device=q.device),
+    parts = None if splits == 1 and not want_lse else (new_empty((bsz, hq, splits), dtype=torch.float32, device=q.device),
                                       new_empty((bsz, hq, splits), dtype=torch.float32, device=q.device),
                                       new_empty((bsz, hq, splits, d), dtype=torch.float32, device=q.device))
     m, l, acc = parts if parts is not None else (out, out, out)      # unused pointers at one split
@@ -486,14 +515,14 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
     # than that, so the compiled kernels are launched directly (runtime/launch.py), keyed by
     # everything the JIT specialises on.
     const = dict(HEAD_DIM=d, BLOCK_D=cfg.block_d, BLOCK_G=cfg.block_g, BLOCK_N=cfg.block_n,
-                 PAGE=page, GRANULE=cfg.granule, SPLIT=splits > 1,
+                 PAGE=page, GRANULE=cfg.granule, SPLIT=parts is not None,
                  PRECISION="ieee" if q.dtype == torch.float32 else "tf32",      # "tf32" is ignored for 16-bit
-                 UPCAST=interpreting() and q.dtype == torch.bfloat16, PDL=splits > 1 and _pdl(q),
+                 UPCAST=interpreting() and q.dtype == torch.bfloat16, PDL=parts is not None and _pdl(q),
                  WINDOW=window >= 0, SOFTCAP=softcap > 0)
     split_key = (q.device.index, q.shape, q.stride(), q.dtype, k_cache.shape, k_cache.stride(), v_cache.stride(),
                  block_table.shape, block_table.stride(), block_table.dtype, seq_lens.dtype, cfg, out.stride(),
                  aligned(q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc), const["PDL"], window,
-                 softcap > 0)
+                 softcap > 0, want_lse)
     grid = (bsz * hkv, splits)
     ints = (hkv, group, nblocks, max_blocks, splits, window,
             q.stride(0), q.stride(1),
@@ -505,19 +534,21 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
                                     *_softcap_args(scale, softcap), *ints),
                   const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if parts is not None:
-        _combine(m, l, acc, out, splits, pdl=const["PDL"])
+        _combine(m, l, acc, out, splits, pdl=const["PDL"], lse=lse)
     recorded = _SPLIT_LAUNCH.get(split_key)
-    cfire = _combine_replay(out, splits, const["PDL"]) if parts is not None else None
+    cfire = _combine_replay(out, splits, const["PDL"], want_lse) if parts is not None else None
     if key is None or recorded is None or (parts is not None and cfire is None):
-        return out, None
+        return result, None
     compiled, tail = recorded
     shape, dtype, device = out.shape, out.dtype, out.device
     rows = bsz * hq * splits                   # (m, l, acc) in one allocation: rows, rows, rows x D,
     rows16 = -(-rows // 4) * 4                 # each part 16-byte aligned (as the kernels were compiled)
 
+    split_out = parts is not None
+
     def fire(q, k_cache, v_cache, block_table, seq_lens, scale, softcap):
         out = new_empty(shape, dtype=dtype, device=device)
-        if splits > 1:
+        if split_out:
             buf = new_empty((2 * rows16 + rows * d,), dtype=torch.float32, device=device)
             base = buf.data_ptr()
             m, l, acc = Ptr(base), Ptr(base + 4 * rows16), Ptr(base + 8 * rows16)
@@ -525,11 +556,13 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
             m = l = acc = out
         launch(compiled, grid, (q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc, scale * LOG2E,
                                 *_softcap_args(scale, softcap), *ints, *tail))
-        if splits > 1:
-            cfire(m, l, acc, out)
+        if split_out:
+            lse = new_empty(shape[:2], dtype=torch.float32, device=device) if want_lse else None
+            cfire(m, l, acc, out, lse)
+            return (out, lse) if want_lse else out
         return out
 
-    return out, fire
+    return result, fire
 
 
 def _append_launch(key, value, k_cache, v_cache, block_table, cache_seqlens) -> None:
@@ -565,6 +598,16 @@ def _decode_fake(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, 
     return q.new_empty(q.shape)
 
 
+def _decode_lse_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                     seq_lens: torch.Tensor, scale: float, num_splits: int, window: int = -1,
+                     softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    return _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, window, softcap, True)
+
+
+def _decode_lse_fake(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, window=-1, softcap=0.0):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
 def _append_impl(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_table: torch.Tensor, cache_seqlens: torch.Tensor) -> None:
     _append_launch(key, value, k_cache, v_cache, block_table, cache_seqlens)
@@ -575,6 +618,7 @@ def _append_fake(key, value, k_cache, v_cache, block_table, cache_seqlens) -> No
 
 
 decode_attention_op = Op("decode_attention", _decode_impl, _decode_fake)     # forward only
+decode_attention_lse_op = Op("decode_attention_lse", _decode_lse_impl, _decode_lse_fake)   # out and the log-sum-exp
 append_paged_kv_op = Op("append_paged_kv", _append_impl, _append_fake, mutates_args=("k_cache", "v_cache"))
 
 
@@ -702,7 +746,7 @@ def _signature(q, k_cache, v_cache, block_table, seq_lens):
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, *, scale: float | None = None,
                      window_size: tuple[int, int] | None = None, softcap: float = 0.0,
-                     num_splits: int | None = None, validate: bool = True) -> torch.Tensor:
+                     num_splits: int | None = None, validate: bool = True, return_lse: bool = False):
     """Attention of one query token per sequence over a paged KV cache (flash-decoding).
 
     Args:
@@ -734,9 +778,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             graph capture. Unchecked bad metadata never makes the kernel read out of bounds:
             lengths are clamped to the capacity and tokens in invalid blocks are left out, so
             such a sequence's output is undefined (but the others are exact).
+        return_lse: also return the (B, Hq) float32 log-sum-exp of each head's scaled (and capped)
+            scores, natural log, -inf for a sequence that attends to nothing: what merging this
+            result with attention over other keys needs (a shared prefix's, another rank's
+            shard's): out = sum_i exp(lse_i - lse) out_i, lse = logsumexp_i lse_i. Every call
+            then goes through the split partials and their combine, which writes it (a second
+            small launch where one split would have written the output directly).
 
     Returns:
-        (B, Hq, D) in q's dtype. Forward only: decode needs no gradient and none is registered.
+        (B, Hq, D) in q's dtype, or (that, lse) with ``return_lse``. Forward only: decode needs no
+        gradient and none is registered.
     """
     sig = _signature(q, k_cache, v_cache, block_table, seq_lens)
     if sig is None or sig not in _CHECKED:
@@ -768,8 +819,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     softcap = check_softcap(softcap)
     if validate:
         _validate_metadata(block_table, seq_lens, 0, page, nblocks, "seq_lens", "in use", window)
-    return decode_attention_op(q, k_cache, v_cache, block_table, seq_lens, float(scale), num_splits or 0,
-                               window, softcap)
+    op = decode_attention_lse_op if return_lse else decode_attention_op
+    return op(q, k_cache, v_cache, block_table, seq_lens, float(scale), num_splits or 0, window, softcap)
 
 
 

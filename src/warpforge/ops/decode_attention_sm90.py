@@ -518,9 +518,10 @@ def _partials(q, s):
 
 def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: float, splits: int | None = None,
                 slots: int | None = None, nb: int | None = None, regs: int | None = None, key=None,
-                pdl: bool = False, window: int = -1, softcap: tuple[float, float] | None = None):
-    """The kernel's pass. With one split a sequence it writes ``out`` (contiguous) and returns None;
-    otherwise it returns the (m, l, acc) partials (B, Hq, P), (B, Hq, P), (B, Hq, P, D) fp32,
+                pdl: bool = False, window: int = -1, softcap: tuple[float, float] | None = None,
+                partials: bool = False):
+    """The kernel's pass. With one split a sequence (and not ``partials``) it writes ``out``
+    (contiguous) and returns None; otherwise it returns the (m, l, acc) partials (B, Hq, P), (B, Hq, P), (B, Hq, P, D) fp32,
     P = S x C, for ops/decode_attention.py's combine kernel. ``splits``, ``slots`` (programs),
     ``nb`` (ring depth) and ``regs`` (registers a thread) override the plan, for the probes.
     ``key``: the caller's plan key (everything the launch depends on but the data pointers); the
@@ -528,9 +529,11 @@ def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: flo
     caller launches the combine as this grid's programmatic dependent (``launch_pdl``), and each
     program lets it launch once all of its partitions are done. ``window``: the sliding window's
     left (-1: none); ``softcap``: None, or the (cap_in, cap_out) of ops/decode_attention.py's
-    _softcap_args."""
+    _softcap_args. ``partials``: the partials even at one split (the combine then writes the
+    log-sum-exp; the in-kernel merge has none)."""
     s, grid, ring, nreg, ints, box = _geometry(q, k_cache, block_table, splits, slots, nb, regs, window)
-    parts = _partials(q, s) if s > 1 else (out, out, out)       # unused pointers at one split
+    split_out = s > 1 or partials
+    parts = _partials(q, s) if split_out else (out, out, out)   # unused pointers at one split
     layout = _smem_layout(q.shape[2], q.dtype)
     k_desc = TensorDescriptor(k_cache, list(k_cache.shape), list(k_cache.stride()), box, layout)
     v_desc = TensorDescriptor(v_cache, list(v_cache.shape), list(v_cache.stride()), box, layout)
@@ -538,16 +541,17 @@ def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: flo
             (q, k_desc, v_desc, block_table, seq_lens, out, *parts, scale_log2, *(softcap or (0.0, 0.0)), *ints,
              out.stride(0), out.stride(1)),
             dict(NB=ring, C=CONSUMERS, GP=_group_cols(q.shape[1] // k_cache.shape[2]), REGS=nreg,
-                 SD=q.shape[2] if s == 1 else MERGE_STUB, PDL=pdl and s > 1, WINDOW=window >= 0,
+                 SD=MERGE_STUB if split_out else q.shape[2], PDL=pdl and split_out, WINDOW=window >= 0,
                  SOFTCAP=softcap is not None),
             num_warps=4, num_stages=None,
             **({"maxnreg": regs} if regs else {}))
-    return parts if s > 1 else None
+    return parts if split_out else None
 
 
-def replay(key, q, k_cache, v_cache, block_table, pdl: bool = False, window: int = -1, softcap: bool = False):
-    """After ``decode_sm90(..., key=key, pdl=pdl, window=window)`` ran once on a call like this one
-    (``softcap``: with a softcap): a function
+def replay(key, q, k_cache, v_cache, block_table, pdl: bool = False, window: int = -1, softcap: bool = False,
+           partials: bool = False):
+    """After ``decode_sm90(..., key=key, pdl=pdl, window=window, partials=partials)`` ran once on a
+    call like this one (``softcap``: with a softcap): a function
     ``fire(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2, caps)`` that launches the
     recorded kernel with no JIT work (the descriptors are rebuilt around the new base pointers;
     shape, strides and box are the key's) and returns None at one split, else (m, l, acc, buffer):
@@ -558,6 +562,7 @@ def replay(key, q, k_cache, v_cache, block_table, pdl: bool = False, window: int
         return None
     compiled, tail = recorded
     s, grid, _, _, ints, box = _geometry(q, k_cache, block_table, None, None, None, None, window)
+    split_out = s > 1 or partials
     shape, kstride, vstride = list(k_cache.shape), list(k_cache.stride()), list(v_cache.stride())
     grid = (grid,)
 
@@ -566,7 +571,7 @@ def replay(key, q, k_cache, v_cache, block_table, pdl: bool = False, window: int
     rows16 = -(-rows // 4) * 4                         # each part 16-byte aligned (as the kernel was compiled)
 
     def fire(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2, caps):
-        if s > 1:
+        if split_out:
             buf = torch.empty(2 * rows16 + rows * d, dtype=torch.float32, device=out.device)
             base = buf.data_ptr()
             parts = (Ptr(base), Ptr(base + 4 * rows16), Ptr(base + 8 * rows16), buf)
@@ -575,6 +580,6 @@ def replay(key, q, k_cache, v_cache, block_table, pdl: bool = False, window: int
         launch(compiled, grid, (q, Desc(k_cache, shape, kstride, box), Desc(v_cache, shape, vstride, box), block_table,
                                 seq_lens, out, *parts[:3], scale_log2, *caps, *ints, out.stride(0), out.stride(1),
                                 *tail))
-        return parts if s > 1 else None
+        return parts if split_out else None
 
     return fire
