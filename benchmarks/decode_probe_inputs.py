@@ -36,6 +36,16 @@ def timing_setup():
     return TimingConfig.quick(), ceilings()["copy_gbps"], 128 ** -0.5 * LOG2E
 
 
+def alternate(rows: dict, rounds: int, timer) -> dict:
+    """{name: [us a round]} of ``rows`` {name: fn}: ``timer(fn)`` (ms) of each row in turn, over
+    ``rounds`` rounds (so a drift of the machine touches every row alike)."""
+    res = {name: [] for name in rows}
+    for _ in range(rounds):
+        for name, fn in rows.items():
+            res[name].append(timer(fn) * 1e3)
+    return res
+
+
 def print_table(res, nbytes, copy_gbps, width=16):
     """The probes' closing table: {(shape, variant): [us a round]} as the best round, % of copy on
     the KV bytes ``nbytes[shape]``, and every round."""

@@ -21,9 +21,8 @@ import torch
 import torch.nn.functional as F
 
 import warpforge as wf
-from decode_probe_inputs import paged_problem, print_table, shapes, unpaged
-from warpforge.bench.timing import TimingConfig, device_ms
-from warpforge.runtime.device import ceilings
+from decode_probe_inputs import alternate, paged_problem, print_table, shapes, timing_setup, unpaged
+from warpforge.bench.timing import device_ms
 
 SHAPES = "1x16384,8x8192,16x8192,16x32768,32x16384,64x4096,64x32768"
 
@@ -39,8 +38,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
-    cfg = TimingConfig.quick()
-    copy = ceilings()["copy_gbps"]
+    cfg, copy, _ = timing_setup()
     res, nbytes = {}, {}
     for sh, bsz, ctx in shapes(a.shapes):
         q, kc, vc, bt, sl, kv_bytes = paged_problem(bsz, ctx)
@@ -59,10 +57,9 @@ def main() -> None:
         rows["sdpa cuDNN"] = sdpa
         torch.testing.assert_close(sdpa().squeeze(2), ref, atol=2e-2, rtol=2e-2)
         nbytes[sh] = kv_bytes
-        for _ in range(a.rounds):
-            for name, fn in rows.items():
-                res.setdefault((sh, name), []).append(device_ms(fn, cfg, kv_bytes) * 1e3)
-        best = {name: min(res[(sh, name)]) for name in rows}
+        times = alternate(rows, a.rounds, lambda fn: device_ms(fn, cfg, kv_bytes))
+        res.update({(sh, name): us for name, us in times.items()})
+        best = {name: min(us) for name, us in times.items()}
         print(f"{sh}: " + ", ".join(f"{n} {v:.1f} us" for n, v in best.items())
               + f"; cuDNN / HND {best['sdpa cuDNN'] / best['ours HND']:.3f}, / NHD {best['sdpa cuDNN'] / best['ours NHD']:.3f}",
               flush=True)

@@ -12,9 +12,8 @@ import argparse
 import torch
 
 import warpforge as wf
-from decode_probe_inputs import paged_problem, print_table, shapes
-from warpforge.bench.timing import TimingConfig, device_ms
-from warpforge.runtime.device import ceilings
+from decode_probe_inputs import alternate, paged_problem, print_table, shapes, timing_setup
+from warpforge.bench.timing import device_ms
 
 SHAPES = "1x4096,1x16384,8x8192,16x8192,32x16384,64x4096,64x32768"
 
@@ -24,7 +23,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
-    cfg, copy = TimingConfig.quick(), ceilings()["copy_gbps"]
+    cfg, copy, _ = timing_setup()
     res, nbytes = {}, {}
     for sh, bsz, ctx in shapes(a.shapes):
         q, kc, vc, bt, sl, kv_bytes = paged_problem(bsz, ctx)
@@ -34,10 +33,9 @@ def main() -> None:
         rows = {"plain": lambda: wf.decode_attention(q, kc, vc, bt, sl, validate=False),
                 "return_lse": lambda: wf.decode_attention(q, kc, vc, bt, sl, validate=False, return_lse=True)}
         nbytes[sh] = kv_bytes
-        for _ in range(a.rounds):
-            for name, fn in rows.items():
-                res.setdefault((sh, name), []).append(device_ms(fn, cfg, kv_bytes) * 1e3)
-        best = {name: min(res[(sh, name)]) for name in rows}
+        times = alternate(rows, a.rounds, lambda fn: device_ms(fn, cfg, kv_bytes))
+        res.update({(sh, name): us for name, us in times.items()})
+        best = {name: min(us) for name, us in times.items()}
         print(f"{sh}: plain {best['plain']:.1f} us, return_lse {best['return_lse']:.1f} us "
               f"(+{best['return_lse'] - best['plain']:.1f})", flush=True)
         del q, kc, vc

@@ -1036,6 +1036,19 @@ def _check_routed_bf16(got, run, q, k, v, do, ref_kw, what, monkeypatch):
         assert_close(a, b.double(), torch.bfloat16, what=f"{what}: fused against deterministic, {name}")
 
 
+def _spy_sm90(monkeypatch, option: str):
+    """(the Gluon kernels' module, {"fwd": [...], "bwd": [...]}): each call of its forward and fused
+    backward appends its ``option`` keyword (None when absent), so a test can check the route."""
+    from warpforge.ops import attention as A
+    sm90 = A._sm90_kernels()
+    seen = {"fwd": [], "bwd": []}
+    for key, name in (("fwd", "attention_fwd_sm90"), ("bwd", "attention_bwd_fused_sm90")):
+        real = getattr(sm90, name)
+        monkeypatch.setattr(sm90, name, lambda *a, _r=real, _k=key, **kw: (seen[_k].append(kw.get(option)),
+                                                                            _r(*a, **kw))[1])
+    return sm90, seen
+
+
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels (ops/attention_sm90.py) run on sm_90 only")
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(1, 2, 2, 17, 17, 64), (2, 4, 2, 1000, 300, 64), (1, 4, 1, 300, 1000, 128),
@@ -1048,13 +1061,7 @@ def test_sm90_dropout(shape, causal, monkeypatch):
     within rounding), the deterministic backward (Triton dK/dV and dQ) too. Then batch slices (the
     grid limit lowered): each slice's programs count batch entries from the slice's first, as the
     mask does."""
-    from warpforge.ops import attention as A
-    sm90 = A._sm90_kernels()
-    seen = {"fwd": [], "bwd": []}
-    for key, name in (("fwd", "attention_fwd_sm90"), ("bwd", "attention_bwd_fused_sm90")):
-        real = getattr(sm90, name)
-        monkeypatch.setattr(sm90, name, lambda *a, _r=real, _k=key, **kw: (seen[_k].append(kw.get("dropout")),
-                                                                            _r(*a, **kw))[1])
+    sm90, seen = _spy_sm90(monkeypatch, "dropout")
     B, H, HK, L, S, D = shape
     q, k, v = _inputs(B, H, HK, L, S, D, torch.bfloat16)
     p = 0.3
@@ -1319,13 +1326,7 @@ def test_sm90_softcap(shape, causal, monkeypatch):
     gradients against the float64 reference, and against the Triton kernels (the same hardware
     tanh, so within rounding); the deterministic backward (Triton kernels) too; with dropout at
     D 128 the same against the reference with the call's mask."""
-    from warpforge.ops import attention as A
-    sm90 = A._sm90_kernels()
-    seen = {"fwd": [], "bwd": []}
-    for key, name in (("fwd", "attention_fwd_sm90"), ("bwd", "attention_bwd_fused_sm90")):
-        real = getattr(sm90, name)
-        monkeypatch.setattr(sm90, name, lambda *a, _r=real, _k=key, **kw: (seen[_k].append(kw.get("softcap")),
-                                                                            _r(*a, **kw))[1])
+    sm90, seen = _spy_sm90(monkeypatch, "softcap")
     B, H, HK, L, S, D = shape
     q = (randn(B, H, L, D) * 3).bfloat16().requires_grad_()
     k, v = _inputs(B, H, HK, L, S, D, torch.bfloat16)[1:]

@@ -1071,47 +1071,58 @@ def attention_config(kind: str, head_dim: int, elem_bytes: int, pattern: str = "
     return AttentionConfig(32, 64, 8, 3)
 
 
-def attention_configs(kind: str, head_dim: int, elem_bytes: int, pattern: str = "full"):
-    """attention_config's tile, then tiles needing less shared memory, for a GPU where it does not fit
-    (runtime/launch.py, launch_fitting; an A100 has 163 KB a block, sm_86/89 cards 99 KB, these
-    tiles were chosen on Hopper's 227 KB): fewer stages of the same tile, then the streamed tile
-    (keys in fwd and dq, queries in dk dv) halved down to 16 rows, then the held one, each at two
-    stages and one, on as many warps (at D = 256 the dK/dV tile needs its 8 for the accumulators)."""
-    cfg = attention_config(kind, head_dim, elem_bytes, pattern)
+def _step_down(cfg, smaller):
+    """The fallback order of launch.launch_fitting's ladders (the tiles were chosen on Hopper's
+    227 KB; an A100 has 163 KB a block, sm_86/89 cards 99 KB): ``cfg``, the same tile at fewer
+    stages, then each tile of ``smaller`` (configs needing less shared memory, best first) at two
+    stages and one."""
     yield cfg
     for stages in range(cfg.num_stages - 1, 0, -1):
         yield dataclasses.replace(cfg, num_stages=stages)
-    held, streamed = (cfg.block_n, cfg.block_m) if kind == "dkdv" else (cfg.block_m, cfg.block_n)
-    while held > 16 or streamed > 16:
-        if streamed > 16:
-            streamed //= 2
-        else:
-            held //= 2
-        bm, bn = (streamed, held) if kind == "dkdv" else (held, streamed)
-        for stages in sorted({min(2, cfg.num_stages), 1}, reverse=True):
-            yield AttentionConfig(bm, bn, cfg.num_warps, stages)
+    low = sorted({min(2, cfg.num_stages), 1}, reverse=True)
+    for c in smaller:
+        for stages in low:
+            yield dataclasses.replace(c, num_stages=stages)
+
+
+def attention_configs(kind: str, head_dim: int, elem_bytes: int, pattern: str = "full"):
+    """attention_config's tile, then tiles needing less shared memory, for a GPU where it does not
+    fit (_step_down): the streamed tile (keys in fwd and dq, queries in dk dv) halved down to 16
+    rows, then the held one, on as many warps (at D = 256 the dK/dV tile needs its 8 for the
+    accumulators)."""
+    cfg = attention_config(kind, head_dim, elem_bytes, pattern)
+
+    def smaller():
+        held, streamed = (cfg.block_n, cfg.block_m) if kind == "dkdv" else (cfg.block_m, cfg.block_n)
+        while held > 16 or streamed > 16:
+            if streamed > 16:
+                streamed //= 2
+            else:
+                held //= 2
+            bm, bn = (streamed, held) if kind == "dkdv" else (held, streamed)
+            yield AttentionConfig(bm, bn, cfg.num_warps, cfg.num_stages)
+
+    return _step_down(cfg, smaller())
 
 
 def gemm_configs(cfg, keep_m: bool = False):
-    """A GEMM tile (MatmulConfig or MoEConfig), then tiles needing less shared memory, for a GPU where
-    it does not fit (launch.launch_fitting; the tiles were chosen on Hopper's 227 KB): fewer stages,
-    then the K step halved down to 32, then the N side, then (unless ``keep_m``: the MoE row tile is
-    the sorted layout's padding unit) the M side, down to 32, each at two stages and one."""
-    yield cfg
-    for stages in range(cfg.num_stages - 1, 0, -1):
-        yield dataclasses.replace(cfg, num_stages=stages)
-    c = cfg
-    while True:
-        if c.block_k > 32:
-            c = dataclasses.replace(c, block_k=c.block_k // 2)
-        elif c.block_n > 32:
-            c = dataclasses.replace(c, block_n=c.block_n // 2)
-        elif c.block_m > 32 and not keep_m:
-            c = dataclasses.replace(c, block_m=c.block_m // 2)
-        else:
-            return
-        for stages in sorted({min(2, cfg.num_stages), 1}, reverse=True):
-            yield dataclasses.replace(c, num_stages=stages)
+    """A GEMM tile (MatmulConfig or MoEConfig), then tiles needing less shared memory, for a GPU
+    where it does not fit (_step_down): the K step halved down to 32, then the N side, then
+    (unless ``keep_m``: the MoE row tile is the sorted layout's padding unit) the M side, down to 32."""
+    def smaller():
+        c = cfg
+        while True:
+            if c.block_k > 32:
+                c = dataclasses.replace(c, block_k=c.block_k // 2)
+            elif c.block_n > 32:
+                c = dataclasses.replace(c, block_n=c.block_n // 2)
+            elif c.block_m > 32 and not keep_m:
+                c = dataclasses.replace(c, block_m=c.block_m // 2)
+            else:
+                return
+            yield c
+
+    return _step_down(cfg, smaller())
 
 
 # ----------------------------------------------------------------------------------------------
