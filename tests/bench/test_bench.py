@@ -18,7 +18,7 @@ from warpforge.bench import report, runner, timing, workloads as W
 EXPECTED_OPS = {"add", "sum", "amax", "softmax", "log_softmax", "layer_norm", "rms_norm", "add_rms_norm",
                 "swiglu", "geglu", "rope", "matmul", "matmul_bwd", "linear_gelu", "fp8_matmul", "cross_entropy",
                 "linear_cross_entropy", "attention", "attention_dropout", "attention_softcap", "decode_attention",
-                "decode_attention_window", "moe", "moe_decode"}
+                "decode_attention_fp8", "decode_attention_window", "moe", "moe_decode"}
 
 
 def _case(name: str, label: str) -> W.Case:
@@ -732,6 +732,32 @@ def test_decode_attention_workload():
     assert calls == [("decode_attention", {"validate": False}), ("decode_attention", {})]
 
 
+def test_decode_attention_fp8_workload():
+    """The fp8 workload: e4m3 caches with power-of-two scales, and the peers' unpaged k/v hold
+    exactly the dequantised values (so every row computes the same attention); ours passes the
+    scales without the host check; bytes count the KV at one byte."""
+    wl = W.WORKLOADS["decode_attention_fp8"]
+    assert [c.label for c in wl.cases(False)] == [c.label for c in W.WORKLOADS["decode_attention"].cases(False)]
+    c = _case("decode_attention_fp8", "B16 ctx32768 H32/8 D128 block16")
+    assert wl.bytes(c, "fwd", 2) == 2 * 16 * 32768 * 8 * 128 + 2 * 16 * 32 * 128 * 2
+    for case in wl.check_cases():
+        d = case.dims
+        q, kc, vc, bt, sl, q4, k4, v4, ks, vs = wl.make(case, torch.bfloat16, "cpu")
+        assert kc.dtype == vc.dtype == torch.float8_e4m3fn and k4.dtype == torch.bfloat16
+        for sc, cache in ((ks, kc), (vs, vc)):
+            assert math.log2(sc) == round(math.log2(sc)) and cache.float().abs().max() > 224
+        for b in range(d["B"]):
+            for t in range(d["ctx"]):
+                blk, off = bt[b, t // d["block"]], t % d["block"]
+                assert torch.equal(kc[blk, off].float() * ks, k4[b, :, t].float())
+                assert torch.equal(vc[blk, off].float() * vs, v4[b, :, t].float())
+    calls = []
+    ours = wl.ours_fn(lambda name: (lambda *a, **kw: calls.append((name, kw)) or a[0]))
+    args = wl.make(wl.check_cases()[0], torch.bfloat16, "cpu")
+    assert list(ours) == ["warpforge"] and ours["warpforge"](*args).shape == args[5].shape
+    assert calls == [("decode_attention", {"k_scale": args[-2], "v_scale": args[-1], "validate": False})]
+
+
 def test_decode_attention_window_workload():
     """The window workload: the peers' k/v are the last ``window`` keys of each paged sequence,
     contiguous; ours asks for window_size=(window - 1, 0) without the host check; bytes and FLOPs
@@ -1424,6 +1450,9 @@ def _hand_bytes(name: str, args: tuple, out) -> dict:
     if name in ("decode_attention", "decode_attention_window"):   # q, the keys and values attended (k4/v4
         q, k4, v4 = args[0], args[6], args[7]   # hold exactly those, not the pool's slack), out
         return {"fwd": nb(q, k4, v4, out)}
+    if name == "decode_attention_fp8":   # the same keys and values at one byte each
+        q, k4, v4 = args[0], args[6], args[7]
+        return {"fwd": nb(q, out) + k4.numel() + v4.numel()}
     if name in ("moe", "moe_decode"):
         x, w1, w2, tw, ti = args
         active = torch.unique(ti.long())
@@ -1451,7 +1480,7 @@ def _hand_flops(name: str, case: W.Case) -> dict | None:
     if name in ("attention", "attention_dropout", "attention_softcap"):   # QK^T and PV per head (the causal half counted as S^2 / 2); bwd 2.5x
         f = 2 * 2 * d["B"] * d["Hq"] * d["S"] * d["S"] * d["D"] // (2 if d["causal"] else 1)
         return {"fwd": f, "bwd": f * 5 // 2}
-    if name == "decode_attention":   # q.K^T and p.V over ctx cached tokens, per query head
+    if name in ("decode_attention", "decode_attention_fp8"):   # q.K^T and p.V over ctx cached tokens, per query head
         return {"fwd": 2 * 2 * d["B"] * d["Hq"] * d["ctx"] * d["D"]}
     if name == "decode_attention_window":   # the same over the window's keys
         return {"fwd": 2 * 2 * d["B"] * d["Hq"] * min(d["window"], d["ctx"]) * d["D"]}
@@ -1501,6 +1530,7 @@ HEADLINES = {"add": "n=2^28", "sum": "32768x4096", "amax": "32768x4096", "softma
              "attention_dropout": "B4 H32/32 S4096 D128 non-causal",
              "attention_softcap": "B4 H32/16 S4096 D128 causal cap50",
              "decode_attention": "B16 ctx32768 H32/8 D128 block16",
+             "decode_attention_fp8": "B16 ctx32768 H32/8 D128 block16",
              "decode_attention_window": "B16 ctx32768 window4096 H32/8 D128 block16",
              "moe": "DeepSeek-V2-Lite T8192 d2048 n1408 E64 k6 random",
              "moe_decode": "DeepSeek-V2-Lite T64 d2048 n1408 E64 k6 random"}
@@ -1535,7 +1565,7 @@ def test_inputs_contiguous_in_the_dtype_asked():
     the benchmark dtype, except the documented ones: fp8 operands and their fp32 scales, MoE's fp32
     routing weights, integer ids, targets, block tables and lengths."""
     fixed = {("fp8_matmul", 0), ("fp8_matmul", 1), ("fp8_matmul", 2), ("fp8_matmul", 3), ("moe", 3),
-             ("moe_decode", 3)}
+             ("moe_decode", 3), ("decode_attention_fp8", 1), ("decode_attention_fp8", 2)}
     for wl in W.WORKLOADS.values():
         dtype = torch.float32 if wl.only_dtypes is None else wl.only_dtypes[0]
         for case in wl.check_cases():

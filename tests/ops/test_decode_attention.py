@@ -928,3 +928,208 @@ def test_append_refuses_one_tensor_as_both_caches():
     append_paged_kv(key, value, both[:, 0], both[:, 1], bt, lens)
     append_paged_kv(key, value, kc, vc, bt, lens)
     assert torch.equal(both[:, 0], kc) and torch.equal(both[:, 1], vc)
+
+
+# ----------------------------------------------------------------------------------------------
+# fp8 caches (k_scale / v_scale)
+# ----------------------------------------------------------------------------------------------
+FP8_KV = [torch.float8_e4m3fn, torch.float8_e5m2]
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+
+def quantized(x, kv_dtype, scale):
+    """torch's per-tensor quantisation, the rounding append_paged_kv promises."""
+    m = FP8_MAX[kv_dtype]
+    return (x.float() / scale).clamp(-m, m).to(kv_dtype)
+
+
+def fp8_paged(bsz, max_blocks, page, hkv, d, kv_dtype, ks, vs):
+    """(k_cache, v_cache, block_table, float caches they came from): fp8 views of one interleaved
+    (blocks + 2, page, 2, Hkv, D) pool whose first and last blocks are NaN, K quantised with ``ks``
+    and V with ``vs`` (different scales, so a swap shows)."""
+    kf, vf, bt, pool = paged(bsz, max_blocks, page, hkv, d, torch.float32, guard=True)
+    q8 = torch.empty(pool.shape, dtype=kv_dtype, device=DEVICE)
+    q8[:, :, 0] = quantized(pool[:, :, 0], kv_dtype, ks)
+    q8[:, :, 1] = quantized(pool[:, :, 1], kv_dtype, vs)
+    assert q8[0].float().isnan().all(), "the guard blocks stay NaN in fp8"
+    return q8[1:-1, :, 0], q8[1:-1, :, 1], bt, (kf, vf)
+
+
+@pytest.mark.parametrize("kv_dtype", FP8_KV)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES[:3])
+def test_fp8_cache(case, dtype, kv_dtype):
+    """fp8 caches with per-tensor scales (as floats and as device tensors, 0-d and (1,)): against
+    float64 on the dequantised caches at every split count, with the lse, a window and a softcap;
+    and within the fp8 rounding of the answer on the unquantised caches. The guard blocks around
+    the caches are NaN: a read outside them would show."""
+    hq, hkv, d, page, mb = case
+    cap = mb * page
+    ks, vs = 0.012, 0.015                      # |x| / scale up to ~300-400 (x ~ N(0, 1)): e4m3's top, unclamped
+    kc, vc, bt, (kf, vf) = fp8_paged(5, mb, page, hkv, d, kv_dtype, ks, vs)
+    assert kc.dtype == kv_dtype and not kc.is_contiguous()
+    lens = torch.tensor([1, cap, 13, 0, cap - page + 3], device=DEVICE, dtype=torch.int32)
+    q = randn(5, hq, d, dtype=dtype)
+    want = decode_attention_reference(q.double(), kc, vc, bt, lens, k_scale=ks, v_scale=vs, return_lse=True)
+    for splits, k_scale, v_scale in ((None, ks, vs), (1, torch.tensor(ks, device=DEVICE), torch.tensor([vs], device=DEVICE)),
+                                     (3, torch.tensor([ks], device=DEVICE, dtype=torch.float64), vs)):
+        out = decode_attention(q, kc, vc, bt, lens, num_splits=splits, k_scale=k_scale, v_scale=v_scale)
+        assert out.dtype == dtype and out.shape == q.shape
+        assert_close(out, want[0], dtype, what=f"num_splits={splits}")
+        assert out[3].abs().max() == 0, "seq_len 0 gives zeros"
+        got = decode_attention(q, kc, vc, bt, lens, num_splits=splits, k_scale=k_scale, v_scale=v_scale,
+                               return_lse=True)
+        _check_lse(got, want, dtype, f"lse, num_splits={splits}")
+    # the fp8 rounding is the only difference from the 16/32-bit cache's answer (e4m3: 2^-4
+    # relative an element, e5m2: 2^-3; averaged over many keys the output moves far less)
+    exact = reference(q, kf, vf, bt, lens)     # the values before quantisation
+    assert rel_err(out.double(), exact.double()) < (0.05 if kv_dtype == torch.float8_e4m3fn else 0.1)
+    kw = dict(window_size=(9, 0), softcap=3.0, k_scale=ks, v_scale=vs)
+    assert_close(decode_attention(q, kc, vc, bt, lens, num_splits=2, **kw),
+                 decode_attention_reference(q.double(), kc, vc, bt, lens, **kw), dtype, what="window, softcap")
+
+
+@pytest.mark.parametrize("kv_dtype", FP8_KV)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_append_then_decode(dtype, kv_dtype):
+    """16/32-bit tokens appended into fp8 caches land as torch's rounding of x / scale, clamped
+    to the format's max (outliers past it included; NaN stays NaN); fp8 tokens into fp8 caches are
+    copied as they are; then decode over them matches float64 on the dequantised caches. Scales
+    as a float (K) and a device tensor (V)."""
+    hq, hkv, d, page, mb = 4, 2, 16, 8, 4
+    ks, vs = 0.02, 0.5
+    kc, vc, bt, _ = fp8_paged(3, mb, page, hkv, d, kv_dtype, ks, vs)
+    lens = torch.tensor([8, 5, 0], device=DEVICE, dtype=torch.int32)
+    t = 6
+    key, value = randn(3, t, hkv, d, dtype=dtype, scale=2.0), randn(3, t, hkv, d, dtype=dtype, scale=50.0)
+    key[0, 0, 0, 0] = 1e6                      # past the format's max: clamped, not inf/NaN
+    key[1, 2, 1, 3] = float("nan")
+    k0, v0 = kc.clone(), vc.clone()
+    append_paged_kv(key, value, kc, vc, bt, lens, k_scale=ks, v_scale=torch.tensor(vs, device=DEVICE))
+    qk, qv = quantized(key, kv_dtype, ks), quantized(value, kv_dtype, vs)
+    assert qk[0, 0, 0, 0].float() == FP8_MAX[kv_dtype]
+    for b, s0 in enumerate(lens.tolist()):
+        for i in range(t):
+            p = s0 + i
+            blk = int(bt[b, p // page])
+            got_k, got_v = kc[blk, p % page].float(), vc[blk, p % page].float()
+            want_k = qk[b, i].float()
+            assert torch.equal(got_k.isnan(), want_k.isnan()), (b, i)
+            assert torch.equal(got_k.nan_to_num(), want_k.nan_to_num()), (b, i)
+            assert torch.equal(got_v, qv[b, i].float()), (b, i)
+    changed = (kc.view(torch.uint8) != k0.view(torch.uint8)).any(-1).any(-1)
+    assert int(changed.sum()) <= 3 * t, "only the appended rows changed"
+    key[1, 2, 1, 3] = 0.0                      # decode over clean caches
+    append_paged_kv(key, value, kc, vc, bt, lens, k_scale=ks, v_scale=vs)
+    q = randn(3, hq, d, dtype=dtype)
+    out = decode_attention(q, kc, vc, bt, lens + t, k_scale=ks, v_scale=vs)
+    assert_close(out, decode_attention_reference(q.double(), kc, vc, bt, lens + t, k_scale=ks, v_scale=vs), dtype)
+    # fp8 tokens into fp8 caches: a copy, bit for bit
+    raw_k, raw_v = qk.clone(), qv.clone()
+    append_paged_kv(raw_k, raw_v, kc, vc, bt, lens + t)
+    blk = int(bt[0, (8 + t) // page])
+    assert torch.equal(kc[blk, (8 + t) % page].view(torch.uint8), raw_k[0, 0].view(torch.uint8))
+
+
+def test_fp8_errors():
+    """What fp8 caches and their scales refuse, each naming the argument."""
+    hq, hkv, d, page = 4, 2, 16, 8
+    kc, vc, bt, _ = fp8_paged(2, 3, page, hkv, d, torch.float8_e4m3fn, 1.0, 1.0)
+    kf, vf, _, _ = paged(2, 3, page, hkv, d, torch.float32)
+    q = randn(2, hq, d, dtype=torch.bfloat16)
+    lens = torch.tensor([3, 4], device=DEVICE, dtype=torch.int32)
+    two = torch.ones(2, device=DEVICE)
+    cases = [
+        (dict(k_scale=0.0), ValueError, r"'k_scale' is 0.0; expected a finite scale > 0"),
+        (dict(v_scale=-1.0), ValueError, r"'v_scale' is -1.0; expected a finite scale > 0"),
+        (dict(k_scale=float("nan")), ValueError, r"'k_scale' is nan"),
+        (dict(k_scale="1"), TypeError, r"'k_scale' must be a float, a one-element tensor or None"),
+        (dict(k_scale=True), TypeError, r"'k_scale' must be a float"),
+        (dict(v_scale=two), ValueError, r"'v_scale' is a float32 tensor of shape \(2,\); expected one floating"),
+        (dict(k_scale=torch.ones(1, device=DEVICE, dtype=torch.int32)), ValueError, r"'k_scale' is a int32 tensor"),
+        (dict(k_scale=torch.ones(1, device="meta")), RuntimeError, r"'k_scale' is on meta but 'k_cache' is on"),
+    ]
+    for kw, exc, msg in cases:
+        with pytest.raises(exc, match=msg):
+            decode_attention(q, kc, vc, bt, lens, **kw)
+    with pytest.raises(ValueError, match=r"'k_scale' is given but the caches are float32; a scale applies only to fp8"):
+        decode_attention(q.float(), kf, vf, bt, lens, k_scale=1.0)
+    with pytest.raises(TypeError, match=r"'v_cache' has dtype torch.float8_e5m2 but 'k_cache' has torch.float8_e4m3fn"):
+        decode_attention(q, kc, vc.to(torch.float8_e5m2), bt, lens)
+    with pytest.raises(TypeError, match=r"'q' has dtype float8_e4m3fn"):
+        decode_attention(q.to(torch.float8_e4m3fn), kc, vc, bt, lens)
+    with pytest.raises(TypeError, match=r"'k_cache' has dtype int8"):
+        decode_attention(q, kc.view(torch.int8), vc.view(torch.int8), bt, lens)
+    with pytest.raises(TypeError, match=r"'k_cache' has dtype torch.float32 but 'q' has torch.bfloat16; expected the "
+                                        r"same dtype, or an fp8 cache"):
+        decode_attention(q, kf, vf, bt, lens)
+    key = randn(2, 1, hkv, d, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"'k_scale'/'v_scale' are given but 'key' already has the caches' dtype"):
+        append_paged_kv(key.to(torch.float8_e4m3fn), key.to(torch.float8_e4m3fn), kc, vc, bt, lens, k_scale=2.0)
+    with pytest.raises(ValueError, match=r"'v_scale' is 0; expected a finite scale > 0"):
+        append_paged_kv(key, key, kc, vc, bt, lens, v_scale=0)
+    with pytest.raises(TypeError, match=r"'k_cache' has dtype torch.float32 but 'key' has torch.float8_e4m3fn"):
+        append_paged_kv(key.to(torch.float8_e4m3fn), key.to(torch.float8_e4m3fn), kf, vf, bt, lens)
+
+
+def test_fp8_compile_and_opcheck():
+    """fp8 caches through torch.compile(fullgraph=True) (append quantising, then decode, scales
+    as floats and as a tensor) against eager, and opcheck of both operators with scales."""
+    hq, hkv, d, page, mb = 4, 2, 16, 8, 3
+    kc, vc, bt, _ = fp8_paged(2, mb, page, hkv, d, torch.float8_e4m3fn, 0.01, 0.02)
+    lens = torch.tensor([7, 16], device=DEVICE, dtype=torch.int32)
+    q, key, value = randn(2, hq, d), randn(2, 1, hkv, d), randn(2, 1, hkv, d)
+    vs = torch.tensor(0.02, device=DEVICE)
+    kc2, vc2 = kc.clone(), vc.clone()
+
+    def step(q, key, value, kc, vc, bt, lens, vs):
+        append_paged_kv(key, value, kc, vc, bt, lens, k_scale=0.01, v_scale=vs)
+        return decode_attention(q, kc, vc, bt, lens + 1, k_scale=0.01, v_scale=vs) * 2
+
+    out = torch.compile(step, fullgraph=True)(q, key, value, kc, vc, bt, lens, vs)
+    want = step(q, key, value, kc2, vc2, bt, lens, vs)
+    assert torch.equal(kc.view(torch.uint8), kc2.view(torch.uint8)) and torch.equal(vc.view(torch.uint8),
+                                                                                   vc2.view(torch.uint8))
+    assert_close(out, want, torch.float32, what="compiled")
+    s1 = torch.full((1,), 0.01, device=DEVICE)
+    # test_schema left out: its mutation check compares tensors with arithmetic PyTorch lacks for
+    # fp8 ("mul_cpu_reduced_float" not implemented for 'Float8_e4m3fn'); test_opcheck runs it on
+    # the 16/32-bit caches
+    utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(decode_attention_op.overload, (q, kc, vc, bt, lens, 0.25, 2, -1, 0.0, s1, s1),
+                          test_utils=utils)
+    torch.library.opcheck(decode_attention_lse_op.overload, (q, kc, vc, bt, lens, 0.25, 0, -1, 0.0, s1, s1),
+                          test_utils=utils)
+    torch.library.opcheck(append_paged_kv_op.overload, (key, value, kc, vc, bt, lens, s1, s1), test_utils=utils)
+
+
+@gpu_only
+@pytest.mark.parametrize("kv_dtype", FP8_KV)
+def test_fp8_large_gpu(kv_dtype):
+    """Serving sizes on a GPU (Hq 32 / Hkv 8, D 128, pages of 16, fp8 tiles of 128 tokens): long
+    and odd lengths at several split counts; then the plan's replays and a CUDA graph read the
+    scale tensors each launch (a changed value changes the output, with no recompile)."""
+    hq, hkv, d, page, mb = 32, 8, 128, 16, 256
+    ks, vs = 0.02, 0.01
+    kc, vc, bt, _ = fp8_paged(8, mb, page, hkv, d, kv_dtype, ks, vs)
+    lens = torch.tensor([4095, 0, 1, 127, 129, 3000, 4096, 2047], device=DEVICE, dtype=torch.int32)
+    q = randn(8, hq, d, dtype=torch.bfloat16)
+    ref = decode_attention_reference(q, kc, vc, bt, lens, k_scale=ks, v_scale=vs)
+    for splits in (None, 1, 7):
+        assert_close(decode_attention(q, kc, vc, bt, lens, num_splits=splits, k_scale=ks, v_scale=vs), ref,
+                     torch.bfloat16, what=f"num_splits={splits}")
+    k_t, v_t = torch.tensor([ks], device=DEVICE), torch.tensor([vs], device=DEVICE)
+    for i in range(3):                         # the plan: first call, then replays
+        k_t.fill_(ks * (i + 1))
+        v_t.fill_(vs / (i + 1))
+        out = decode_attention(q, kc, vc, bt, lens, k_scale=k_t, v_scale=v_t, validate=False)
+        want = decode_attention_reference(q, kc, vc, bt, lens, k_scale=ks * (i + 1), v_scale=vs / (i + 1))
+        assert_close(out, want, torch.bfloat16, what=f"replay {i}")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = decode_attention(q, kc, vc, bt, lens, k_scale=k_t, v_scale=v_t, validate=False)
+    k_t.fill_(0.05)
+    v_t.fill_(0.003)
+    graph.replay()
+    want = decode_attention_reference(q, kc, vc, bt, lens, k_scale=0.05, v_scale=0.003)
+    assert_close(static, want, torch.bfloat16, what="CUDA graph replay with new scales")

@@ -910,6 +910,51 @@ def decode_flops(case: Case, mode: str) -> int:
     return 4 * d["B"] * d["Hq"] * min(d["ctx"], d.get("window", d["ctx"])) * d["D"]
 
 
+def _decode_fp8_make(case, dtype, device):
+    """_decode_make's problem with the caches stored in float8_e4m3fn, each with one power-of-two
+    scale (the smallest putting its largest magnitude at or under 448), so that fp8 * scale is
+    exact in bf16/fp16: the peers' unpaged k4/v4 hold exactly the values our kernel dequantises,
+    and every row computes the same attention. Two trailing args: k_scale, v_scale (floats)."""
+    q, k_cache, v_cache, block_table, seq_lens, q4, _, _ = _decode_make(case, dtype, device)
+
+    def quantise(cache):
+        scale = 2.0 ** math.ceil(math.log2(cache.abs().amax().float().item() / 448.0))
+        return (cache.float() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), scale
+
+    kc8, ks = quantise(k_cache)
+    vc8, vs = quantise(v_cache)
+    del k_cache, v_cache
+    d = case.dims
+    b, ctx, blk = d["B"], d["ctx"], d["block"]
+    nb = -(-ctx // blk)
+
+    def unpaged(cache, scale):
+        rows = cache[block_table.long()].view(b, nb * blk, d["Hkv"], d["D"])[:, :ctx]
+        return (rows.to(dtype) * scale).transpose(1, 2).contiguous()
+
+    return q, kc8, vc8, block_table, seq_lens, q4, unpaged(kc8, ks), unpaged(vc8, vs), ks, vs
+
+
+def _decode_fp8_ours(get):
+    f = get("decode_attention")
+    return {"warpforge": lambda q, kc, vc, bt, sl, q4, k4, v4, ks, vs:
+            f(q, kc, vc, bt, sl, k_scale=ks, v_scale=vs, validate=False).unsqueeze(2)}
+
+
+def _sdpa_decode_fp8(q, k_cache, v_cache, block_table, seq_lens, q4, k4, v4, ks, vs):
+    return F.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True)
+
+
+def decode_fp8_reference(q, k_cache, v_cache, block_table, seq_lens, q4, k4, v4, ks, vs):
+    return attention_reference(q4, k4, v4, False, True)
+
+
+def decode_fp8_bytes(case: Case, mode: str, s: int) -> int:
+    """The KV read at one byte an element, plus q and out at ``s``."""
+    d = case.dims
+    return 2 * d["B"] * d["ctx"] * d["Hkv"] * d["D"] + 2 * d["B"] * d["Hq"] * d["D"] * s
+
+
 # A sliding window (Mistral-7B's 4,096 keys; gpt-oss's 128) over a long paged context
 DECODE_WINDOWS = ((1, 32768, 4096), (16, 32768, 4096), (64, 32768, 4096), (16, 32768, 128), (64, 8192, 128))
 
@@ -1494,6 +1539,21 @@ _register(Workload(
           "warpforge[validated] = the default (checks block_table/seq_lens on the host); the peers run on "
           "the same values unpaged, q (B, Hq, 1, D), k/v (B, Hkv, ctx, D), enable_gqa=True; " + SDPA_PEER_NOTES
           + "; bytes: the KV read (2*B*ctx*Hkv*D*s) plus q and out; forward only",
+))
+
+_register(Workload(
+    name="decode_attention_fp8", module="warpforge.ops.decode_attention",
+    cases=decode_cases, check_cases=decode_check_cases, make=_decode_fp8_make, grad_args=(),
+    ours_fn=_decode_fp8_ours, eager=_sdpa_decode_fp8, reference=decode_fp8_reference,
+    peers=sdpa_peers(_sdpa_decode_fp8), compile_peer=False,
+    bytes_fn=decode_fp8_bytes, flops_fn=decode_flops, modes=("fwd",), only_dtypes=(torch.bfloat16, torch.float16),
+    notes="decode_attention over fp8 caches (float8_e4m3fn, one power-of-two k_scale and v_scale; vLLM's "
+          "kv_cache_dtype='fp8'), validate=False; the problem and block table as in decode_attention; no peer "
+          "here reads an fp8 cache, so the peers run the same attention on the dequantised values (exact in "
+          "q's dtype: the scales are powers of two), unpaged, q (B, Hq, 1, D), k/v (B, Hkv, ctx, D), "
+          "enable_gqa=True -- the ratio is what storing the cache in fp8 buys against the best 16-bit kernel; "
+          + SDPA_PEER_NOTES + "; bytes: the KV read at 1 byte an element (B*ctx*Hkv*D*2) plus q and out; "
+          "forward only",
 ))
 
 _register(Workload(

@@ -68,41 +68,62 @@ and does not advance ``cache_seqlens``: the caller owns that counter.
 
 Append byte model: read the new keys and values, write them, 4 * B * T * Hkv * D * s: a program
 per (sequence, token) moves all of its Hkv * D keys and values in 16-byte vectors.
+
+fp8 caches (``float8_e4m3fn`` / ``float8_e5m2`` with a per-tensor ``k_scale`` and ``v_scale``,
+vLLM's ``kv_cache_dtype="fp8"``): half the cache memory, so twice the tokens in the same pool. The
+Triton kernel loads fp8 tiles of twice the tokens (the tiles are sized in bytes), widens them to
+q's dtype (exact) for the same dots, and folds the scales in where they cost nothing: k_scale into
+the score scale (q . (s k) = s (q . k)) and v_scale into the accumulator at the end (P (s V) =
+s (P V)). Such calls always take the Triton kernel (the Gluon one reads 16-bit tiles by TMA
+straight into its MMAs). ``append_paged_kv`` quantises 16/32-bit new tokens on the way in, with
+fp8.py's rounding. Speed, measured (H200, NOTES item 164): the step is NOT twice as fast. The
+Triton kernel streams tokens at about the rate it does from a 16-bit cache (35-49% of copy on the
+fp8 bytes from batch 8), so cuDNN on the 16-bit problem is 0.82-0.97x its time and our Gluon
+kernel's 16-bit call 8-19% faster. Tokens a second, not bytes, bound it (per-token addresses,
+masks, the widening, 16-row MMAs for 4 heads). Reading V as 32-bit words (no single-byte shared
+loads) ran slower on the GPU; one 64-bit address a page (3-D tiles) lost its loads' pipelining and
+spilled (offline sm_90 compile). A Gluon fp8 kernel is the lead, not built.
 """
 from __future__ import annotations
 
 import math
 import os
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
 from ..runtime import interpreting, new_empty, unit_last_dim
-from ..runtime.checks import check_device, check_same, check_tensor, host_sync_unavailable, is_finite
+from ..runtime.checks import (FLOAT_DTYPES, check_device, check_same, check_tensor, dtype_names, host_sync_unavailable,
+                              is_finite)
 from ..runtime import heuristics
 from ..runtime.heuristics import DECODE_COMBINE_D, DECODE_COMBINE_STEP, decode_config
 from ..runtime.launch import LaunchCache, Ptr, aligned, gdc_launch_dependents, gdc_wait, launch, pdl_supported
 from ..runtime.registry import Op
 from .attention import _window, check_softcap
+from .fp8 import FP8_MAX, _FP8_GRID, _fp8_quantize
 
 LOG2E = 1.4426950408889634
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 MIN_BLOCK_SIZE = 8
 INDEX_DTYPES = (torch.int32, torch.int64)
+KV_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)      # 8-bit caches, with a per-tensor scale each
 
 
 # ----------------------------------------------------------------------------------------------
 # Reference
 # ----------------------------------------------------------------------------------------------
 def decode_attention_reference(q, k_cache, v_cache, block_table, seq_lens, scale=None, window_size=(-1, -1),
-                               softcap=0.0, return_lse: bool = False):
+                               softcap=0.0, return_lse: bool = False, k_scale=None, v_scale=None):
     """Ground truth: gather each sequence's pages and do softmax attention, in float64 on the CPU
     (float32 on a GPU, float64 for float64 inputs); cast back to q's dtype. seq_len 0 gives zeros.
     ``window_size[0]`` >= 0 keeps the last window_size[0] + 1 positions; ``softcap`` > 0 caps the
     scaled scores to softcap * tanh(score / softcap). Pages before the window are not gathered.
     ``return_lse``: also the (B, Hq) log-sum-exp of the (capped) scaled scores, in that wide dtype
-    (-inf where nothing is attended)."""
+    (-inf where nothing is attended). ``k_scale`` / ``v_scale`` (floats or one-element tensors;
+    None: 1): the caches hold keys / values divided by them (fp8 caches), so they are multiplied
+    back in the wide dtype."""
     wide = torch.float64 if q.device.type == "cpu" or q.dtype == torch.float64 else torch.float32
     bsz, hq, d = q.shape
     bs = k_cache.shape[1]
@@ -118,14 +139,16 @@ def decode_attention_reference(q, k_cache, v_cache, block_table, seq_lens, scale
         first = lo // bs                                   # the pages from the one holding lo
         ids = block_table[b, first:triton.cdiv(n, bs)].long()
 
-        def keys(cache):
-            rows = cache[ids].reshape(-1, *cache.shape[2:])[lo - first * bs:n - first * bs]
-            return rows.to(wide).repeat_interleave(group, dim=1)                            # (keys, Hq, D)
+        def keys(cache, mult):
+            rows = cache[ids].reshape(-1, *cache.shape[2:])[lo - first * bs:n - first * bs].to(wide)
+            if mult is not None:
+                rows = rows * (mult.to(wide).reshape(()) if isinstance(mult, torch.Tensor) else mult)
+            return rows.repeat_interleave(group, dim=1)                                       # (keys, Hq, D)
 
-        s = torch.einsum("hd,nhd->hn", q[b].to(wide), keys(k_cache)) * scale                 # (Hq, keys)
+        s = torch.einsum("hd,nhd->hn", q[b].to(wide), keys(k_cache, k_scale)) * scale         # (Hq, keys)
         if softcap > 0:
             s = softcap * torch.tanh(s / softcap)
-        out[b] = torch.einsum("hn,nhd->hd", torch.softmax(s, dim=-1), keys(v_cache))
+        out[b] = torch.einsum("hn,nhd->hd", torch.softmax(s, dim=-1), keys(v_cache, v_scale))
         lse[b] = torch.logsumexp(s, dim=-1)
     return (out.to(q.dtype), lse) if return_lse else out.to(q.dtype)
 
@@ -161,6 +184,7 @@ def _decode_attention_split_kernel(
     m_ptr, l_ptr, acc_ptr,     # (B, Hq, S), (B, Hq, S), (B, Hq, S, D) fp32 partials (SPLIT)
     qk_scale,                  # scale * log2(e): scores live in the exp2 domain
     cap_in, cap_out,           # SOFTCAP: 2 log2(e) scale / softcap and softcap * log2(e) (see _softcap)
+    ks_ptr, vs_ptr,            # KV_FP8: one fp32 each, the caches' dequantisation scales
     Hkv, G, num_blocks, max_blocks, num_splits,
     win,                       # WINDOW: keys at positions >= n - 1 - win only (the sliding window's left)
     s_qb, s_qh,                # q strides (batch, head)
@@ -171,10 +195,14 @@ def _decode_attention_split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE: tl.constexpr, GRANULE: tl.constexpr, SPLIT: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr = False,
-    WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+    WINDOW: tl.constexpr = False, SOFTCAP: tl.constexpr = False, KV_FP8: tl.constexpr = False,
 ):
     if PDL:                                    # the combine kernel may launch now (it waits for our writes)
         gdc_launch_dependents()
+    if KV_FP8:                                 # q . (k_scale k) = k_scale (q . k): the scale joins the score's
+        ks = tl.load(ks_ptr)
+        qk_scale = qk_scale * ks
+        cap_in = cap_in * ks
     pid = tl.program_id(0)                     # b * Hkv + kv head
     split = tl.program_id(1)
     b = pid // Hkv
@@ -216,6 +244,8 @@ def _decode_attention_split_kernel(
         row = (pos % PAGE).to(tl.int64)
         lm = live[:, None] & dmask[None, :]
         k = tl.load(k_head + (page * s_kn + row * s_kt)[:, None] + d[None, :], mask=lm, other=0.0)
+        if KV_FP8:
+            k = k.to(q.dtype)                                              # exact: fp8 widens losslessly
         s = _dot(q, tl.trans(k), PRECISION, UPCAST)                         # (BLOCK_G, BLOCK_N) fp32
         s = _softcap(s, cap_in, cap_out) if SOFTCAP else s * qk_scale
         s = tl.where(live[None, :], s, -float("inf"))                     # (BLOCK_G, BLOCK_N)
@@ -225,9 +255,13 @@ def _decode_attention_split_kernel(
         p = tl.math.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_head + (page * s_vn + row * s_vt)[:, None] + d[None, :], mask=lm, other=0.0)
+        if KV_FP8:
+            v = v.to(q.dtype)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
         m_i = m_new
 
+    if KV_FP8:                                 # P (v_scale V) = v_scale (P V)
+        acc = acc * tl.load(vs_ptr)
     hmask = gmask[:, None] & dmask[None, :]
     if SPLIT:
         row_ml = (b64 * (Hkv * G) + heads) * num_splits + split            # (BLOCK_G,) int64
@@ -308,12 +342,17 @@ def _append_paged_kv_kernel(
     k_ptr, v_ptr,              # (num_blocks, block_size, Hkv, D) paged caches, written in place
     bt_ptr,                    # (B, max_blocks) int32/int64 block table
     lens_ptr,                  # (B,) int32/int64 tokens already cached: token t goes to lens[b] + t
+    ks_ptr, vs_ptr,                            # QUANT: one fp32 each, the caches' scales (stored = new / scale)
     T, Hkv, num_blocks, max_blocks,
     s_kb, s_kt, s_kh, s_vb, s_vt, s_vh,        # key, value strides (batch, token, head)
     s_cn, s_ct, s_ch, s_dn, s_dt, s_dh,        # k_cache, v_cache strides (block, row, head)
     s_bb, s_bj,                                # block table strides
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, PAGE: tl.constexpr,
+    QUANT: tl.constexpr = False, FP8_MAX: tl.constexpr = 448.0, FIX: tl.constexpr = False,
+    MANT: tl.constexpr = 3, EMIN: tl.constexpr = -6,
 ):
+    """QUANT (fp8 caches, 16/32-bit new tokens): each element stored as rne(clamp(x / scale,
+    +-FP8_MAX)), fp8.py's rounding (an IEEE divide, then one convert)."""
     pid = tl.program_id(0)                     # b * T + t
     b = pid // T
     t = pid % T
@@ -335,8 +374,11 @@ def _append_paged_kv_kernel(
         hh = (h0 + h).to(tl.int64)
         mask = ok & (hh < Hkv)[:, None] & dmask[None, :]
         x = tl.load(src_k + hh[:, None] * s_kh + d[None, :], mask=mask)
-        tl.store(dst_k + hh[:, None] * s_ch + d[None, :], x, mask=mask)
         y = tl.load(src_v + hh[:, None] * s_vh + d[None, :], mask=mask)
+        if QUANT:
+            x = _fp8_quantize(x.to(tl.float32), tl.load(ks_ptr), k_ptr.dtype.element_ty, FP8_MAX, FIX, MANT, EMIN)
+            y = _fp8_quantize(y.to(tl.float32), tl.load(vs_ptr), v_ptr.dtype.element_ty, FP8_MAX, FIX, MANT, EMIN)
+        tl.store(dst_k + hh[:, None] * s_ch + d[None, :], x, mask=mask)
         tl.store(dst_v + hh[:, None] * s_dh + d[None, :], y, mask=mask)
 
 
@@ -408,6 +450,7 @@ def _combine_replay(out, parts: int, pdl: bool, lse: bool = False):
 _PDL_ON = os.environ.get("WARPFORGE_DECODE_PDL", "1") != "0"
 
 
+
 def _pdl(t: torch.Tensor) -> bool:
     """Whether the split kernels (Triton and Gluon) and their combine use programmatic dependent
     launch (sm_90+ GPU, not the interpreter; WARPFORGE_DECODE_PDL=0 turns it off)."""
@@ -436,26 +479,28 @@ def window_span(capacity: int, window: int, granule: int) -> int:
 
 
 def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int, window: int = -1,
-                   softcap: float = 0.0, want_lse: bool = False):
+                   softcap: float = 0.0, want_lse: bool = False, k_scale=None, v_scale=None):
     """out, or (out, lse) with ``want_lse``: then every call takes the partials and the combine
-    kernel (at one split too), which writes the log-sum-exp; without it the launches are as ever."""
+    kernel (at one split too), which writes the log-sum-exp; without it the launches are as ever.
+    ``k_scale``, ``v_scale``: one-element fp32 tensors where the caches are fp8 (else None)."""
     bsz, hq, d = q.shape
     if bsz == 0:
         out = new_empty((bsz, hq, d), dtype=q.dtype, device=q.device)
         return (out, new_empty((bsz, hq), dtype=torch.float32, device=q.device)) if want_lse else out
     q = unit_last_dim(q)
     seq_lens = seq_lens.contiguous()           # the kernels index it densely (a strided view read wrong lengths)
+    k_scale, v_scale = _aligned_scale(k_scale), _aligned_scale(v_scale)
     sm90 = _sm90_kernel()
     key = None if interpreting() else (
         q.device.index, q.dtype, q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(),
         block_table.shape, block_table.stride(), block_table.dtype, seq_lens.dtype, num_splits,
         aligned(q, k_cache, v_cache, block_table, seq_lens), sm90 is None, heuristics.DECODE_SM90_MIN_TOKENS,
-        window, softcap > 0, want_lse)
+        window, softcap > 0, want_lse, k_cache.dtype)
     fire = _PLANS.get(key) if key is not None else None
     if fire is not None:
-        return fire(q, k_cache, v_cache, block_table, seq_lens, scale, softcap)
+        return fire(q, k_cache, v_cache, block_table, seq_lens, scale, softcap, k_scale, v_scale)
     out, fire = _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, sm90, key, window,
-                              softcap, want_lse)
+                              softcap, want_lse, k_scale, v_scale)
     if fire is not None:
         if len(_PLANS) >= _MAX_PLANS:          # many distinct shapes (a serving loop's varying batch): start over
             _PLANS.clear()
@@ -464,16 +509,18 @@ def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num
 
 
 def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int, sm90, key,
-                  window: int = -1, softcap: float = 0.0, want_lse: bool = False):
+                  window: int = -1, softcap: float = 0.0, want_lse: bool = False, k_scale=None, v_scale=None):
     """A call through the launchers (recording the compiled kernels under ``key``): (result, a
-    ``fire(q, k_cache, v_cache, block_table, seq_lens, scale, softcap)`` replaying the same
-    launches, or None under the interpreter); the result is out, or (out, lse) with ``want_lse``."""
+    ``fire(q, k_cache, v_cache, block_table, seq_lens, scale, softcap, k_scale, v_scale)``
+    replaying the same launches, or None under the interpreter); the result is out, or (out, lse)
+    with ``want_lse``. fp8 caches (``k_scale`` given) take the Triton kernel."""
     bsz, hq, d = q.shape
     nblocks, page, hkv, _ = k_cache.shape
     out = new_empty((bsz, hq, d), dtype=q.dtype, device=q.device)
     lse = new_empty((bsz, hq), dtype=torch.float32, device=q.device) if want_lse else None
     result = (out, lse) if want_lse else out
-    if sm90 is not None and bsz * hkv * block_table.shape[1] * page >= heuristics.DECODE_SM90_MIN_TOKENS \
+    fp8 = k_scale is not None
+    if sm90 is not None and not fp8 and bsz * hkv * block_table.shape[1] * page >= heuristics.DECODE_SM90_MIN_TOKENS \
             and sm90.covers(q, k_cache, v_cache):
         pdl = _pdl(q)
         parts = sm90.decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale * LOG2E, num_splits or None,
@@ -490,7 +537,7 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
             return result, None
         shape, dtype, device = out.shape, out.dtype, out.device
 
-        def fire(q, k_cache, v_cache, block_table, seq_lens, scale, softcap):
+        def fire(q, k_cache, v_cache, block_table, seq_lens, scale, softcap, k_scale, v_scale):
             out = new_empty(shape, dtype=dtype, device=device)
             lse = new_empty(shape[:2], dtype=torch.float32, device=device) if want_lse else None
             parts = sfire(q, k_cache, v_cache, block_table, seq_lens, out, scale * LOG2E, _softcap_args(scale, softcap))
@@ -502,10 +549,11 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
     group = hq // hkv
     max_blocks = block_table.shape[1]
     forced = num_splits if num_splits > 0 else None
-    cfg = decode_config(bsz, hkv, group, max_blocks * page, d, page, q.element_size(), forced)
+    elem = k_cache.element_size()              # the tiles are sized in cache bytes (fp8: twice the tokens)
+    cfg = decode_config(bsz, hkv, group, max_blocks * page, d, page, elem, forced)
     if window >= 0:     # the splits share the window's span (the granule depends on neither)
         cfg = decode_config(bsz, hkv, group, window_span(max_blocks * page, window, cfg.granule), d, page,
-                            q.element_size(), forced)
+                            elem, forced)
     splits = cfg.num_splits
     parts = None if splits == 1 and not want_lse else (new_empty((bsz, hq, splits), dtype=torch.float32, device=q.device),
                                       new_empty((bsz, hq, splits), dtype=torch.float32, device=q.device),
@@ -518,11 +566,11 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
                  PAGE=page, GRANULE=cfg.granule, SPLIT=parts is not None,
                  PRECISION="ieee" if q.dtype == torch.float32 else "tf32",      # "tf32" is ignored for 16-bit
                  UPCAST=interpreting() and q.dtype == torch.bfloat16, PDL=parts is not None and _pdl(q),
-                 WINDOW=window >= 0, SOFTCAP=softcap > 0)
+                 WINDOW=window >= 0, SOFTCAP=softcap > 0, KV_FP8=fp8)
     split_key = (q.device.index, q.shape, q.stride(), q.dtype, k_cache.shape, k_cache.stride(), v_cache.stride(),
                  block_table.shape, block_table.stride(), block_table.dtype, seq_lens.dtype, cfg, out.stride(),
                  aligned(q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc), const["PDL"], window,
-                 softcap > 0, want_lse)
+                 softcap > 0, want_lse, k_cache.dtype)
     grid = (bsz * hkv, splits)
     ints = (hkv, group, nblocks, max_blocks, splits, window,
             q.stride(0), q.stride(1),
@@ -530,8 +578,9 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             block_table.stride(0), block_table.stride(1),
             out.stride(0), out.stride(1))
+    ks, vs = (k_scale, v_scale) if fp8 else (out, out)             # unused pointers without fp8
     _SPLIT_LAUNCH(split_key, grid, (q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc, scale * LOG2E,
-                                    *_softcap_args(scale, softcap), *ints),
+                                    *_softcap_args(scale, softcap), ks, vs, *ints),
                   const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if parts is not None:
         _combine(m, l, acc, out, splits, pdl=const["PDL"], lse=lse)
@@ -546,7 +595,7 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
 
     split_out = parts is not None
 
-    def fire(q, k_cache, v_cache, block_table, seq_lens, scale, softcap):
+    def fire(q, k_cache, v_cache, block_table, seq_lens, scale, softcap, k_scale, v_scale):
         out = new_empty(shape, dtype=dtype, device=device)
         if split_out:
             buf = new_empty((2 * rows16 + rows * d,), dtype=torch.float32, device=device)
@@ -554,8 +603,9 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
             m, l, acc = Ptr(base), Ptr(base + 4 * rows16), Ptr(base + 8 * rows16)
         else:
             m = l = acc = out
+        ks, vs = (k_scale, v_scale) if fp8 else (out, out)
         launch(compiled, grid, (q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc, scale * LOG2E,
-                                *_softcap_args(scale, softcap), *ints, *tail))
+                                *_softcap_args(scale, softcap), ks, vs, *ints, *tail))
         if split_out:
             lse = new_empty(shape[:2], dtype=torch.float32, device=device) if want_lse else None
             cfire(m, l, acc, out, lse)
@@ -565,23 +615,32 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
     return result, fire
 
 
-def _append_launch(key, value, k_cache, v_cache, block_table, cache_seqlens) -> None:
+def _append_launch(key, value, k_cache, v_cache, block_table, cache_seqlens, k_scale=None, v_scale=None) -> None:
+    """``k_scale``, ``v_scale``: one-element fp32 tensors where 16/32-bit tokens go into fp8
+    caches (quantised on the way), else None."""
     bsz, t, hkv, d = key.shape
     if bsz * t == 0:
         return
     key, value = unit_last_dim(key), unit_last_dim(value)
     cache_seqlens = cache_seqlens.contiguous()     # indexed densely: a strided view wrote at wrong positions
+    k_scale, v_scale = _aligned_scale(k_scale), _aligned_scale(v_scale)
     block_d = triton.next_power_of_2(d)
     block_h = min(triton.next_power_of_2(hkv), max(1, 4096 // block_d))
+    quant = k_scale is not None
+    fp8 = {}
+    if quant:
+        mant, emin = _FP8_GRID[k_cache.dtype]
+        fp8 = dict(QUANT=True, FP8_MAX=FP8_MAX[k_cache.dtype], FIX=interpreting(), MANT=mant, EMIN=emin)
     _append_paged_kv_kernel[(bsz * t,)](
         key, value, k_cache, v_cache, block_table, cache_seqlens,
+        k_scale if quant else key, v_scale if quant else key,
         t, hkv, k_cache.shape[0], block_table.shape[1],
         key.stride(0), key.stride(1), key.stride(2), value.stride(0), value.stride(1), value.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_table.stride(0), block_table.stride(1),
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_H=block_h, PAGE=k_cache.shape[1],
-        num_warps=4 if block_h * block_d >= 1024 else 2,
+        num_warps=4 if block_h * block_d >= 1024 else 2, **fp8,
     )
 
 
@@ -590,30 +649,37 @@ def _append_launch(key, value, k_cache, v_cache, block_table, cache_seqlens) -> 
 # ----------------------------------------------------------------------------------------------
 def _decode_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                  seq_lens: torch.Tensor, scale: float, num_splits: int, window: int = -1,
-                 softcap: float = 0.0) -> torch.Tensor:
-    return _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, window, softcap)
+                 softcap: float = 0.0, k_scale: Optional[torch.Tensor] = None,
+                 v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, window, softcap, False,
+                          k_scale, v_scale)
 
 
-def _decode_fake(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, window=-1, softcap=0.0):
+def _decode_fake(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, window=-1, softcap=0.0,
+                 k_scale=None, v_scale=None):
     return q.new_empty(q.shape)
 
 
 def _decode_lse_impl(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, scale: float, num_splits: int, window: int = -1,
-                     softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    return _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, window, softcap, True)
+                     softcap: float = 0.0, k_scale: Optional[torch.Tensor] = None,
+                     v_scale: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    return _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, window, softcap, True,
+                          k_scale, v_scale)
 
 
-def _decode_lse_fake(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, window=-1, softcap=0.0):
+def _decode_lse_fake(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, window=-1, softcap=0.0,
+                     k_scale=None, v_scale=None):
     return q.new_empty(q.shape), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
 def _append_impl(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 block_table: torch.Tensor, cache_seqlens: torch.Tensor) -> None:
-    _append_launch(key, value, k_cache, v_cache, block_table, cache_seqlens)
+                 block_table: torch.Tensor, cache_seqlens: torch.Tensor, k_scale: Optional[torch.Tensor] = None,
+                 v_scale: Optional[torch.Tensor] = None) -> None:
+    _append_launch(key, value, k_cache, v_cache, block_table, cache_seqlens, k_scale, v_scale)
 
 
-def _append_fake(key, value, k_cache, v_cache, block_table, cache_seqlens) -> None:
+def _append_fake(key, value, k_cache, v_cache, block_table, cache_seqlens, k_scale=None, v_scale=None) -> None:
     return None
 
 
@@ -648,11 +714,15 @@ def _check_index(name: str, t, ref_name: str, ref: torch.Tensor, rank: int, layo
 
 
 def _check_caches(k_cache, v_cache, ref_name: str, ref: torch.Tensor) -> tuple[int, int, int, int]:
-    check_tensor("k_cache", k_cache, min_dim=1)
-    check_tensor("v_cache", v_cache, min_dim=1)
+    """The caches' shape, strides and dtype: ``ref``'s (q's, key's) dtype, or an fp8 format."""
+    check_tensor("k_cache", k_cache, dtypes=FLOAT_DTYPES + KV_FP8_DTYPES, min_dim=1)
+    check_tensor("v_cache", v_cache, dtypes=FLOAT_DTYPES + KV_FP8_DTYPES, min_dim=1)
     _check_rank("k_cache", k_cache, 4, "(num_blocks, block_size, Hkv, D)")
     _check_rank("v_cache", v_cache, 4, "(num_blocks, block_size, Hkv, D)")
-    check_same("k_cache", k_cache, ref_name, ref, shape=False)
+    check_same("k_cache", k_cache, ref_name, ref, shape=False, dtype=False)
+    if k_cache.dtype != ref.dtype and k_cache.dtype not in KV_FP8_DTYPES:
+        raise TypeError(f"warpforge: 'k_cache' has dtype {k_cache.dtype} but '{ref_name}' has {ref.dtype}; "
+                        f"expected the same dtype, or an fp8 cache ({dtype_names(KV_FP8_DTYPES)})")
     check_same("v_cache", v_cache, "k_cache", k_cache)
     nblocks, page, hkv, d = k_cache.shape
     if page < MIN_BLOCK_SIZE or page & (page - 1):
@@ -666,6 +736,50 @@ def _check_caches(k_cache, v_cache, ref_name: str, ref: torch.Tensor) -> tuple[i
             raise ValueError(f"warpforge: '{name}' has stride {c.stride(-1)} on its head dim; expected 1 "
                              f"(the cache is written and read in place, so it cannot be copied)")
     return nblocks, page, hkv, d
+
+
+# Per-tensor scales given as Python floats, as one-element device tensors: made once per (value,
+# device), so a decode loop passing floats launches no fill kernel per call.
+_SCALES: dict = {}
+
+
+def _kv_scale(name: str, v, cache: torch.Tensor):
+    """``v`` (the public ``k_scale`` / ``v_scale``) as the operators take it: a one-element fp32
+    tensor on the cache's device where the cache is fp8 (None means 1.0), None otherwise (where a
+    scale given is an error: it would be silently unused). A tensor is used as it is (no host
+    read, so a CUDA graph replays whatever it holds then); a float must be finite and > 0."""
+    if cache.dtype not in KV_FP8_DTYPES:
+        if v is not None:
+            raise ValueError(f"warpforge: '{name}' is given but the caches are {_dt(cache.dtype)}; a scale applies "
+                             f"only to fp8 caches ({dtype_names(KV_FP8_DTYPES)})")
+        return None
+    if isinstance(v, torch.Tensor):
+        if not v.is_floating_point() or v.numel() != 1:
+            raise ValueError(f"warpforge: '{name}' is a {_dt(v.dtype)} tensor of shape {tuple(v.shape)}; expected "
+                             f"one floating-point element (a per-tensor scale)")
+        check_device(name, v)
+        check_same(name, v, "k_cache", cache, shape=False, dtype=False)
+        return v.reshape(1).to(torch.float32)
+    v = 1.0 if v is None else v
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"warpforge: '{name}' must be a float, a one-element tensor or None, got {type(v).__name__}")
+    if not (is_finite(v) and v > 0):
+        raise ValueError(f"warpforge: '{name}' is {v}; expected a finite scale > 0")
+    if torch.compiler.is_compiling() or type(cache) is not torch.Tensor or (
+            cache.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return torch.full((1,), float(v), dtype=torch.float32, device=cache.device)
+    key = (float(v), cache.device)
+    t = _SCALES.get(key)
+    if t is None:
+        if len(_SCALES) >= 1024:
+            _SCALES.clear()
+        t = _SCALES[key] = torch.full((1,), float(v), dtype=torch.float32, device=cache.device)
+    return t
+
+
+def _aligned_scale(t):
+    """A scale tensor 16-byte aligned, as the kernels are compiled (a view may not be)."""
+    return t if t is None or t.data_ptr() % 16 == 0 else t.clone()
 
 
 def _skip_sync(t: torch.Tensor) -> bool:
@@ -746,12 +860,14 @@ def _signature(q, k_cache, v_cache, block_table, seq_lens):
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, *, scale: float | None = None,
                      window_size: tuple[int, int] | None = None, softcap: float = 0.0,
-                     num_splits: int | None = None, validate: bool = True, return_lse: bool = False):
+                     num_splits: int | None = None, validate: bool = True, return_lse: bool = False,
+                     k_scale=None, v_scale=None):
     """Attention of one query token per sequence over a paged KV cache (flash-decoding).
 
     Args:
         q: (B, Hq, D), fp32/fp16/bf16, any strides (a copy is made only if D is not unit-stride).
-        k_cache, v_cache: (num_blocks, block_size, Hkv, D), q's dtype, D unit-stride: block n holds
+        k_cache, v_cache: (num_blocks, block_size, Hkv, D), q's dtype or an fp8 format
+            (float8_e4m3fn, float8_e5m2: see ``k_scale``), D unit-stride: block n holds
             block_size consecutive positions of every kv head. Hq must be a multiple of Hkv (MHA,
             GQA, MQA); query head h reads kv head h // (Hq // Hkv). 16 <= D <= 256 (any D: the
             kernel pads to a power of two with masks); block_size a power of two >= 8.
@@ -784,6 +900,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             shard's): out = sum_i exp(lse_i - lse) out_i, lse = logsumexp_i lse_i. Every call
             then goes through the split partials and their combine, which writes it (a second
             small launch where one split would have written the output directly).
+        k_scale, v_scale: fp8 caches only (vLLM's ``kv_cache_dtype="fp8"``): the caches hold
+            key / k_scale and value / v_scale (as :func:`append_paged_kv` writes them), so the
+            attention is over k_scale * k_cache and v_scale * v_cache. A float, or a one-element
+            tensor on the device (read by the kernel, never by the host: a CUDA graph replays
+            with whatever it holds); None is 1.0. The kernel widens fp8 to q's dtype exactly and
+            folds the scales into the score scale and the output, so the only error beyond a
+            16-bit cache's is the fp8 rounding of what was stored; it reads half the bytes.
 
     Returns:
         (B, Hq, D) in q's dtype, or (that, lse) with ``return_lse``. Forward only: decode needs no
@@ -817,15 +940,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError(f"warpforge: 'num_splits' is {num_splits!r}; expected None or an int >= 1")
     window = _window(window_size, False)[0]
     softcap = check_softcap(softcap)
+    ks, vs = _kv_scale("k_scale", k_scale, k_cache), _kv_scale("v_scale", v_scale, k_cache)
     if validate:
         _validate_metadata(block_table, seq_lens, 0, page, nblocks, "seq_lens", "in use", window)
     op = decode_attention_lse_op if return_lse else decode_attention_op
-    return op(q, k_cache, v_cache, block_table, seq_lens, float(scale), num_splits or 0, window, softcap)
+    return op(q, k_cache, v_cache, block_table, seq_lens, float(scale), num_splits or 0, window, softcap, ks, vs)
 
 
 
 def append_paged_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    block_table: torch.Tensor, cache_seqlens: torch.Tensor, *, validate: bool = True) -> None:
+                    block_table: torch.Tensor, cache_seqlens: torch.Tensor, *, k_scale=None, v_scale=None,
+                    validate: bool = True) -> None:
     """Write T new tokens of each sequence into the paged caches, in place.
 
     Token t of sequence b goes to position p = cache_seqlens[b] + t: block block_table[b, p //
@@ -833,8 +958,14 @@ def append_paged_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tenso
     owns it: add T after the call).
 
     Args:
-        key, value: (B, T, Hkv, D), T >= 1 (decode: T = 1), the caches' dtype.
+        key, value: (B, T, Hkv, D), T >= 1 (decode: T = 1), the caches' dtype; or fp32/fp16/bf16
+            into fp8 caches, quantised on the way (see ``k_scale``).
         k_cache, v_cache: (num_blocks, block_size, Hkv, D), as in :func:`decode_attention`.
+        k_scale, v_scale: where 16/32-bit tokens go into fp8 caches, each element is stored as
+            round-to-nearest-even(clamp(x / scale, +-fp8 max)) (448 for e4m3, 57,344 for e5m2;
+            NaN stays NaN): a float or a one-element device tensor, None meaning 1.0 -- the same
+            scales :func:`decode_attention` then takes. Not allowed otherwise (nothing to apply
+            them to).
         block_table: (B, max_blocks_per_seq) int32/int64; cache_seqlens: (B,) int32/int64.
         validate: one device-to-host sync checks that cache_seqlens >= 0, cache_seqlens + T fits the
             block table's capacity, and the blocks written are in [0, num_blocks) (ValueError).
@@ -842,9 +973,9 @@ def append_paged_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tenso
             unchecked, the kernel still never writes out of bounds: tokens past the capacity or
             in invalid blocks are dropped.
     """
-    check_tensor("key", key, min_dim=1)
+    check_tensor("key", key, dtypes=FLOAT_DTYPES + KV_FP8_DTYPES, min_dim=1)
     _check_rank("key", key, 4, "(B, T, Hkv, D)")
-    check_tensor("value", value, min_dim=1)
+    check_tensor("value", value, dtypes=FLOAT_DTYPES + KV_FP8_DTYPES, min_dim=1)
     check_same("value", value, "key", key)
     nblocks, page, hkv, d = _check_caches(k_cache, v_cache, "key", key)
     if (type(k_cache) is torch.Tensor and not k_cache.is_meta and not torch.compiler.is_compiling()
@@ -860,6 +991,12 @@ def append_paged_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tenso
         raise ValueError("warpforge: 'key' has T=0 tokens (dim 1); expected T >= 1")
     _check_index("block_table", block_table, "key", key, 2, "(B, max_blocks_per_seq)", bsz)
     _check_index("cache_seqlens", cache_seqlens, "key", key, 1, "(B,)", bsz)
+    quant = k_cache.dtype != key.dtype             # 16/32-bit tokens into an fp8 cache (_check_caches allowed it)
+    if not quant and (k_scale is not None or v_scale is not None):
+        raise ValueError(f"warpforge: 'k_scale'/'v_scale' are given but 'key' already has the caches' dtype "
+                         f"{_dt(key.dtype)}; a scale applies only when 16/32-bit tokens are quantised into fp8 caches")
+    ks = _kv_scale("k_scale", k_scale, k_cache) if quant else None
+    vs = _kv_scale("v_scale", v_scale, k_cache) if quant else None
     if validate:
         _validate_metadata(block_table, cache_seqlens, t, page, nblocks, "cache_seqlens", "written")
-    append_paged_kv_op(key, value, k_cache, v_cache, block_table, cache_seqlens)
+    append_paged_kv_op(key, value, k_cache, v_cache, block_table, cache_seqlens, ks, vs)
