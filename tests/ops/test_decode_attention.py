@@ -848,10 +848,9 @@ def test_plan_replay(route, bsz, heads, monkeypatch):
 @sm90_only
 @pytest.mark.parametrize("case", SM90_CASES)
 def test_sm90_return_lse(case, monkeypatch):
-    """The Hopper kernel with return_lse: the partials at every split count, one included (where
-    the kernel otherwise merges its warps itself), merged by the combine, which writes the lse;
-    checked to be the sm_90 kernel's. At one split the output may differ from the plain call's in
-    the last bit (the plain call merges in the kernel), so both are held to float64's."""
+    """The Hopper kernel with return_lse at every split count: at one split its in-kernel merge
+    writes the lse beside the output, with splits the combine does; checked to be the sm_90
+    kernel's, the output and lse (and the plain call's output) held to float64's."""
     hq, hkv, d, page, lens, interleave, bt_dtype = case
     calls = _sm90_calls(monkeypatch)
     lens_t = torch.tensor(lens, device=DEVICE, dtype=torch.int32)

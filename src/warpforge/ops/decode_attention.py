@@ -57,9 +57,11 @@ to softcap * tanh(score / softcap) (Gemma 2), computed as one exp2. Rows of a pa
 sequence's length (or before its window) are never let into the output, whatever they hold.
 
 ``return_lse=True`` also returns each head's log-sum-exp of the scores (to merge this result with
-attention over other keys: a shared prefix, another rank's shard). Such a call always goes through
-the partials and the combine kernel, which writes it: free where the call splits anyway (batch
-1-8 on an H200), +1-4% where one split would have written the output directly (NOTES item 163).
+attention over other keys: a shared prefix, another rank's shard). Whatever merges the call's
+partial states writes it: the combine kernel where the call splits, the Hopper kernel's in-kernel
+merge at one split (level with the plain call on an H200 at every batch, NOTES item 165; it cost
++1-4% from batch 16 while those calls took the partials and the combine, item 163). The Triton
+kernel's one-split calls (fp8 caches, other GPUs) still take the partials and the combine.
 
 Semantics decisions: seq_len 0 gives an all-zero output row (a softmax over nothing, read as the
 empty sum; a NaN would poison a batched serving step). Forward only: decode needs no gradient, so
@@ -480,8 +482,9 @@ def window_span(capacity: int, window: int, granule: int) -> int:
 
 def _decode_launch(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_splits: int, window: int = -1,
                    softcap: float = 0.0, want_lse: bool = False, k_scale=None, v_scale=None):
-    """out, or (out, lse) with ``want_lse``: then every call takes the partials and the combine
-    kernel (at one split too), which writes the log-sum-exp; without it the launches are as ever.
+    """out, or (out, lse) with ``want_lse``: then the Hopper kernel's one-split calls write the
+    log-sum-exp from their in-kernel merge, and every other call takes the partials and the
+    combine kernel (the Triton kernel's at one split too), which writes it.
     ``k_scale``, ``v_scale``: one-element fp32 tensors where the caches are fp8 (else None)."""
     bsz, hq, d = q.shape
     if bsz == 0:
@@ -525,13 +528,12 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
         pdl = _pdl(q)
         parts = sm90.decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale * LOG2E, num_splits or None,
                                  key=key if not num_splits else None, pdl=pdl, window=window,
-                                 softcap=_softcap_args(scale, softcap) if softcap > 0 else None, partials=want_lse)
+                                 softcap=_softcap_args(scale, softcap) if softcap > 0 else None, lse=lse)
         if parts is not None:
             _combine(*parts, out, parts[0].shape[2], pdl=pdl, lse=lse)
         if key is None or num_splits:          # a forced split count is a probe's or a test's: no plan
             return result, None
-        sfire = sm90.replay(key, q, k_cache, v_cache, block_table, pdl, window=window, softcap=softcap > 0,
-                            partials=want_lse)
+        sfire = sm90.replay(key, q, k_cache, v_cache, block_table, pdl, window=window, softcap=softcap > 0)
         cfire = _combine_replay(out, parts[0].shape[2], pdl, want_lse) if parts is not None else None
         if sfire is None or (parts is not None and cfire is None):
             return result, None
@@ -540,7 +542,8 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
         def fire(q, k_cache, v_cache, block_table, seq_lens, scale, softcap, k_scale, v_scale):
             out = new_empty(shape, dtype=dtype, device=device)
             lse = new_empty(shape[:2], dtype=torch.float32, device=device) if want_lse else None
-            parts = sfire(q, k_cache, v_cache, block_table, seq_lens, out, scale * LOG2E, _softcap_args(scale, softcap))
+            parts = sfire(q, k_cache, v_cache, block_table, seq_lens, out, scale * LOG2E, _softcap_args(scale, softcap),
+                          lse)
             if parts is not None:
                 cfire(*parts[:3], out, lse)
             return (out, lse) if want_lse else out
@@ -897,9 +900,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         return_lse: also return the (B, Hq) float32 log-sum-exp of each head's scaled (and capped)
             scores, natural log, -inf for a sequence that attends to nothing: what merging this
             result with attention over other keys needs (a shared prefix's, another rank's
-            shard's): out = sum_i exp(lse_i - lse) out_i, lse = logsumexp_i lse_i. Every call
-            then goes through the split partials and their combine, which writes it (a second
-            small launch where one split would have written the output directly).
+            shard's): out = sum_i exp(lse_i - lse) out_i, lse = logsumexp_i lse_i. The Hopper
+            kernel writes it from its merge (in the kernel at one split, in the combine with
+            splits); the Triton kernel's one-split calls then take the partials and the combine
+            (a second small launch).
         k_scale, v_scale: fp8 caches only (vLLM's ``kv_cache_dtype="fp8"``): the caches hold
             key / k_scale and value / v_scale (as :func:`append_paged_kv` writes them), so the
             attention is over k_scale * k_cache and v_scale * v_cache. A float, or a one-element

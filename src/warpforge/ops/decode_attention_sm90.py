@@ -208,6 +208,7 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
     ONE: gl.constexpr = sc.type.shape[2] == D                                 # one split: merge here
     WINDOW: gl.constexpr = flags.type.shape[0] == 2                           # keys from n - 1 - win only
     SOFTCAP: gl.constexpr = flags.type.shape[1] == 2                          # capped scores (_softcap)
+    LSE: gl.constexpr = flags.type.shape[2] == 2                              # ONE: m_ptr takes the lse
     dtype: gl.constexpr = k_desc.dtype
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -320,6 +321,11 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
             rows = (kvh * G + g_m).to(gl.int64)
             gl.store(out_ptr + b.to(gl.int64) * s_ob + rows[:, None] * s_oh + W * DS + dd_m[None, :],
                      o.to(out_ptr.dtype.element_ty), mask=(g_m < G)[:, None])
+            if LSE:
+                if W == 0:    # the natural log-sum-exp, ln 2 (M + log2 L), into the (B, Hq) fp32 m_ptr
+                    lse = gl.where(lsum > 0, (mu + gl.log2(gl.where(lsum > 0, lsum, 1.0))) * 0.6931471805599453,
+                                   -float("inf"))
+                    gl.store(m_ptr + b.to(gl.int64) * (Hkv * G) + rows, lse, mask=g_m < G)
         else:
             # a split: this warp's state is partial split * C + W (the combine kernel merges them;
             # merging the C warps here first measured slower at batch 1: 21.6 against 17.6 us)
@@ -387,10 +393,11 @@ def _decode_sm90_kernel(q_ptr,                    # (B, Hq, D), D unit-stride
                         sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh,
                         NB: gl.constexpr, C: gl.constexpr, GP: gl.constexpr, REGS: gl.constexpr,
                         SD: gl.constexpr, PDL: gl.constexpr = False, WINDOW: gl.constexpr = False,
-                        SOFTCAP: gl.constexpr = False):
+                        SOFTCAP: gl.constexpr = False, LSE: gl.constexpr = False):
     # SD: the merge scratch's columns, D where every unit is a whole sequence (one split), else a
-    # stub: the consumers compile the merge only then (_dec_consume's ONE). WINDOW and SOFTCAP
-    # reach the partitions (which take no constexpr arguments) as the shape of ``flags``
+    # stub: the consumers compile the merge only then (_dec_consume's ONE). WINDOW, SOFTCAP and LSE
+    # reach the partitions (which take no constexpr arguments) as the shape of ``flags``. LSE (one
+    # split only): the merge also writes each head's log-sum-exp, m_ptr being the (B, Hq) fp32 lse
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NB * C] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [NB * C] + v_desc.block_type.shape, v_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
@@ -403,7 +410,8 @@ def _decode_sm90_kernel(q_ptr,                    # (B, Hq, D), D unit-stride
     scl = gl.allocate_shared_memory(gl.float32, [2 * C, GP], plain1)
     done = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    flags = gl.allocate_shared_memory(gl.int8, [1 + WINDOW, 1 + SOFTCAP], plain2)   # never read: its shape
+    plain3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+    flags = gl.allocate_shared_memory(gl.int8, [1 + WINDOW, 1 + SOFTCAP, 1 + LSE], plain3)   # never read: its shape
     for i in gl.static_range(NB):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=C)
@@ -519,8 +527,8 @@ def _partials(q, s):
 def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: float, splits: int | None = None,
                 slots: int | None = None, nb: int | None = None, regs: int | None = None, key=None,
                 pdl: bool = False, window: int = -1, softcap: tuple[float, float] | None = None,
-                partials: bool = False):
-    """The kernel's pass. With one split a sequence (and not ``partials``) it writes ``out``
+                lse=None):
+    """The kernel's pass. With one split a sequence it writes ``out``
     (contiguous) and returns None; otherwise it returns the (m, l, acc) partials (B, Hq, P), (B, Hq, P), (B, Hq, P, D) fp32,
     P = S x C, for ops/decode_attention.py's combine kernel. ``splits``, ``slots`` (programs),
     ``nb`` (ring depth) and ``regs`` (registers a thread) override the plan, for the probes.
@@ -529,11 +537,11 @@ def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: flo
     caller launches the combine as this grid's programmatic dependent (``launch_pdl``), and each
     program lets it launch once all of its partitions are done. ``window``: the sliding window's
     left (-1: none); ``softcap``: None, or the (cap_in, cap_out) of ops/decode_attention.py's
-    _softcap_args. ``partials``: the partials even at one split (the combine then writes the
-    log-sum-exp; the in-kernel merge has none)."""
+    _softcap_args. ``lse``: a (B, Hq) fp32 tensor for the log-sum-exp: at one split the kernel's
+    merge writes it; with splits the caller's combine must (it gets the partials as ever)."""
     s, grid, ring, nreg, ints, box = _geometry(q, k_cache, block_table, splits, slots, nb, regs, window)
-    split_out = s > 1 or partials
-    parts = _partials(q, s) if split_out else (out, out, out)   # unused pointers at one split
+    split_out = s > 1
+    parts = _partials(q, s) if split_out else (out if lse is None else lse, out, out)   # unused at one split but the lse
     layout = _smem_layout(q.shape[2], q.dtype)
     k_desc = TensorDescriptor(k_cache, list(k_cache.shape), list(k_cache.stride()), box, layout)
     v_desc = TensorDescriptor(v_cache, list(v_cache.shape), list(v_cache.stride()), box, layout)
@@ -542,17 +550,16 @@ def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: flo
              out.stride(0), out.stride(1)),
             dict(NB=ring, C=CONSUMERS, GP=_group_cols(q.shape[1] // k_cache.shape[2]), REGS=nreg,
                  SD=MERGE_STUB if split_out else q.shape[2], PDL=pdl and split_out, WINDOW=window >= 0,
-                 SOFTCAP=softcap is not None),
+                 SOFTCAP=softcap is not None, LSE=lse is not None and not split_out),
             num_warps=4, num_stages=None,
             **({"maxnreg": regs} if regs else {}))
     return parts if split_out else None
 
 
-def replay(key, q, k_cache, v_cache, block_table, pdl: bool = False, window: int = -1, softcap: bool = False,
-           partials: bool = False):
-    """After ``decode_sm90(..., key=key, pdl=pdl, window=window, partials=partials)`` ran once on a
-    call like this one (``softcap``: with a softcap): a function
-    ``fire(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2, caps)`` that launches the
+def replay(key, q, k_cache, v_cache, block_table, pdl: bool = False, window: int = -1, softcap: bool = False):
+    """After ``decode_sm90(..., key=key, pdl=pdl, window=window)`` ran once on a call like this one
+    (``softcap``: with a softcap; the key tells whether it had an ``lse``): a function
+    ``fire(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2, caps, lse)`` that launches the
     recorded kernel with no JIT work (the descriptors are rebuilt around the new base pointers;
     shape, strides and box are the key's) and returns None at one split, else (m, l, acc, buffer):
     the partials as pointers into one fp32 buffer, which the caller keeps until the combine is
@@ -562,7 +569,7 @@ def replay(key, q, k_cache, v_cache, block_table, pdl: bool = False, window: int
         return None
     compiled, tail = recorded
     s, grid, _, _, ints, box = _geometry(q, k_cache, block_table, None, None, None, None, window)
-    split_out = s > 1 or partials
+    split_out = s > 1
     shape, kstride, vstride = list(k_cache.shape), list(k_cache.stride()), list(v_cache.stride())
     grid = (grid,)
 
@@ -570,13 +577,13 @@ def replay(key, q, k_cache, v_cache, block_table, pdl: bool = False, window: int
     rows = bsz * hq * s * CONSUMERS                    # (m, l, acc) in one allocation: rows, rows, rows x D,
     rows16 = -(-rows // 4) * 4                         # each part 16-byte aligned (as the kernel was compiled)
 
-    def fire(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2, caps):
+    def fire(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2, caps, lse=None):
         if split_out:
             buf = torch.empty(2 * rows16 + rows * d, dtype=torch.float32, device=out.device)
             base = buf.data_ptr()
             parts = (Ptr(base), Ptr(base + 4 * rows16), Ptr(base + 8 * rows16), buf)
         else:
-            parts = (out, out, out)
+            parts = (out if lse is None else lse, out, out)
         launch(compiled, grid, (q, Desc(k_cache, shape, kstride, box), Desc(v_cache, shape, vstride, box), block_table,
                                 seq_lens, out, *parts[:3], scale_log2, *caps, *ints, out.stride(0), out.stride(1),
                                 *tail))
