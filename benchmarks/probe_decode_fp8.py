@@ -21,6 +21,7 @@ import warpforge.ops.decode_attention as DA
 import warpforge.runtime.heuristics as heur
 from decode_probe_inputs import alternate, paged_problem, shapes, timing_setup, unpaged
 from warpforge.bench.timing import device_ms
+from warpforge.bench.workloads import kv_fp8
 
 SHAPES = "1x16384,8x8192,16x8192,32x16384,64x4096,64x32768"
 # (block_n, num_warps, num_stages) of the fp8 Triton kernel; None: decode_config's own pick.
@@ -49,10 +50,8 @@ def main() -> None:
     res, nbytes = {}, {}
     for sh, bsz, ctx in shapes(a.shapes):
         q, kc, vc, bt, sl, kv_bytes = paged_problem(bsz, ctx)
-        ks = 2.0 ** torch.ceil(torch.log2(kc.abs().amax().float() / 448)).item()
-        vs = 2.0 ** torch.ceil(torch.log2(vc.abs().amax().float() / 448)).item()
-        k8 = (kc.float() / ks).clamp(-448, 448).to(torch.float8_e4m3fn)
-        v8 = (vc.float() / vs).clamp(-448, 448).to(torch.float8_e4m3fn)
+        k8, ks = kv_fp8(kc)
+        v8, vs = kv_fp8(vc)
         kd, vd = (k8.to(torch.bfloat16) * ks), (v8.to(torch.bfloat16) * vs)   # exact: power-of-two scales
         ref = DA.decode_attention(q, kd, vd, bt, sl)
         ku, vu = unpaged(kd, bt, ctx), unpaged(vd, bt, ctx)

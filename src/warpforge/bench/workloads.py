@@ -862,11 +862,10 @@ def decode_check_cases() -> list[Case]:
     return [_decode_case(2, 40, 4, 2, 16, 8), _decode_case(3, 37, 4, 2, 32, 8)]
 
 
-def _decode_make(case, dtype, device):
+def _decode_paged(case, dtype, device):
     """The paged problem -- q (B, Hq, D); k/v caches (num_blocks, block, Hkv, D) of exactly the
     blocks needed, handed out as a random permutation of the pool; block_table (B, max_blocks)
-    int32; seq_lens (B,) int32, all ctx -- and the same values unpaged for the peers: q4
-    (B, Hq, 1, D), k4/v4 (B, Hkv, ctx, D). Cache slots past ctx hold random values too."""
+    int32; seq_lens (B,) int32, all ctx. Cache slots past ctx hold random values too."""
     d = case.dims
     b, ctx, blk = d["B"], d["ctx"], d["block"]
     nb = -(-ctx // blk)
@@ -875,20 +874,32 @@ def _decode_make(case, dtype, device):
     v_cache = randn((b * nb, blk, d["Hkv"], d["D"]), dtype, device)
     block_table = torch.randperm(b * nb, device=device).view(b, nb).to(torch.int32)
     seq_lens = torch.full((b,), ctx, dtype=torch.int32, device=device)
-
-    def unpaged(cache):
-        return cache[block_table.long()].view(b, nb * blk, d["Hkv"], d["D"])[:, :ctx].transpose(1, 2).contiguous()
-
-    k4 = unpaged(k_cache)
-    v4 = unpaged(v_cache)
-    return q, k_cache, v_cache, block_table, seq_lens, q.unsqueeze(2), k4, v4
+    return q, k_cache, v_cache, block_table, seq_lens
 
 
-def _sdpa_decode(q, k_cache, v_cache, block_table, seq_lens, q4, k4, v4):
+def _unpaged(cache, block_table, ctx):
+    """The first ``ctx`` positions of each sequence of a paged cache, as SDPA reads them:
+    (B, Hkv, ctx, D), contiguous."""
+    b, nb = block_table.shape
+    _, blk, hkv, dim = cache.shape
+    return cache[block_table.long()].view(b, nb * blk, hkv, dim)[:, :ctx].transpose(1, 2).contiguous()
+
+
+def _decode_make(case, dtype, device):
+    """:func:`_decode_paged`'s problem and the same values unpaged for the peers: q4 (B, Hq, 1, D),
+    k4/v4 (B, Hkv, ctx, D)."""
+    q, k_cache, v_cache, block_table, seq_lens = _decode_paged(case, dtype, device)
+    ctx = case.dims["ctx"]
+    return (q, k_cache, v_cache, block_table, seq_lens, q.unsqueeze(2), _unpaged(k_cache, block_table, ctx),
+            _unpaged(v_cache, block_table, ctx))
+
+
+def _sdpa_decode(q, k_cache, v_cache, block_table, seq_lens, q4, k4, v4, *_):
+    """SDPA on the unpaged problem; trailing args (a window's left, fp8 scales) are ours alone."""
     return F.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True)
 
 
-def decode_reference(q, k_cache, v_cache, block_table, seq_lens, q4, k4, v4):
+def decode_reference(q, k_cache, v_cache, block_table, seq_lens, q4, k4, v4, *_):
     return attention_reference(q4, k4, v4, False, True)
 
 
@@ -899,10 +910,12 @@ def _decode_ours(get):
             "warpforge[validated]": lambda q, kc, vc, bt, sl, *_: f(q, kc, vc, bt, sl).unsqueeze(2)}
 
 
-def decode_bytes(case: Case, mode: str, s: int) -> int:
+def decode_bytes(case: Case, mode: str, s: int, kv_s: int | None = None) -> int:
+    """The keys and values attended at ``kv_s`` bytes an element (default ``s``: the 16-bit
+    caches'; 1 for fp8 ones), plus q and out at ``s``."""
     d = case.dims
     keys = min(d["ctx"], d.get("window", d["ctx"]))
-    return (2 * d["B"] * keys * d["Hkv"] * d["D"] + 2 * d["B"] * d["Hq"] * d["D"]) * s
+    return 2 * d["B"] * keys * d["Hkv"] * d["D"] * (s if kv_s is None else kv_s) + 2 * d["B"] * d["Hq"] * d["D"] * s
 
 
 def decode_flops(case: Case, mode: str) -> int:
@@ -910,49 +923,30 @@ def decode_flops(case: Case, mode: str) -> int:
     return 4 * d["B"] * d["Hq"] * min(d["ctx"], d.get("window", d["ctx"])) * d["D"]
 
 
+def kv_fp8(cache):
+    """(cache in float8_e4m3fn, its scale): one power-of-two scale, the smallest putting the
+    largest magnitude at or under 448, so that fp8 * scale is exact in bf16/fp16."""
+    scale = 2.0 ** math.ceil(math.log2(cache.abs().amax().float().item() / 448.0))
+    return (cache.float() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), scale
+
+
 def _decode_fp8_make(case, dtype, device):
-    """_decode_make's problem with the caches stored in float8_e4m3fn, each with one power-of-two
-    scale (the smallest putting its largest magnitude at or under 448), so that fp8 * scale is
-    exact in bf16/fp16: the peers' unpaged k4/v4 hold exactly the values our kernel dequantises,
-    and every row computes the same attention. Two trailing args: k_scale, v_scale (floats)."""
-    q, k_cache, v_cache, block_table, seq_lens, q4, _, _ = _decode_make(case, dtype, device)
-
-    def quantise(cache):
-        scale = 2.0 ** math.ceil(math.log2(cache.abs().amax().float().item() / 448.0))
-        return (cache.float() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), scale
-
-    kc8, ks = quantise(k_cache)
-    vc8, vs = quantise(v_cache)
+    """:func:`_decode_paged`'s problem with the caches stored by :func:`kv_fp8`: the peers'
+    unpaged k4/v4 hold exactly the values our kernel dequantises, so every row computes the same
+    attention. Two trailing args: k_scale, v_scale (floats)."""
+    q, k_cache, v_cache, block_table, seq_lens = _decode_paged(case, dtype, device)
+    kc8, ks = kv_fp8(k_cache)
+    vc8, vs = kv_fp8(v_cache)
     del k_cache, v_cache
-    d = case.dims
-    b, ctx, blk = d["B"], d["ctx"], d["block"]
-    nb = -(-ctx // blk)
-
-    def unpaged(cache, scale):
-        rows = cache[block_table.long()].view(b, nb * blk, d["Hkv"], d["D"])[:, :ctx]
-        return (rows.to(dtype) * scale).transpose(1, 2).contiguous()
-
-    return q, kc8, vc8, block_table, seq_lens, q4, unpaged(kc8, ks), unpaged(vc8, vs), ks, vs
+    ctx = case.dims["ctx"]
+    k4, v4 = (_unpaged(c, block_table, ctx).to(dtype) * s for c, s in ((kc8, ks), (vc8, vs)))
+    return q, kc8, vc8, block_table, seq_lens, q.unsqueeze(2), k4, v4, ks, vs
 
 
 def _decode_fp8_ours(get):
     f = get("decode_attention")
     return {"warpforge": lambda q, kc, vc, bt, sl, q4, k4, v4, ks, vs:
             f(q, kc, vc, bt, sl, k_scale=ks, v_scale=vs, validate=False).unsqueeze(2)}
-
-
-def _sdpa_decode_fp8(q, k_cache, v_cache, block_table, seq_lens, q4, k4, v4, ks, vs):
-    return F.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True)
-
-
-def decode_fp8_reference(q, k_cache, v_cache, block_table, seq_lens, q4, k4, v4, ks, vs):
-    return attention_reference(q4, k4, v4, False, True)
-
-
-def decode_fp8_bytes(case: Case, mode: str, s: int) -> int:
-    """The KV read at one byte an element, plus q and out at ``s``."""
-    d = case.dims
-    return 2 * d["B"] * d["ctx"] * d["Hkv"] * d["D"] + 2 * d["B"] * d["Hq"] * d["D"] * s
 
 
 # A sliding window (Mistral-7B's 4,096 keys; gpt-oss's 128) over a long paged context
@@ -988,14 +982,6 @@ def _decode_window_ours(get):
     f = get("decode_attention")
     return {"warpforge": lambda q, kc, vc, bt, sl, q4, k4, v4, left:
             f(q, kc, vc, bt, sl, window_size=(left, 0), validate=False).unsqueeze(2)}
-
-
-def _sdpa_decode_window(q, k_cache, v_cache, block_table, seq_lens, q4, k4, v4, left):
-    return F.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True)
-
-
-def decode_window_reference(q, k_cache, v_cache, block_table, seq_lens, q4, k4, v4, left):
-    return attention_reference(q4, k4, v4, False, True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1544,9 +1530,9 @@ _register(Workload(
 _register(Workload(
     name="decode_attention_fp8", module="warpforge.ops.decode_attention",
     cases=decode_cases, check_cases=decode_check_cases, make=_decode_fp8_make, grad_args=(),
-    ours_fn=_decode_fp8_ours, eager=_sdpa_decode_fp8, reference=decode_fp8_reference,
-    peers=sdpa_peers(_sdpa_decode_fp8), compile_peer=False,
-    bytes_fn=decode_fp8_bytes, flops_fn=decode_flops, modes=("fwd",), only_dtypes=(torch.bfloat16, torch.float16),
+    ours_fn=_decode_fp8_ours, eager=_sdpa_decode, reference=decode_reference,
+    peers=sdpa_peers(_sdpa_decode), compile_peer=False,
+    bytes_fn=functools.partial(decode_bytes, kv_s=1), flops_fn=decode_flops, modes=("fwd",), only_dtypes=(torch.bfloat16, torch.float16),
     notes="decode_attention over fp8 caches (float8_e4m3fn, one power-of-two k_scale and v_scale; vLLM's "
           "kv_cache_dtype='fp8'), validate=False; the problem and block table as in decode_attention; no peer "
           "here reads an fp8 cache, so the peers run the same attention on the dequantised values (exact in "
@@ -1559,8 +1545,8 @@ _register(Workload(
 _register(Workload(
     name="decode_attention_window", module="warpforge.ops.decode_attention",
     cases=decode_window_cases, check_cases=decode_window_check_cases, make=_decode_window_make, grad_args=(),
-    ours_fn=_decode_window_ours, eager=_sdpa_decode_window, reference=decode_window_reference,
-    peers=sdpa_peers(_sdpa_decode_window), compile_peer=False,
+    ours_fn=_decode_window_ours, eager=_sdpa_decode, reference=decode_reference,
+    peers=sdpa_peers(_sdpa_decode), compile_peer=False,
     bytes_fn=decode_bytes, flops_fn=decode_flops, modes=("fwd",), only_dtypes=(torch.bfloat16, torch.float16),
     notes="decode_attention with a sliding window (window_size=(window - 1, 0): the last window keys of a ctx-long "
           "paged sequence; Mistral-7B's 4,096, gpt-oss's 128), validate=False; block table a random permutation "

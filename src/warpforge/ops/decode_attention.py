@@ -104,7 +104,7 @@ from ..runtime.heuristics import DECODE_COMBINE_D, DECODE_COMBINE_STEP, decode_c
 from ..runtime.launch import LaunchCache, Ptr, aligned, gdc_launch_dependents, gdc_wait, launch, pdl_supported
 from ..runtime.registry import Op
 from .attention import _window, check_softcap
-from .fp8 import FP8_MAX, _FP8_GRID, _fp8_quantize
+from .fp8 import _fp8_quantize, fp8_quantize_consts
 
 LOG2E = 1.4426950408889634
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
@@ -452,7 +452,6 @@ def _combine_replay(out, parts: int, pdl: bool, lse: bool = False):
 _PDL_ON = os.environ.get("WARPFORGE_DECODE_PDL", "1") != "0"
 
 
-
 def _pdl(t: torch.Tensor) -> bool:
     """Whether the split kernels (Triton and Gluon) and their combine use programmatic dependent
     launch (sm_90+ GPU, not the interpreter; WARPFORGE_DECODE_PDL=0 turns it off)."""
@@ -630,10 +629,7 @@ def _append_launch(key, value, k_cache, v_cache, block_table, cache_seqlens, k_s
     block_d = triton.next_power_of_2(d)
     block_h = min(triton.next_power_of_2(hkv), max(1, 4096 // block_d))
     quant = k_scale is not None
-    fp8 = {}
-    if quant:
-        mant, emin = _FP8_GRID[k_cache.dtype]
-        fp8 = dict(QUANT=True, FP8_MAX=FP8_MAX[k_cache.dtype], FIX=interpreting(), MANT=mant, EMIN=emin)
+    fp8 = dict(fp8_quantize_consts(k_cache.dtype), QUANT=True) if quant else {}
     _append_paged_kv_kernel[(bsz * t,)](
         key, value, k_cache, v_cache, block_table, cache_seqlens,
         k_scale if quant else key, v_scale if quant else key,

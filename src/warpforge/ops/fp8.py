@@ -290,9 +290,15 @@ def _fp8_quantize_tensor_kernel(
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
-def _fp8_consts(dtype: torch.dtype) -> dict:
+def fp8_quantize_consts(dtype: torch.dtype) -> dict:
+    """The constexprs :func:`_fp8_quantize` takes for the fp8 ``dtype`` (its max and grid, and the
+    interpreter's rounding fix): also the paged-KV append's (ops/decode_attention.py)."""
     mant, emin = _FP8_GRID[dtype]
-    return dict(FP8_MAX=FP8_MAX[dtype], AMAX_FLOOR=AMAX_FLOOR, FIX=interpreting(), MANT=mant, EMIN=emin)
+    return dict(FP8_MAX=FP8_MAX[dtype], FIX=interpreting(), MANT=mant, EMIN=emin)
+
+
+def _fp8_consts(dtype: torch.dtype) -> dict:
+    return dict(fp8_quantize_consts(dtype), AMAX_FLOOR=AMAX_FLOOR)
 
 
 def _quantize(x: torch.Tensor, per_row: bool, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
