@@ -1132,3 +1132,59 @@ def test_fp8_large_gpu(kv_dtype):
     graph.replay()
     want = decode_attention_reference(q, kc, vc, bt, lens, k_scale=0.05, v_scale=0.003)
     assert_close(static, want, torch.bfloat16, what="CUDA graph replay with new scales")
+
+
+@sm90_only
+@pytest.mark.parametrize("kv_dtype", FP8_KV)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", SM90_CASES)
+def test_sm90_fp8(case, dtype, kv_dtype, monkeypatch):
+    """The Hopper kernel over fp8 caches (tiles widened to fp16 in registers, q brought to fp16 at
+    a power of two a head, V^T's rows relabelled): against float64 on the dequantised caches at its
+    own split plan and forced counts, with the lse, the rows past each length NaN (the kernel loads
+    a length's last slice whole); then a window and a softcap; checked to be the kernel that ran."""
+    hq, hkv, d, page, lens, _, bt_dtype = case
+    calls = _sm90_calls(monkeypatch)
+    lens_t = torch.tensor(lens, device=DEVICE, dtype=torch.int32)
+    mb = -(-max(lens) // page) + 1
+    ks, vs = 0.012, 0.015
+    kc, vc, bt, _ = fp8_paged(len(lens), mb, page, hkv, d, kv_dtype, ks, vs)
+    bt = bt.to(bt_dtype)
+    _window_problem(lens_t, -1, page, kc, vc, bt)
+    q = randn(len(lens), hq, d, dtype=dtype)
+    want = decode_attention_reference(q.double(), kc, vc, bt, lens_t, k_scale=ks, v_scale=vs, return_lse=True)
+    for splits in (None, 1, 5):
+        out = decode_attention(q, kc, vc, bt, lens_t, num_splits=splits, k_scale=ks, v_scale=vs)
+        assert_close(out, want[0], dtype, what=f"num_splits={splits}")
+        got = decode_attention(q, kc, vc, bt, lens_t, num_splits=splits, k_scale=torch.tensor([ks], device=DEVICE),
+                               v_scale=vs, return_lse=True)
+        _check_lse(got, want, dtype, f"lse, num_splits={splits}")
+    kw = dict(window_size=(37, -1), softcap=30.0, k_scale=ks, v_scale=vs)
+    called = _window_problem(lens_t, 37, page, kc, vc, bt)
+    ref = decode_attention_reference(q.double(), kc, vc, bt, lens_t, **kw)
+    for splits in (None, 3):
+        assert_close(decode_attention(q, kc, vc, called, lens_t, num_splits=splits, **kw), ref, dtype,
+                     what=f"window, softcap, num_splits={splits}")
+    assert len(calls) == 8, "the sm_90 kernel took the calls"
+
+
+@sm90_only
+@pytest.mark.parametrize("kv_dtype", FP8_KV)
+def test_sm90_fp8_query_range(kv_dtype, monkeypatch):
+    """bf16 queries fp16 cannot hold as they are (|q| to ~4e5, and ~3e-7 where fp16 keeps a few
+    bits), each head at its own magnitude, with softmax scales that bring the scores back to O(1):
+    the kernel's power of two a head keeps them exact."""
+    calls = _sm90_calls(monkeypatch)
+    hq, hkv, d, page = 32, 8, 128, 16
+    lens = torch.tensor([700, 33, 2000], device=DEVICE, dtype=torch.int32)
+    kc, vc, bt, _ = fp8_paged(3, 130, page, hkv, d, kv_dtype, 0.01, 0.01)
+    for mag in (1e5, 3e-7):
+        q = randn(3, hq, d, dtype=torch.float32) * mag
+        q[:, ::4] *= 4.0                        # heads of one group at different powers of two
+        q = q.to(torch.bfloat16)
+        scale = 0.5 / (mag * d ** 0.5)
+        want = decode_attention_reference(q.double(), kc, vc, bt, lens, scale=scale, k_scale=0.01, v_scale=0.01)
+        for splits in (None, 1):
+            out = decode_attention(q, kc, vc, bt, lens, scale=scale, num_splits=splits, k_scale=0.01, v_scale=0.01)
+            assert_close(out, want, torch.bfloat16, what=f"|q| ~ {mag}, num_splits={splits}")
+    assert len(calls) == 3, "the sm_90 kernel took the calls (the second plain call replays the first's plan)"

@@ -923,11 +923,12 @@ def decode_flops(case: Case, mode: str) -> int:
     return 4 * d["B"] * d["Hq"] * min(d["ctx"], d.get("window", d["ctx"])) * d["D"]
 
 
-def kv_fp8(cache):
-    """(cache in float8_e4m3fn, its scale): one power-of-two scale, the smallest putting the
-    largest magnitude at or under 448, so that fp8 * scale is exact in bf16/fp16."""
-    scale = 2.0 ** math.ceil(math.log2(cache.abs().amax().float().item() / 448.0))
-    return (cache.float() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), scale
+def kv_fp8(cache, fmt=torch.float8_e4m3fn):
+    """(cache in ``fmt``, its scale): one power-of-two scale, the smallest putting the largest
+    magnitude at or under the format's max, so that fp8 * scale is exact in bf16/fp16."""
+    top = torch.finfo(fmt).max
+    scale = 2.0 ** math.ceil(math.log2(cache.abs().amax().float().item() / top))
+    return (cache.float() / scale).clamp(-top, top).to(fmt), scale
 
 
 def _decode_fp8_make(case, dtype, device):

@@ -61,7 +61,8 @@ attention over other keys: a shared prefix, another rank's shard). Whatever merg
 partial states writes it: the combine kernel where the call splits, the Hopper kernel's in-kernel
 merge at one split (level with the plain call on an H200 at every batch, NOTES item 165; it cost
 +1-4% from batch 16 while those calls took the partials and the combine, item 163). The Triton
-kernel's one-split calls (fp8 caches, other GPUs) still take the partials and the combine.
+kernel's one-split calls (other GPUs, calls the Hopper kernel declines) still take the partials
+and the combine.
 
 Semantics decisions: seq_len 0 gives an all-zero output row (a softmax over nothing, read as the
 empty sum; a NaN would poison a batched serving step). Forward only: decode needs no gradient, so
@@ -72,19 +73,18 @@ Append byte model: read the new keys and values, write them, 4 * B * T * Hkv * D
 per (sequence, token) moves all of its Hkv * D keys and values in 16-byte vectors.
 
 fp8 caches (``float8_e4m3fn`` / ``float8_e5m2`` with a per-tensor ``k_scale`` and ``v_scale``,
-vLLM's ``kv_cache_dtype="fp8"``): half the cache memory, so twice the tokens in the same pool. The
-Triton kernel loads fp8 tiles of twice the tokens (the tiles are sized in bytes), widens them to
-q's dtype (exact) for the same dots, and folds the scales in where they cost nothing: k_scale into
-the score scale (q . (s k) = s (q . k)) and v_scale into the accumulator at the end (P (s V) =
-s (P V)). Such calls always take the Triton kernel (the Gluon one reads 16-bit tiles by TMA
-straight into its MMAs). ``append_paged_kv`` quantises 16/32-bit new tokens on the way in, with
-fp8.py's rounding. Speed, measured (H200, NOTES item 164): the step is NOT twice as fast. The
-Triton kernel streams tokens at about the rate it does from a 16-bit cache (35-49% of copy on the
-fp8 bytes from batch 8), so cuDNN on the 16-bit problem is 0.82-0.97x its time and our Gluon
-kernel's 16-bit call 8-19% faster. Tokens a second, not bytes, bound it (per-token addresses,
-masks, the widening, 16-row MMAs for 4 heads). Reading V as 32-bit words (no single-byte shared
-loads) ran slower on the GPU; one 64-bit address a page (3-D tiles) lost its loads' pipelining and
-spilled (offline sm_90 compile). A Gluon fp8 kernel is the lead, not built.
+vLLM's ``kv_cache_dtype="fp8"``): half the cache memory, so twice the tokens in the same pool.
+Both kernels widen the fp8 tiles exactly and fold the scales in where they cost nothing: k_scale
+into the score scale (q . (s k) = s (q . k)) and v_scale into the accumulator at the end
+(P (s V) = s (P V)). ``append_paged_kv`` quantises 16/32-bit new tokens on the way in, with
+fp8.py's rounding.
+- The Hopper kernel (ops/decode_attention_sm90.py) takes the calls it covers. It widens to fp16
+  in registers, with q brought to fp16 at a power of two a head. H200 (NOTES item 166), cuDNN on
+  the dequantised bf16 problem over ours: 1.40-1.71x from batch 16 (67-91% of copy on the fp8
+  bytes), 1.20-1.51x at batch 8, 0.94-1.24x at batch 1 (4K to 32K).
+- The Triton kernel loads fp8 tiles of twice the tokens (the tiles are sized in bytes) and widens
+  them to q's dtype. It streams tokens at about its 16-bit rate, 35-49% of copy on the fp8 bytes
+  (item 164), so it buys memory, not speed.
 """
 from __future__ import annotations
 
@@ -515,19 +515,19 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
     """A call through the launchers (recording the compiled kernels under ``key``): (result, a
     ``fire(q, k_cache, v_cache, block_table, seq_lens, scale, softcap, k_scale, v_scale)``
     replaying the same launches, or None under the interpreter); the result is out, or (out, lse)
-    with ``want_lse``. fp8 caches (``k_scale`` given) take the Triton kernel."""
+    with ``want_lse``."""
     bsz, hq, d = q.shape
     nblocks, page, hkv, _ = k_cache.shape
     out = new_empty((bsz, hq, d), dtype=q.dtype, device=q.device)
     lse = new_empty((bsz, hq), dtype=torch.float32, device=q.device) if want_lse else None
     result = (out, lse) if want_lse else out
-    fp8 = k_scale is not None
-    if sm90 is not None and not fp8 and bsz * hkv * block_table.shape[1] * page >= heuristics.DECODE_SM90_MIN_TOKENS \
+    if sm90 is not None and bsz * hkv * block_table.shape[1] * page >= heuristics.DECODE_SM90_MIN_TOKENS \
             and sm90.covers(q, k_cache, v_cache):
         pdl = _pdl(q)
         parts = sm90.decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale * LOG2E, num_splits or None,
                                  key=key if not num_splits else None, pdl=pdl, window=window,
-                                 softcap=_softcap_args(scale, softcap) if softcap > 0 else None, lse=lse)
+                                 softcap=_softcap_args(scale, softcap) if softcap > 0 else None, lse=lse,
+                                 k_scale=k_scale, v_scale=v_scale)
         if parts is not None:
             _combine(*parts, out, parts[0].shape[2], pdl=pdl, lse=lse)
         if key is None or num_splits:          # a forced split count is a probe's or a test's: no plan
@@ -542,12 +542,13 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
             out = new_empty(shape, dtype=dtype, device=device)
             lse = new_empty(shape[:2], dtype=torch.float32, device=device) if want_lse else None
             parts = sfire(q, k_cache, v_cache, block_table, seq_lens, out, scale * LOG2E, _softcap_args(scale, softcap),
-                          lse)
+                          lse, k_scale, v_scale)
             if parts is not None:
                 cfire(*parts[:3], out, lse)
             return (out, lse) if want_lse else out
 
         return result, fire
+    fp8 = k_scale is not None
     group = hq // hkv
     max_blocks = block_table.shape[1]
     forced = num_splits if num_splits > 0 else None
@@ -904,9 +905,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
             key / k_scale and value / v_scale (as :func:`append_paged_kv` writes them), so the
             attention is over k_scale * k_cache and v_scale * v_cache. A float, or a one-element
             tensor on the device (read by the kernel, never by the host: a CUDA graph replays
-            with whatever it holds); None is 1.0. The kernel widens fp8 to q's dtype exactly and
-            folds the scales into the score scale and the output, so the only error beyond a
-            16-bit cache's is the fp8 rounding of what was stored; it reads half the bytes.
+            with whatever it holds); None is 1.0. The kernels widen fp8 exactly (to fp16 on the
+            Hopper kernel, with q at a power of two a head; to q's dtype on the Triton one) and
+            fold the scales into the score scale and the output, so the only error beyond a
+            16-bit cache's is the fp8 rounding of what was stored; it reads half the bytes, and
+            on an H100/H200 from batch 8 it is faster than a 16-bit cache (module docstring).
 
     Returns:
         (B, Hq, D) in q's dtype, or (that, lse) with ``return_lse``. Forward only: decode needs no

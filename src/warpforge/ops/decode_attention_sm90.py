@@ -1,8 +1,8 @@
 """Decode attention over a paged KV cache for Hopper (sm_90) in Gluon: a persistent, TMA-fed
-stream. ops/decode_attention.py takes this kernel for the calls it covers (bf16/fp16, head dim 64
-or 128, pages of >= 16 tokens, GQA groups of <= 16, 16-byte aligned caches, at least
-heuristics.DECODE_SM90_MIN_TOKENS cached (token, kv head) pairs of capacity, now 0) and keeps
-its Triton kernel for everything else.
+stream. ops/decode_attention.py takes this kernel for the calls it covers (bf16/fp16 q over caches
+of its dtype or fp8 e4m3/e5m2, head dim 64 or 128, pages of >= 16 tokens, GQA groups of <= 16,
+16-byte aligned caches, at least heuristics.DECODE_SM90_MIN_TOKENS cached (token, kv head) pairs
+of capacity, now 0) and keeps its Triton kernel for everything else.
 
 Why a second kernel: decode is a read stream (4 FLOP a byte at 32 query over 8 KV heads), so what
 matters is keeping enough bytes in flight on every SM for the whole call. The Triton kernel
@@ -39,6 +39,20 @@ matters is keeping enough bytes in flight on every SM for the whole call. The Tr
   with one exp2 (ops/decode_attention.py's _softcap). A slice loaded whole may hold rows past the
   length (or before the window) that nobody wrote: they are zeroed in V^T before P V, where
   p = 0 alone would still turn a NaN there into a NaN output (NOTES item 158).
+
+- fp8 caches (FP8: the descriptors' dtype): TMA lands the 8-bit pages (a slot is half the bytes:
+  6 slots in the ring at D = 128) and the consumers widen them to fp16 in registers, exact for
+  both formats, for the same MMAs with k_width 4 operands (a thread's 4 consecutive k).
+  - K comes through ldmatrix as it is.
+  - V^T has no 8-bit transposed ldmatrix on sm_90, so a thread loads 16 bytes of each of 4 tokens
+    and those become V^T's rows under a relabelling (_vt8, _dcol) that moves no data.
+  - q is taken to fp16 at a power of two a head (exact, whatever bf16 holds), undone with k_scale
+    in the score scale; v_scale multiplies the accumulator.
+  - These calls are bound by the consumers' latency, not the DRAM, and two changes are compiled
+    for them alone: the softmax sums stay a thread's own until the unit ends, and one-split
+    launches run S^T as two MMA chains over D's halves.
+  - H200: 1.40-1.71x cuDNN on the bf16 problem from batch 16, 1.20-1.51x at batch 8 (NOTES
+    item 166).
 
 Measured (H200, 2026-11-26, benchmarks/probe_decode_sm90.py, Hq 32 / Hkv 8, D 128, pages of 16
 shuffled): 92-104% of copy at batch 16-64 (Triton kernel 79-96%, cuDNN 96-106%); 0.95-0.98x
@@ -129,9 +143,8 @@ def _pages(bt_ptr, b, c, c1, sub, num_blocks, s_bb, s_bj):
 
 
 @gluon.jit
-def _dec_produce(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem,
-                 ready, empty,
-                 sc, scm, scl, done, free, flags,
+def _dec_produce(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, ks_ptr, vs_ptr,
+                 k_smem, v_smem, ready, empty, sc, scm, scl, done, free, flags,
                  qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj,
                  s_ob, s_oh):
     """The producer: unit after unit, slot after slot, C (K, V) slice pairs by TMA into the ring
@@ -180,6 +193,41 @@ def _dec_produce(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
         b, kvh, split, n, c0, c1 = bn, kvhn, splitn, nn, c0n, c1n
 
 
+@gluon.constexpr_function
+def _v8_layout(d):
+    """An fp8 V slice (16 tokens, D) with each thread's D / 8 consecutive bytes (one 16- or 8-byte
+    load) of 4 tokens: lanes t (bits 0-1) take tokens 4t .. 4t + 3, lanes g (bits 2-4) columns
+    D / 8 g on; _vt8 relabels it as V^T's A operand."""
+    d = int(d)
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 1 << i] for i in range((d // 8).bit_length() - 1)] + [[1, 0], [2, 0]],
+        lane_bases=[[4, 0], [8, 0], [0, d // 8], [0, d // 4], [0, d // 2]], warp_bases=[], block_bases=[],
+        shape=[16, d])
+
+
+@gluon.jit
+def _dcol(rho, D: gl.constexpr, FP8: gl.constexpr):
+    """The column d of O^T's row rho: rho itself, or with fp8 caches (_vt8's relabelling)
+    D / 8 (rho % 8) + 2 (rho // 16) + (rho // 8) % 2."""
+    if FP8:
+        return (D // 8) * (rho % 8) + 2 * (rho // 16) + (rho // 8) % 2
+    else:
+        return rho
+
+
+@gluon.jit
+def _vt8(v, a_l: gl.constexpr):
+    """V^T's A operand from a (16 tokens, D) fp8 slice widened in registers, loaded with each
+    thread's D / 8 consecutive columns of 4 tokens (16 or 8 bytes a load). The MMA's A operand
+    (k_width 4) wants a thread's 4 consecutive tokens (k) of rows g and g + 8 of each 16-row tile
+    i, so row rho = 16 i + 8 h + g is taken to be column d = D / 8 g + 2 i + h: rows are only
+    labels to P V (the output is written by _dcol), and the relabelling moves no data (no
+    ldmatrix.trans for 8-bit data on sm_90; a transposed load would read single bytes)."""
+    D: gl.constexpr = v.shape[1]
+    v = gl.permute(gl.reshape(v, [16, 8, D // 16, 2]), (2, 3, 1, 0))              # (i, h, g, token)
+    return gl.convert_layout(gl.reshape(v, [D, 16]), a_l, assert_trivial=True)
+
+
 @gluon.jit
 def _load_q(q_ptr, b, kvh, G, s_qb, s_qh, GP: gl.constexpr, D: gl.constexpr, layout: gl.constexpr):
     """The GQA group's query rows (GP, D), zero past G."""
@@ -190,8 +238,8 @@ def _load_q(q_ptr, b, kvh, G, s_qb, s_qh, GP: gl.constexpr, D: gl.constexpr, lay
 
 
 @gluon.jit
-def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
-                 sc, scm, scl, done, free, flags,
+def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, ks_ptr, vs_ptr,
+                 k_smem, v_smem, ready, empty, sc, scm, scl, done, free, flags,
                  qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj,
                  s_ob, s_oh, W: gl.constexpr):
     """Consumer warp W: slice W of every slot of its program's units, its own online softmax over
@@ -210,9 +258,13 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
     SOFTCAP: gl.constexpr = flags.type.shape[1] == 2                          # capped scores (_softcap)
     LSE: gl.constexpr = flags.type.shape[2] == 2                              # ONE: m_ptr takes the lse
     dtype: gl.constexpr = k_desc.dtype
+    FP8: gl.constexpr = dtype.primitive_bitwidth == 8                        # fp8 caches: widened to fp16 (exact)
+    mdt: gl.constexpr = gl.float16 if FP8 else dtype                          # the MMAs' operands
+    KW: gl.constexpr = 4 if FP8 else 2      # fp8: each thread's 4 consecutive k of a row, one 32-bit word loaded
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=KW)
+    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=KW)
+    LV: gl.constexpr = _v8_layout(D)                                          # fp8 V's loads (_vt8)
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
     flat: gl.constexpr = gl.NVMMASharedLayout.get_default_for([16, D], dtype)
     srow: gl.constexpr = gl.SliceLayout(1, mma)                               # tokens (S^T), D (O^T)
@@ -224,7 +276,7 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
     mrow: gl.constexpr = gl.SliceLayout(1, mlay)
     toks = gl.arange(0, 16, layout=srow)
     g = gl.arange(0, GP, layout=scol)
-    d = gl.arange(0, D, layout=srow)
+    d = _dcol(gl.arange(0, D, layout=srow), D, FP8)                          # O^T's rows' columns
     gmask = g < G
     g_m = gl.arange(0, GP, layout=mrow)
     dd_m = gl.arange(0, DS, layout=gl.SliceLayout(0, mlay))
@@ -233,15 +285,43 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
     rr = 0
     b, kvh, split, n, c0, c1, lo = _unit(gl.program_id(0), splits, Hkv, lens_ptr, cap, win, C, WINDOW)
     q = _load_q(q_ptr, b, kvh, G, s_qb, s_qh, GP, D, ld)
+    if FP8:
+        ks = gl.load(ks_ptr)
+        vs = gl.load(vs_ptr)
     page_nx = _page_of(bt_ptr, b, c0 + W, c1, sub, num_blocks, s_bb, s_bj)
     for u in range(gl.program_id(0), n_units, nprog):
         bn, kvhn, splitn, nn, c0n, c1n, lon = _unit(gl.minimum(u + nprog, n_units - 1), splits, Hkv, lens_ptr, cap,
                                                     win, C, WINDOW)
         qn = _load_q(q_ptr, bn, kvhn, G, s_qb, s_qh, GP, D, ld)
-        qb = gl.convert_layout(gl.permute(q, (1, 0)), b_l)                # Q^T (D, GP)
+        if FP8:
+            # Q^T to fp16 at a power of two a head that brings its largest |q| into [2^14, 2^15):
+            # exact for every element down to 2^-31 of that (bf16 keeps 8 bits); the scores are
+            # scaled back, with k_scale, by sfac a column (one multiply, as qk_scale)
+            qf = q.to(gl.float32)
+            ex = (gl.max(gl.abs(qf), 1).to(gl.int32, bitcast=True) >> 23) & 0xFF
+            qs = (gl.minimum(gl.maximum(268 - ex, 1), 254) << 23).to(gl.float32, bitcast=True)
+            qx = (qf * qs[:, None]).to(mdt)
+            if ONE:                                                       # the halves' Q^T (see S^T below)
+                qh = gl.permute(gl.reshape(qx, [GP, 2, D // 2]), (0, 2, 1))      # (GP, D / 2, half)
+                qa, qc = gl.split(gl.convert_layout(qh, gl.BlockedLayout([1, 1, 2], [4, 8, 1], [1, 1, 1], [2, 1, 0])))
+                qb = gl.convert_layout(gl.permute(qa, (1, 0)), b_l)
+                qb1 = gl.convert_layout(gl.permute(qc, (1, 0)), b_l)
+            else:
+                qb = gl.convert_layout(gl.permute(qx, (1, 0)), b_l)
+            sfac = gl.convert_layout((cap_in if SOFTCAP else qk_scale) * ks / qs, scol)[None, :]
+        else:
+            qb = gl.convert_layout(gl.permute(q, (1, 0)), b_l)            # Q^T (D, GP)
+            sfac = cap_in if SOFTCAP else qk_scale
         n_slots = gl.cdiv(gl.maximum(c1 - c0, 0), C)
         m_i = gl.full([GP], -float("inf"), gl.float32, scol)
-        l_i = gl.zeros([GP], gl.float32, scol)
+        if FP8:
+            # each thread keeps its own sums, reduced across the lanes once, after the unit: no
+            # shuffles a slice (the max still needs them). fp8 calls are bound by the consumers'
+            # latency, not the DRAM: 3-10% faster there (H200, NOTES item 166); 16-bit ones, bound
+            # by the DRAM, measured level and keep the reduction a slice
+            l_i = gl.zeros([16, GP], gl.float32, mma)
+        else:
+            l_i = gl.zeros([GP], gl.float32, scol)
         acc = gl.zeros([D, GP], gl.float32, mma)                          # O^T
         for j in range(n_slots):
             c = c0 + j * C + W
@@ -256,24 +336,37 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
             # S^T = K Q^T, then V^T to registers and the slot back to the producer before the
             # softmax and O^T += V^T P^T: its refill is issued while this slice is still being
             # worked on
-            kk = k_smem.index(slot * C + W)._reinterpret(dtype, [16, D], flat).load(a_l)
-            s = mma_v2(kk, qb, gl.zeros([16, GP], gl.float32, mma))         # (16 tokens, GP heads)
-            vt = v_smem.index(slot * C + W)._reinterpret(dtype, [16, D], flat).permute((1, 0)).load(a_l)
+            kt = k_smem.index(slot * C + W)._reinterpret(dtype, [16, D], flat)
+            if FP8 and ONE:
+                # two chains of D / 32 dependent MMAs over D's halves, not one of D / 16: the
+                # softmax waits half as long (fp8, one split: 17-21% faster on an H200). In the
+                # split launches the same code ran 12-18% slower (NOTES item 166, not understood)
+                s = mma_v2(kt.slice(0, D // 2, dim=1).load(a_l).to(mdt), qb, gl.zeros([16, GP], gl.float32, mma)) + \
+                    mma_v2(kt.slice(D // 2, D // 2, dim=1).load(a_l).to(mdt), qb1, gl.zeros([16, GP], gl.float32, mma))
+            else:
+                s = mma_v2(kt.load(a_l).to(mdt), qb, gl.zeros([16, GP], gl.float32, mma))   # (16 tokens, GP heads)
+            if FP8:
+                vt = _vt8(v_smem.index(slot * C + W)._reinterpret(dtype, [16, D], flat).load(LV).to(mdt), a_l)
+            else:
+                vt = v_smem.index(slot * C + W)._reinterpret(dtype, [16, D], flat).permute((1, 0)).load(a_l)
             mbarrier.arrive(empty.index(slot))
             if c < c1:
                 ok = ((c * 16 + toks) < n) & (page >= 0)
                 if WINDOW:
                     ok = ok & ((c * 16 + toks) >= lo)
                 if SOFTCAP:
-                    s = cap_out * (1.0 - 2.0 / (gl.exp2(s * cap_in) + 1.0))  # softcap tanh(.), exp2 domain
+                    s = cap_out * (1.0 - 2.0 / (gl.exp2(s * sfac) + 1.0))    # softcap tanh(.), exp2 domain
                 else:
-                    s = s * qk_scale
+                    s = s * sfac
                 s = gl.where(ok[:, None], s, -float("inf"))
                 m_new = gl.maximum(m_i, gl.max(s, 0))
                 m_use = gl.where(m_new == -float("inf"), 0.0, m_new)      # no -inf - -inf = NaN
                 alpha = gl.exp2(m_i - m_use)
                 p = gl.exp2(s - m_use[None, :])
-                l_i = l_i * alpha + gl.sum(p, 0)
+                if FP8:
+                    l_i = l_i * alpha[None, :] + p
+                else:
+                    l_i = l_i * alpha + gl.sum(p, 0)
                 # a slice across the length's end (or the window's start) holds rows nobody wrote,
                 # or stale ones: p = 0 there, but 0 x NaN is NaN, so those rows of V^T are zeroed.
                 # This costs the loop 0.3-1%; peeling the unit's last slot, or zeroing the rows in
@@ -285,11 +378,14 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
                 if edge:
                     tv = c * 16 + gl.arange(0, 16, layout=gl.SliceLayout(0, a_l))
                     vt = gl.where(((tv < n) & (tv >= lo))[None, :], vt, gl.zeros_like(vt))
-                acc = mma_v2(vt, gl.convert_layout(p.to(dtype), b_l), acc * alpha[None, :])
+                acc = mma_v2(vt, gl.convert_layout(p.to(mdt), b_l), acc * alpha[None, :])
                 m_i = m_new
             t += 1
         if n_slots == 0:                                                # an empty unit: the next one's id now
             page_nx = _page_of(bt_ptr, bn, c0n + W, c1n, sub, num_blocks, s_bb, s_bj)
+        if FP8:
+            acc = acc * vs                                              # P (v_scale V) = v_scale (P V)
+            l_i = gl.sum(l_i, 0)
         if ONE:
             # the whole sequence: the C warps' states -> one, D / C columns a warp, through
             # double-buffered scratch, and the output itself (no partials, no combine pass).
@@ -319,7 +415,7 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
             rr += 1
             o = a / gl.where(lsum > 0, lsum, 1.0)[:, None]                # seq_len 0: zeros
             rows = (kvh * G + g_m).to(gl.int64)
-            gl.store(out_ptr + b.to(gl.int64) * s_ob + rows[:, None] * s_oh + W * DS + dd_m[None, :],
+            gl.store(out_ptr + b.to(gl.int64) * s_ob + rows[:, None] * s_oh + _dcol(W * DS + dd_m, D, FP8)[None, :],
                      o.to(out_ptr.dtype.element_ty), mask=(g_m < G)[:, None])
             if LSE:
                 if W == 0:    # the natural log-sum-exp, ln 2 (M + log2 L), into the (B, Hq) fp32 m_ptr
@@ -337,46 +433,46 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
 
 
 @gluon.jit
-def _dec_consume0(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
-                  sc, scm, scl, done, free, flags,
+def _dec_consume0(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, ks_ptr, vs_ptr,
+                  k_smem, v_smem, ready, empty, sc, scm, scl, done, free, flags,
                   qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb,
                   s_bj, s_ob, s_oh):
     # worker partitions take no constexpr arguments: one wrapper a consumer warp
-    _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
-                 sc, scm, scl, done, free, flags,
+    _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, ks_ptr, vs_ptr,
+                 k_smem, v_smem, ready, empty, sc, scm, scl, done, free, flags,
                  qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj,
                  s_ob, s_oh, 0)
 
 
 @gluon.jit
-def _dec_consume1(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
-                  sc, scm, scl, done, free, flags,
+def _dec_consume1(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, ks_ptr, vs_ptr,
+                  k_smem, v_smem, ready, empty, sc, scm, scl, done, free, flags,
                   qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb,
                   s_bj, s_ob, s_oh):
-    _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
-                 sc, scm, scl, done, free, flags,
+    _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, ks_ptr, vs_ptr,
+                 k_smem, v_smem, ready, empty, sc, scm, scl, done, free, flags,
                  qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj,
                  s_ob, s_oh, 1)
 
 
 @gluon.jit
-def _dec_consume2(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
-                  sc, scm, scl, done, free, flags,
+def _dec_consume2(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, ks_ptr, vs_ptr,
+                  k_smem, v_smem, ready, empty, sc, scm, scl, done, free, flags,
                   qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb,
                   s_bj, s_ob, s_oh):
-    _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
-                 sc, scm, scl, done, free, flags,
+    _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, ks_ptr, vs_ptr,
+                 k_smem, v_smem, ready, empty, sc, scm, scl, done, free, flags,
                  qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj,
                  s_ob, s_oh, 2)
 
 
 @gluon.jit
-def _dec_consume3(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
-                  sc, scm, scl, done, free, flags,
+def _dec_consume3(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, ks_ptr, vs_ptr,
+                  k_smem, v_smem, ready, empty, sc, scm, scl, done, free, flags,
                   qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb,
                   s_bj, s_ob, s_oh):
-    _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
-                 sc, scm, scl, done, free, flags,
+    _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, ks_ptr, vs_ptr,
+                 k_smem, v_smem, ready, empty, sc, scm, scl, done, free, flags,
                  qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj,
                  s_ob, s_oh, 3)
 
@@ -387,6 +483,7 @@ def _decode_sm90_kernel(q_ptr,                    # (B, Hq, D), D unit-stride
                         bt_ptr, lens_ptr,         # (B, max_blocks) block table, (B,) lengths (int32/int64)
                         out_ptr,                  # (B, Hq, D) output (written when splits == 1)
                         m_ptr, l_ptr, acc_ptr,    # (B, Hq, S), (B, Hq, S), (B, Hq, S, D) fp32 partials (splits > 1)
+                        ks_ptr, vs_ptr,           # fp8 caches: one fp32 each, the dequantisation scales
                         qk_scale, cap_in, cap_out,  # SOFTCAP: 2 log2(e) scale / softcap, softcap log2(e)
                         Hkv, G, num_blocks, cap,
                         win,                      # WINDOW: keys from position n - 1 - win on
@@ -418,8 +515,8 @@ def _decode_sm90_kernel(q_ptr,                    # (B, Hq, D), D unit-stride
     for i in gl.static_range(2):
         mbarrier.init(done.index(i), count=C)
         mbarrier.init(free.index(i), count=C)
-    args = (q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, k_smem, v_smem, ready, empty,
-            sc, scm, scl, done, free, flags,
+    args = (q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, ks_ptr, vs_ptr,
+            k_smem, v_smem, ready, empty, sc, scm, scl, done, free, flags,
             qk_scale, cap_in, cap_out, Hkv, G, num_blocks, cap, win, sub, splits, n_units, s_qb, s_qh, s_bb, s_bj,
             s_ob, s_oh)
     gl.warp_specialize([(_dec_produce, args), (_dec_consume0, args), (_dec_consume1, args), (_dec_consume2, args),
@@ -435,11 +532,12 @@ def _decode_sm90_kernel(q_ptr,                    # (B, Hq, D), D unit-stride
 # Host side
 # ----------------------------------------------------------------------------------------------
 _GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+_GL_FP8 = {torch.float8_e4m3fn: gl.float8e4nv, torch.float8_e5m2: gl.float8e5}
 
 
 @functools.lru_cache(maxsize=None)
 def _smem_layout(d: int, dtype: torch.dtype):
-    return gl.NVMMASharedLayout.get_default_for([1, SLICE, 1, d], _GL_DTYPE[dtype])
+    return gl.NVMMASharedLayout.get_default_for([1, SLICE, 1, d], {**_GL_DTYPE, **_GL_FP8}[dtype])
 
 
 def covers(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
@@ -448,6 +546,8 @@ def covers(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> boo
         return False
     nblocks, page, hkv, d = k_cache.shape
     if q.dtype not in _GL_DTYPE or d not in HEAD_DIMS or page < SLICE or q.shape[1] // hkv > MAX_GROUP:
+        return False
+    if k_cache.dtype != q.dtype and k_cache.dtype not in _GL_FP8:
         return False
     return nblocks > 0 and tma_ok(k_cache) and tma_ok(v_cache)
 
@@ -500,11 +600,11 @@ def _geometry(q, k_cache, block_table, splits, slots, nb, regs, window=-1):
     capacity = block_table.shape[1] * page
     span = window_span(capacity, window, SLICE)
     grid_slots = slots or PROGRAMS_PER_SM * sm_count(q.device.index)
-    s, grid = plan(bsz * hkv, span, grid_slots, 2 * d * q.element_size(), dram_bandwidth(q.device.index))
+    s, grid = plan(bsz * hkv, span, grid_slots, 2 * d * k_cache.element_size(), dram_bandwidth(q.device.index))
     if splits is not None:                     # forced: clamped to the span's slots
         s = max(1, min(splits, triton.cdiv(triton.cdiv(span, SLICE), CONSUMERS)))
         grid = min(bsz * hkv * s, grid_slots)
-    ring = nb or max(2, RING_BYTES // (2 * CONSUMERS * SLICE * d * q.element_size()))
+    ring = nb or max(2, RING_BYTES // (2 * CONSUMERS * SLICE * d * k_cache.element_size()))
     ints = (hkv, hq // hkv, nblocks, capacity, window, page // SLICE, s, bsz * hkv * s,
             q.stride(0), q.stride(1), block_table.stride(0), block_table.stride(1))
     return s, grid, ring, regs or REGS_DEFAULT, ints, [1, SLICE, 1, d]
@@ -524,10 +624,15 @@ def _partials(q, s):
     return m, l, acc
 
 
+def _scales(out, k_scale, v_scale):
+    """The kernel's (ks_ptr, vs_ptr): the fp8 caches' scales, or ``out`` twice (never read)."""
+    return (out, out) if k_scale is None else (k_scale, v_scale)
+
+
 def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: float, splits: int | None = None,
                 slots: int | None = None, nb: int | None = None, regs: int | None = None, key=None,
                 pdl: bool = False, window: int = -1, softcap: tuple[float, float] | None = None,
-                lse=None):
+                lse=None, k_scale=None, v_scale=None):
     """The kernel's pass. With one split a sequence it writes ``out``
     (contiguous) and returns None; otherwise it returns the (m, l, acc) partials (B, Hq, P), (B, Hq, P), (B, Hq, P, D) fp32,
     P = S x C, for ops/decode_attention.py's combine kernel. ``splits``, ``slots`` (programs),
@@ -538,15 +643,17 @@ def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: flo
     program lets it launch once all of its partitions are done. ``window``: the sliding window's
     left (-1: none); ``softcap``: None, or the (cap_in, cap_out) of ops/decode_attention.py's
     _softcap_args. ``lse``: a (B, Hq) fp32 tensor for the log-sum-exp: at one split the kernel's
-    merge writes it; with splits the caller's combine must (it gets the partials as ever)."""
+    merge writes it; with splits the caller's combine must (it gets the partials as ever).
+    ``k_scale``, ``v_scale``: one-element fp32 tensors, with fp8 caches."""
     s, grid, ring, nreg, ints, box = _geometry(q, k_cache, block_table, splits, slots, nb, regs, window)
     split_out = s > 1
     parts = _partials(q, s) if split_out else (out if lse is None else lse, out, out)   # unused at one split but the lse
-    layout = _smem_layout(q.shape[2], q.dtype)
+    layout = _smem_layout(q.shape[2], k_cache.dtype)
     k_desc = TensorDescriptor(k_cache, list(k_cache.shape), list(k_cache.stride()), box, layout)
     v_desc = TensorDescriptor(v_cache, list(v_cache.shape), list(v_cache.stride()), box, layout)
     _LAUNCH(None if key is None else (key, splits, slots, nb, regs, pdl), (grid,),
-            (q, k_desc, v_desc, block_table, seq_lens, out, *parts, scale_log2, *(softcap or (0.0, 0.0)), *ints,
+            (q, k_desc, v_desc, block_table, seq_lens, out, *parts, *_scales(out, k_scale, v_scale), scale_log2,
+             *(softcap or (0.0, 0.0)), *ints,
              out.stride(0), out.stride(1)),
             dict(NB=ring, C=CONSUMERS, GP=_group_cols(q.shape[1] // k_cache.shape[2]), REGS=nreg,
                  SD=MERGE_STUB if split_out else q.shape[2], PDL=pdl and split_out, WINDOW=window >= 0,
@@ -559,7 +666,7 @@ def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: flo
 def replay(key, q, k_cache, v_cache, block_table, pdl: bool = False, window: int = -1, softcap: bool = False):
     """After ``decode_sm90(..., key=key, pdl=pdl, window=window)`` ran once on a call like this one
     (``softcap``: with a softcap; the key tells whether it had an ``lse``): a function
-    ``fire(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2, caps, lse)`` that launches the
+    ``fire(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2, caps, lse, k_scale, v_scale)`` that launches the
     recorded kernel with no JIT work (the descriptors are rebuilt around the new base pointers;
     shape, strides and box are the key's) and returns None at one split, else (m, l, acc, buffer):
     the partials as pointers into one fp32 buffer, which the caller keeps until the combine is
@@ -577,7 +684,7 @@ def replay(key, q, k_cache, v_cache, block_table, pdl: bool = False, window: int
     rows = bsz * hq * s * CONSUMERS                    # (m, l, acc) in one allocation: rows, rows, rows x D,
     rows16 = -(-rows // 4) * 4                         # each part 16-byte aligned (as the kernel was compiled)
 
-    def fire(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2, caps, lse=None):
+    def fire(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2, caps, lse=None, k_scale=None, v_scale=None):
         if split_out:
             buf = torch.empty(2 * rows16 + rows * d, dtype=torch.float32, device=out.device)
             base = buf.data_ptr()
@@ -585,7 +692,8 @@ def replay(key, q, k_cache, v_cache, block_table, pdl: bool = False, window: int
         else:
             parts = (out if lse is None else lse, out, out)
         launch(compiled, grid, (q, Desc(k_cache, shape, kstride, box), Desc(v_cache, shape, vstride, box), block_table,
-                                seq_lens, out, *parts[:3], scale_log2, *caps, *ints, out.stride(0), out.stride(1),
+                                seq_lens, out, *parts[:3], *_scales(out, k_scale, v_scale), scale_log2, *caps, *ints,
+                                out.stride(0), out.stride(1),
                                 *tail))
         return parts if split_out else None
 
