@@ -81,7 +81,7 @@ fp8.py's rounding.
 - The Hopper kernel (ops/decode_attention_sm90.py) takes the calls it covers. It widens to fp16
   in registers, with q brought to fp16 at a power of two a head. H200 (NOTES item 166), cuDNN on
   the dequantised bf16 problem over ours: 1.40-1.71x from batch 16 (67-91% of copy on the fp8
-  bytes), 1.20-1.51x at batch 8, 0.94-1.24x at batch 1 (4K to 32K).
+  bytes), 1.21-1.59x at batch 8, 0.94-1.25x at batch 1 (4K to 32K).
 - The Triton kernel loads fp8 tiles of twice the tokens (the tiles are sized in bytes) and widens
   them to q's dtype. It streams tokens at about its 16-bit rate, 35-49% of copy on the fp8 bytes
   (item 164), so it buys memory, not speed.

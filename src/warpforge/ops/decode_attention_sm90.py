@@ -49,9 +49,9 @@ matters is keeping enough bytes in flight on every SM for the whole call. The Tr
   - q is taken to fp16 at a power of two a head (exact, whatever bf16 holds), undone with k_scale
     in the score scale; v_scale multiplies the accumulator.
   - These calls are bound by the consumers' latency, not the DRAM, and two changes are compiled
-    for them alone: the softmax sums stay a thread's own until the unit ends, and one-split
-    launches run S^T as two MMA chains over D's halves.
-  - H200: 1.40-1.71x cuDNN on the bf16 problem from batch 16, 1.20-1.51x at batch 8 (NOTES
+    for them alone: the softmax sums stay a thread's own until the unit ends, and S^T runs as two
+    MMA chains over D's halves (HALVES: at one split, and for units of HALVES_MIN_SLOTS slots).
+  - H200: 1.40-1.71x cuDNN on the bf16 problem from batch 16, 1.21-1.59x at batch 8 (NOTES
     item 166).
 
 Measured (H200, 2026-11-26, benchmarks/probe_decode_sm90.py, Hq 32 / Hkv 8, D 128, pages of 16
@@ -96,6 +96,7 @@ BLEND = 6
 ROUND_US = 2.0
 SPLIT_US = 2.0
 FILL = 0.95         # the candidate split count is the smallest that fills this share of the grid's rounds
+HALVES_MIN_SLOTS = 32  # fp8 split launches: the two-chain S^T from units of this many slots (_halves)
 MERGE_STUB = 8      # the merge scratch's columns in a split launch (no merge compiled; D never is 8)
 
 
@@ -257,8 +258,10 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
     WINDOW: gl.constexpr = flags.type.shape[0] == 2                           # keys from n - 1 - win only
     SOFTCAP: gl.constexpr = flags.type.shape[1] == 2                          # capped scores (_softcap)
     LSE: gl.constexpr = flags.type.shape[2] == 2                              # ONE: m_ptr takes the lse
+    HALVES: gl.constexpr = flags.type.shape[3] == 2                           # fp8: S^T as two MMA chains
     dtype: gl.constexpr = k_desc.dtype
     FP8: gl.constexpr = dtype.primitive_bitwidth == 8                        # fp8 caches: widened to fp16 (exact)
+    gl.static_assert(FP8 or not HALVES)
     mdt: gl.constexpr = gl.float16 if FP8 else dtype                          # the MMAs' operands
     KW: gl.constexpr = 4 if FP8 else 2      # fp8: each thread's 4 consecutive k of a row, one 32-bit word loaded
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
@@ -301,7 +304,7 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
             ex = (gl.max(gl.abs(qf), 1).to(gl.int32, bitcast=True) >> 23) & 0xFF
             qs = (gl.minimum(gl.maximum(268 - ex, 1), 254) << 23).to(gl.float32, bitcast=True)
             qx = (qf * qs[:, None]).to(mdt)
-            if ONE:                                                       # the halves' Q^T (see S^T below)
+            if HALVES:                                                    # the halves' Q^T (see S^T below)
                 qh = gl.permute(gl.reshape(qx, [GP, 2, D // 2]), (0, 2, 1))      # (GP, D / 2, half)
                 qa, qc = gl.split(gl.convert_layout(qh, gl.BlockedLayout([1, 1, 2], [4, 8, 1], [1, 1, 1], [2, 1, 0])))
                 qb = gl.convert_layout(gl.permute(qa, (1, 0)), b_l)
@@ -337,10 +340,12 @@ def _dec_consume(q_ptr, k_desc, v_desc, bt_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
             # softmax and O^T += V^T P^T: its refill is issued while this slice is still being
             # worked on
             kt = k_smem.index(slot * C + W)._reinterpret(dtype, [16, D], flat)
-            if FP8 and ONE:
-                # two chains of D / 32 dependent MMAs over D's halves, not one of D / 16: the
-                # softmax waits half as long (fp8, one split: 17-21% faster on an H200). In the
-                # split launches the same code ran 12-18% slower (NOTES item 166, not understood)
+            if HALVES:
+                # fp8: two chains of D / 32 dependent MMAs over D's halves, not one of D / 16: the
+                # softmax waits half as long. H200 (NOTES item 166): 17-21% faster at one split,
+                # 4-6% with splits of 64 slots; each unit's start costs it more, so units of 16
+                # slots came out level and of 4 slots (1 x 4K) 3% slower: the host asks for it
+                # (_halves) at one split and for units of HALVES_MIN_SLOTS slots or more
                 s = mma_v2(kt.slice(0, D // 2, dim=1).load(a_l).to(mdt), qb, gl.zeros([16, GP], gl.float32, mma)) + \
                     mma_v2(kt.slice(D // 2, D // 2, dim=1).load(a_l).to(mdt), qb1, gl.zeros([16, GP], gl.float32, mma))
             else:
@@ -490,11 +495,12 @@ def _decode_sm90_kernel(q_ptr,                    # (B, Hq, D), D unit-stride
                         sub, splits, n_units, s_qb, s_qh, s_bb, s_bj, s_ob, s_oh,
                         NB: gl.constexpr, C: gl.constexpr, GP: gl.constexpr, REGS: gl.constexpr,
                         SD: gl.constexpr, PDL: gl.constexpr = False, WINDOW: gl.constexpr = False,
-                        SOFTCAP: gl.constexpr = False, LSE: gl.constexpr = False):
+                        SOFTCAP: gl.constexpr = False, LSE: gl.constexpr = False, HALVES: gl.constexpr = False):
     # SD: the merge scratch's columns, D where every unit is a whole sequence (one split), else a
-    # stub: the consumers compile the merge only then (_dec_consume's ONE). WINDOW, SOFTCAP and LSE
-    # reach the partitions (which take no constexpr arguments) as the shape of ``flags``. LSE (one
-    # split only): the merge also writes each head's log-sum-exp, m_ptr being the (B, Hq) fp32 lse
+    # stub: the consumers compile the merge only then (_dec_consume's ONE). WINDOW, SOFTCAP, LSE and
+    # HALVES reach the partitions (which take no constexpr arguments) as the shape of ``flags``. LSE
+    # (one split only): the merge also writes each head's log-sum-exp, m_ptr being the (B, Hq) fp32
+    # lse. HALVES (fp8 only): S^T as two MMA chains over D's halves
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NB * C] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [NB * C] + v_desc.block_type.shape, v_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
@@ -507,8 +513,8 @@ def _decode_sm90_kernel(q_ptr,                    # (B, Hq, D), D unit-stride
     scl = gl.allocate_shared_memory(gl.float32, [2 * C, GP], plain1)
     done = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    plain3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
-    flags = gl.allocate_shared_memory(gl.int8, [1 + WINDOW, 1 + SOFTCAP, 1 + LSE], plain3)   # never read: its shape
+    flags = gl.allocate_shared_memory(gl.int8, [1 + WINDOW, 1 + SOFTCAP, 1 + LSE, 1 + HALVES],
+                                      gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0]))   # never read: its shape
     for i in gl.static_range(NB):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=C)
@@ -610,6 +616,15 @@ def _geometry(q, k_cache, block_table, splits, slots, nb, regs, window=-1):
     return s, grid, ring, regs or REGS_DEFAULT, ints, [1, SLICE, 1, d]
 
 
+def _halves(k_cache, block_table, s: int, window: int) -> bool:
+    """Whether an fp8 launch runs S^T as two MMA chains (_dec_consume's HALVES): at one split,
+    and for units of HALVES_MIN_SLOTS slots or more."""
+    if k_cache.element_size() != 1:
+        return False
+    span = window_span(block_table.shape[1] * k_cache.shape[1], window, SLICE)
+    return s == 1 or triton.cdiv(triton.cdiv(span, SLICE), s * CONSUMERS) >= HALVES_MIN_SLOTS
+
+
 def _group_cols(group: int) -> int:
     """The MMAs' N side for a GQA group of ``group`` query heads: 8, or 16 past 8."""
     return 8 if group <= 8 else 16
@@ -657,7 +672,8 @@ def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: flo
              out.stride(0), out.stride(1)),
             dict(NB=ring, C=CONSUMERS, GP=_group_cols(q.shape[1] // k_cache.shape[2]), REGS=nreg,
                  SD=MERGE_STUB if split_out else q.shape[2], PDL=pdl and split_out, WINDOW=window >= 0,
-                 SOFTCAP=softcap is not None, LSE=lse is not None and not split_out),
+                 SOFTCAP=softcap is not None, LSE=lse is not None and not split_out,
+                 HALVES=_halves(k_cache, block_table, s, window)),
             num_warps=4, num_stages=None,
             **({"maxnreg": regs} if regs else {}))
     return parts if split_out else None

@@ -1,4 +1,4 @@
-"""ncu target, session 57: the fp8 Gluon decode kernel at 16 x 8K, shipped (halves' chains at one
+"""ncu target, session 57 (as run from .whl/, on the 0ec0e02 tree): the fp8 Gluon decode kernel at 16 x 8K, shipped (halves' chains at one
 split only) at 1 and 2 splits, and a copy with the halves' chains in split launches too, at 2."""
 import sys, os
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
