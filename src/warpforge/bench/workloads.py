@@ -877,12 +877,14 @@ def _decode_paged(case, dtype, device):
     return q, k_cache, v_cache, block_table, seq_lens
 
 
-def _unpaged(cache, block_table, ctx):
-    """The first ``ctx`` positions of each sequence of a paged cache, as SDPA reads them:
-    (B, Hkv, ctx, D), contiguous."""
+def _unpaged(cache, block_table, ctx, lo: int = 0):
+    """Positions [lo, ctx) of each sequence of a paged cache, as SDPA reads them:
+    (B, Hkv, ctx - lo, D), contiguous; only the pages holding them are gathered."""
     b, nb = block_table.shape
     _, blk, hkv, dim = cache.shape
-    return cache[block_table.long()].view(b, nb * blk, hkv, dim)[:, :ctx].transpose(1, 2).contiguous()
+    first = lo // blk
+    pages = cache[block_table[:, first:].long()].view(b, (nb - first) * blk, hkv, dim)
+    return pages[:, lo - first * blk:ctx - first * blk].transpose(1, 2).contiguous()
 
 
 def _decode_make(case, dtype, device):
@@ -973,10 +975,11 @@ def _decode_window_make(case, dtype, device):
     """_decode_make's problem, every sequence attending to its last ``window`` keys
     (window_size=(window - 1, 0)); the peers get those keys unpaged and contiguous, k/v
     (B, Hkv, window, D), and the window's left as the last argument."""
-    q, k_cache, v_cache, block_table, seq_lens, q4, k4, v4 = _decode_make(case, dtype, device)
-    w = min(case.dims["window"], case.dims["ctx"])
-    return (q, k_cache, v_cache, block_table, seq_lens, q4, k4[:, :, -w:].contiguous(), v4[:, :, -w:].contiguous(),
-            w - 1)
+    q, k_cache, v_cache, block_table, seq_lens = _decode_paged(case, dtype, device)
+    ctx = case.dims["ctx"]
+    w = min(case.dims["window"], ctx)
+    return (q, k_cache, v_cache, block_table, seq_lens, q.unsqueeze(2), _unpaged(k_cache, block_table, ctx, ctx - w),
+            _unpaged(v_cache, block_table, ctx, ctx - w), w - 1)
 
 
 def _decode_window_ours(get):
