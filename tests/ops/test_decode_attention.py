@@ -609,6 +609,19 @@ def test_sm90_split_plan(card, dram):
     assert plan(64, 4096, 132, 512, 1e9)[0] == 1                 # a slow one: the pairs saturate it
 
 
+def test_sm90_fp8_halves_rule():
+    """Which fp8 launches run S^T as two MMA chains (NOTES item 166): one split, or units of 32
+    slots (2048 tokens) or more; never a 16-bit launch. A window's span, not the capacity, sets
+    the unit."""
+    from warpforge.ops.decode_attention_sm90 import _halves
+    bt = torch.zeros(2, 256, dtype=torch.int32)                     # 256 pages of 16: 4096 tokens a sequence
+    k8 = torch.empty(600, 16, 8, 128, dtype=torch.float8_e4m3fn)
+    k16 = torch.empty(600, 16, 8, 128, dtype=torch.bfloat16)
+    assert [_halves(k8, bt, s, -1) for s in (1, 2, 3, 4, 16)] == [True, True, False, False, False]
+    assert not any(_halves(k16, bt, s, -1) for s in (1, 2, 16))
+    assert _halves(k8, bt, 1, 100) and not _halves(k8, bt, 2, 100)   # a 101-key window: 2 slots a unit
+
+
 def _sm90():
     import warpforge.ops.decode_attention as DA
     return DA._sm90_kernel() if ON_GPU and torch.cuda.get_device_capability()[0] == 9 else None
