@@ -548,7 +548,6 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
             return (out, lse) if want_lse else out
 
         return result, fire
-    fp8 = k_scale is not None
     group = hq // hkv
     max_blocks = block_table.shape[1]
     forced = num_splits if num_splits > 0 else None
@@ -569,7 +568,7 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
                  PAGE=page, GRANULE=cfg.granule, SPLIT=parts is not None,
                  PRECISION="ieee" if q.dtype == torch.float32 else "tf32",      # "tf32" is ignored for 16-bit
                  UPCAST=interpreting() and q.dtype == torch.bfloat16, PDL=parts is not None and _pdl(q),
-                 WINDOW=window >= 0, SOFTCAP=softcap > 0, KV_FP8=fp8)
+                 WINDOW=window >= 0, SOFTCAP=softcap > 0, KV_FP8=k_scale is not None)
     split_key = (q.device.index, q.shape, q.stride(), q.dtype, k_cache.shape, k_cache.stride(), v_cache.stride(),
                  block_table.shape, block_table.stride(), block_table.dtype, seq_lens.dtype, cfg, out.stride(),
                  aligned(q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc), const["PDL"], window,
@@ -581,9 +580,8 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             block_table.stride(0), block_table.stride(1),
             out.stride(0), out.stride(1))
-    ks, vs = (k_scale, v_scale) if fp8 else (out, out)             # unused pointers without fp8
     _SPLIT_LAUNCH(split_key, grid, (q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc, scale * LOG2E,
-                                    *_softcap_args(scale, softcap), ks, vs, *ints),
+                                    *_softcap_args(scale, softcap), *scale_ptrs(out, k_scale, v_scale), *ints),
                   const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if parts is not None:
         _combine(m, l, acc, out, splits, pdl=const["PDL"], lse=lse)
@@ -606,9 +604,8 @@ def _decode_first(q, k_cache, v_cache, block_table, seq_lens, scale: float, num_
             m, l, acc = Ptr(base), Ptr(base + 4 * rows16), Ptr(base + 8 * rows16)
         else:
             m = l = acc = out
-        ks, vs = (k_scale, v_scale) if fp8 else (out, out)
         launch(compiled, grid, (q, k_cache, v_cache, block_table, seq_lens, out, m, l, acc, scale * LOG2E,
-                                *_softcap_args(scale, softcap), ks, vs, *ints, *tail))
+                                *_softcap_args(scale, softcap), *scale_ptrs(out, k_scale, v_scale), *ints, *tail))
         if split_out:
             lse = new_empty(shape[:2], dtype=torch.float32, device=device) if want_lse else None
             cfire(m, l, acc, out, lse)
@@ -775,6 +772,12 @@ def _kv_scale(name: str, v, cache: torch.Tensor):
             _SCALES.clear()
         t = _SCALES[key] = torch.full((1,), float(v), dtype=torch.float32, device=cache.device)
     return t
+
+
+def scale_ptrs(out, k_scale, v_scale):
+    """The decode kernels' (ks_ptr, vs_ptr) arguments: the fp8 caches' scales, or ``out`` twice
+    (never read) without them."""
+    return (out, out) if k_scale is None else (k_scale, v_scale)
 
 
 def _aligned_scale(t):

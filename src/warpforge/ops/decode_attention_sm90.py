@@ -75,7 +75,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ..runtime.device import dram_bandwidth, sm_count
 from ..runtime.launch import Desc, LaunchCache, Ptr, launch
 from .attention_sm90 import tma_ok
-from .decode_attention import window_span
+from .decode_attention import scale_ptrs, window_span
 
 SLICE = 16          # tokens one TMA box (and one consumer warp's share of a slot) holds
 CONSUMERS = 4       # consumer warps: a slot is CONSUMERS slices of K and of V
@@ -639,11 +639,6 @@ def _partials(q, s):
     return m, l, acc
 
 
-def _scales(out, k_scale, v_scale):
-    """The kernel's (ks_ptr, vs_ptr): the fp8 caches' scales, or ``out`` twice (never read)."""
-    return (out, out) if k_scale is None else (k_scale, v_scale)
-
-
 def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: float, splits: int | None = None,
                 slots: int | None = None, nb: int | None = None, regs: int | None = None, key=None,
                 pdl: bool = False, window: int = -1, softcap: tuple[float, float] | None = None,
@@ -667,7 +662,7 @@ def decode_sm90(q, k_cache, v_cache, block_table, seq_lens, out, scale_log2: flo
     k_desc = TensorDescriptor(k_cache, list(k_cache.shape), list(k_cache.stride()), box, layout)
     v_desc = TensorDescriptor(v_cache, list(v_cache.shape), list(v_cache.stride()), box, layout)
     _LAUNCH(None if key is None else (key, splits, slots, nb, regs, pdl), (grid,),
-            (q, k_desc, v_desc, block_table, seq_lens, out, *parts, *_scales(out, k_scale, v_scale), scale_log2,
+            (q, k_desc, v_desc, block_table, seq_lens, out, *parts, *scale_ptrs(out, k_scale, v_scale), scale_log2,
              *(softcap or (0.0, 0.0)), *ints,
              out.stride(0), out.stride(1)),
             dict(NB=ring, C=CONSUMERS, GP=_group_cols(q.shape[1] // k_cache.shape[2]), REGS=nreg,
@@ -708,7 +703,7 @@ def replay(key, q, k_cache, v_cache, block_table, pdl: bool = False, window: int
         else:
             parts = (out if lse is None else lse, out, out)
         launch(compiled, grid, (q, Desc(k_cache, shape, kstride, box), Desc(v_cache, shape, vstride, box), block_table,
-                                seq_lens, out, *parts[:3], *_scales(out, k_scale, v_scale), scale_log2, *caps, *ints,
+                                seq_lens, out, *parts[:3], *scale_ptrs(out, k_scale, v_scale), scale_log2, *caps, *ints,
                                 out.stride(0), out.stride(1),
                                 *tail))
         return parts if split_out else None
